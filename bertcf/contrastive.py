@@ -1,0 +1,88 @@
+"""Token-span masking and the InfoNCE loss of Mirror-BERT / SimCSE.
+
+Mirror-BERT: Liu et al. 2021, "Fast, Effective, and Self-Supervised: Transforming Masked
+Language Models into Universal Lexical and Sentence Encoders". SimCSE: Gao et al. 2021,
+"SimCSE: Simple Contrastive Learning of Sentence Embeddings".
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def sample_span_lengths(n: int, p: float, cap: int, generator=None) -> torch.Tensor:
+    """n span lengths ~ Geometric(p) on {1, 2, ...}, capped at ``cap`` (cap 0: no span)."""
+    if cap <= 0:
+        return torch.zeros(n, dtype=torch.long)
+    u = torch.rand(n, generator=generator, dtype=torch.float64).clamp_min(1e-12)
+    # Inverse CDF of the geometric distribution: P(L > k) = (1 - p)^k.
+    lengths = torch.ones(n, dtype=torch.long) if p >= 1 else torch.ceil(torch.log(u) / torch.log1p(torch.tensor(-p, dtype=torch.float64))).long().clamp_min(1)
+    return lengths.clamp_max(cap)
+
+
+def span_mask(input_ids, attention_mask, special_tokens_mask, mask_token_id: int, p: float = 0.3,
+              cap: int = 5, generator=None) -> torch.Tensor:
+    """Replace one contiguous span of each sentence by [MASK] (Mirror-BERT's input view).
+
+    input_ids, attention_mask, special_tokens_mask: [b, t] (CPU tensors). The span length is
+    drawn from a geometric distribution with success probability ``p`` and capped at ``cap``;
+    a sentence with fewer maskable tokens gets a shorter span. [CLS], [SEP] and padding are
+    never masked. Returns new ids; the input is not changed."""
+    out = input_ids.clone()
+    maskable = attention_mask.bool() & ~special_tokens_mask.bool()
+    lengths = sample_span_lengths(input_ids.shape[0], p, cap, generator)
+    for i in range(input_ids.shape[0]):
+        positions = maskable[i].nonzero().flatten()  # contiguous for BERT inputs: [CLS] w1..wn [SEP]
+        span = min(int(lengths[i]), len(positions))
+        if span == 0:
+            continue
+        start = int(torch.randint(0, len(positions) - span + 1, (1,), generator=generator))
+        out[i, positions[start:start + span]] = mask_token_id
+    return out
+
+
+def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
+    """Concatenate x from every rank (rank order); the local part keeps its gradient."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return x
+    world = torch.distributed.get_world_size()
+    if world == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(world)]
+    torch.distributed.all_gather(parts, x.detach().contiguous())
+    parts[torch.distributed.get_rank()] = x
+    return torch.cat(parts)
+
+
+class InfoNCE(nn.Module):
+    """InfoNCE with cosine similarity and temperature (Mirror-BERT / SimCSE, unsupervised).
+
+    Inputs: ``anchors`` f(x) and ``positives`` f'(x'), both [b, D], row i a positive pair.
+    For anchor i the candidates are every positive f'(x'_j) (j = i is the target) and every
+    other anchor f(x_j), j != i: 2b - 1 candidates. Returns the mean cross-entropy over the
+    batch (a scalar, float32). Under torch.distributed the candidates come from the global
+    batch of every rank (``gather=True``), the anchors stay local.
+    """
+
+    def __init__(self, temperature: float = 0.05, gather: bool = True):
+        super().__init__()
+        self.temperature = temperature
+        self.gather = gather
+
+    def logits(self, anchors, positives):
+        """[b, 2B] scores of each anchor against [all positives | all anchors]; self masked."""
+        a = F.normalize(anchors.float(), dim=-1)
+        p = F.normalize(positives.float(), dim=-1)
+        all_a, all_p = (gather_with_grad(a), gather_with_grad(p)) if self.gather else (a, p)
+        offset = 0
+        if self.gather and all_a.shape[0] != a.shape[0]:
+            offset = torch.distributed.get_rank() * a.shape[0]
+        rows = torch.arange(a.shape[0], device=a.device)
+        to_anchors = a @ all_a.T
+        to_anchors[rows, rows + offset] = float("-inf")  # an anchor is not its own candidate
+        return torch.cat([a @ all_p.T, to_anchors], dim=1) / self.temperature, rows + offset
+
+    def forward(self, anchors, positives):
+        logits, targets = self.logits(anchors, positives)
+        return F.cross_entropy(logits, targets)

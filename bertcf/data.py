@@ -1,0 +1,646 @@
+"""Data: readers for the CS224N task files and text corpora, and a downloader.
+
+Task files (CS224N default final project, see ``data/README.md``) are tab-separated with a
+header row whose first column is an unnamed pandas index.  Columns are always selected by
+header name, because ``ids-sst-test-student.csv`` has a shifted header.  Fields are parsed
+with a real CSV parser (Quora questions are quoted with doubled inner quotes).
+
+Every bad-input case raises :class:`DataError` with one line naming the file and, where it
+applies, the line number, e.g. ``data/sts-train.csv line 17: similarity 'abc' is not a
+number``.  Rows that are skipped rather than rejected (blank sentences, empty labels) are
+reported in one warning per file on the ``bertcf.data`` logger.
+
+Command line::
+
+    python -m bertcf.data download --out data/ [--only cs224n|wiki1m] [--timeout S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import http.client
+import logging
+import math
+import os
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger("bertcf.data")
+
+__all__ = [
+    "DataError", "NetworkError", "SentenceExample", "PairExample",
+    "TASKS", "SPLITS", "TASK_FILES", "task_file",
+    "read_sst", "read_quora", "read_sts", "read_task", "read_corpus", "task_sentences",
+    "Source", "CS224N_REPO", "CS224N_COMMIT", "CS224N_BASE_URL", "CS224N_CHECKSUMS",
+    "WIKI1M_NAME", "WIKI1M_URL", "WIKI1M_LINES", "SOURCES",
+    "file_checksum", "verify_file", "download", "main",
+]
+
+
+class DataError(Exception):
+    """Bad or missing input data.  ``str(error)`` is one line meant for the user."""
+
+
+class NetworkError(DataError):
+    """The download server cannot be reached (no network, refused, timed out)."""
+
+
+@dataclass
+class SentenceExample:
+    """One SST sentence; ``label`` is the sentiment 0..4, or None for unlabeled files."""
+
+    id: str
+    sentence: str
+    label: int | None
+
+
+@dataclass
+class PairExample:
+    """One sentence pair (QQP or STS); ``label`` is 0.0/1.0 (QQP), 0..5 (STS) or None."""
+
+    id: str
+    sentence1: str
+    sentence2: str
+    label: float | None
+
+
+# --------------------------------------------------------------------------------------
+# Standard file names
+# --------------------------------------------------------------------------------------
+
+TASKS = ("sst", "quora", "sts")
+SPLITS = ("train", "dev", "test")
+
+TASK_FILES: dict[tuple[str, str], str] = {
+    ("sst", "train"): "ids-sst-train.csv",
+    ("sst", "dev"): "ids-sst-dev.csv",
+    ("sst", "test"): "ids-sst-test-student.csv",
+    ("quora", "train"): "quora-train.csv",
+    ("quora", "dev"): "quora-dev.csv",
+    ("quora", "test"): "quora-test-student.csv",
+    ("sts", "train"): "sts-train.csv",
+    ("sts", "dev"): "sts-dev.csv",
+    ("sts", "test"): "sts-test-student.csv",
+}
+
+
+def task_file(data_dir: str | os.PathLike, task: str, split: str) -> Path:
+    """Path of the standard file for ``task`` ('sst', 'quora', 'sts') and ``split``
+    ('train', 'dev', 'test') in ``data_dir``.  Raises ValueError for unknown names."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r} (expected one of {', '.join(SPLITS)})")
+    return Path(data_dir) / TASK_FILES[task, split]
+
+
+# --------------------------------------------------------------------------------------
+# Label parsers: return the value or raise ValueError with the message after "line N: "
+# --------------------------------------------------------------------------------------
+
+def _parse_number(column: str, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{column} {text!r} is not a number") from None
+    return value
+
+
+def _parse_sentiment(text: str) -> int:
+    value = _parse_number("sentiment", text)
+    if not (math.isfinite(value) and value == int(value)):
+        raise ValueError(f"sentiment {text!r} is not an integer")
+    if not 0 <= value <= 4:
+        raise ValueError(f"sentiment {text!r} is out of range (0 to 4)")
+    return int(value)
+
+
+def _parse_duplicate(text: str) -> float:
+    value = _parse_number("is_duplicate", text)
+    if value not in (0.0, 1.0):
+        raise ValueError(f"is_duplicate {text!r} is not 0 or 1")
+    return value
+
+
+def _parse_similarity(text: str) -> float:
+    value = _parse_number("similarity", text)
+    if not 0.0 <= value <= 5.0:  # also rejects nan
+        raise ValueError(f"similarity {text!r} is out of range (0 to 5)")
+    return value
+
+
+# --------------------------------------------------------------------------------------
+# Generic table reader
+# --------------------------------------------------------------------------------------
+
+def _not_found_hint(data_dir: Path) -> str:
+    return f"see data/README.md, or run: python -m bertcf.data download --out {data_dir}"
+
+
+def _open_text(path: Path, what: str = "", newline: str = ""):
+    """Open a UTF-8 text file (a BOM is dropped), turning OS errors into DataError."""
+    name = f"{what} {path}" if what else str(path)
+    try:
+        return open(path, encoding="utf-8-sig", newline=newline)
+    except FileNotFoundError:
+        hint = "" if what else f" ({_not_found_hint(path.parent)})"
+        raise DataError(f"{name} not found{hint}") from None
+    except IsADirectoryError:
+        raise DataError(f"{name} is a directory, not a file") from None
+    except OSError as error:
+        raise DataError(f"cannot read {name}: {error.strerror or error}") from None
+
+
+def _line_list(lines: list[int], limit: int = 5) -> str:
+    shown = ", ".join(str(n) for n in lines[:limit])
+    more = ", ..." if len(lines) > limit else ""
+    return f"line{'s' if len(lines) > 1 else ''} {shown}{more}"
+
+
+def _read_table(
+    path: str | os.PathLike,
+    text_columns: tuple[str, ...],
+    label_column: str,
+    parse_label: Callable[[str], float | int],
+    labeled: bool | None,
+) -> list[tuple[str, list[str], float | int | None]]:
+    """Read a CS224N task file into ``(id, [texts], label)`` tuples.
+
+    Columns are looked up by header name.  Texts are stripped of surrounding whitespace.
+    Rows with a blank text or an empty label are skipped and reported in one warning.
+    """
+    path = Path(path)
+    with _open_text(path) as handle:
+        reader = csv.reader(handle, delimiter="\t")
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path} is empty (expected a header line)")
+            names = [name.strip() for name in header]
+            columns: dict[str, int] = {}
+            for index, name in enumerate(names):
+                columns.setdefault(name, index)
+            found = ", ".join(repr(name) for name in names)
+
+            missing = [name for name in ("id", *text_columns) if name not in columns]
+            if missing:
+                listed = ", ".join(repr(name) for name in missing)
+                raise DataError(f"{path}: missing column {listed} (found columns: {found})")
+            if labeled is None:
+                labeled = label_column in columns
+            elif labeled and label_column not in columns:
+                raise DataError(
+                    f"{path}: missing label column {label_column!r} (found columns: {found})")
+
+            rows: list[tuple[str, list[str], float | int | None]] = []
+            blank: dict[str, list[int]] = {}
+            no_label: list[int] = []
+            total = 0
+            last_line = reader.line_num
+            for fields in reader:
+                line, last_line = last_line + 1, reader.line_num
+                if not fields:  # an empty line
+                    continue
+                total += 1
+                if len(fields) != len(header):
+                    raise DataError(f"{path} line {line}: expected {len(header)} tab-separated "
+                                    f"fields, found {len(fields)}")
+                example_id = fields[columns["id"]].strip()
+                if not example_id:
+                    raise DataError(f"{path} line {line}: empty id")
+                label = None
+                if labeled:
+                    label_text = fields[columns[label_column]].strip()
+                    if not label_text:
+                        no_label.append(line)
+                        continue
+                    try:
+                        label = parse_label(label_text)
+                    except ValueError as error:
+                        raise DataError(f"{path} line {line}: {error}") from None
+                texts = [fields[columns[name]].strip() for name in text_columns]
+                empty = [name for name, text in zip(text_columns, texts) if not text]
+                if empty:
+                    blank.setdefault(empty[0], []).append(line)
+                    continue
+                rows.append((example_id, texts, label))
+        except csv.Error as error:
+            raise DataError(f"{path} line {reader.line_num}: malformed CSV ({error})") from None
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not valid UTF-8 text (after line {reader.line_num})") from None
+
+    skipped = [f"{len(lines)} with an empty {label_column} ({_line_list(lines)})"
+               for lines in [no_label] if lines]
+    skipped += [f"{len(lines)} with a blank {name} ({_line_list(lines)})"
+                for name, lines in blank.items()]
+    if skipped:
+        count = len(no_label) + sum(len(lines) for lines in blank.values())
+        logger.warning("%s: skipped %d of %d rows: %s", path, count, total, "; ".join(skipped))
+    if not rows:
+        raise DataError(f"{path} has no usable rows" + (f" (of {total})" if total else ""))
+    return rows
+
+
+def read_sst(path: str | os.PathLike, labeled: bool | None = None) -> list[SentenceExample]:
+    """Read an SST file (columns id, sentence[, sentiment]); labels are ints 0..4.
+
+    ``labeled=None``: labeled iff the file has a ``sentiment`` column; ``True``: the column
+    is required; ``False``: any label column is ignored.  Sentences are stripped (the SST
+    files start every sentence with a space); they stay PTB-tokenized (``-LRB-``, `` 's``).
+    """
+    rows = _read_table(path, ("sentence",), "sentiment", _parse_sentiment, labeled)
+    return [SentenceExample(id_, texts[0], label) for id_, texts, label in rows]
+
+
+def read_quora(path: str | os.PathLike, labeled: bool | None = None) -> list[PairExample]:
+    """Read a Quora Question Pairs file (id, sentence1, sentence2[, is_duplicate]).
+
+    Labels are 0.0 / 1.0 ("0", "1", "0.0" and "1.0" are accepted).  Rows with an empty
+    ``is_duplicate`` (two in the original quora-dev.csv) are skipped with a warning.
+    """
+    rows = _read_table(path, ("sentence1", "sentence2"), "is_duplicate", _parse_duplicate, labeled)
+    return [PairExample(id_, s1, s2, label) for id_, (s1, s2), label in rows]
+
+
+def read_sts(path: str | os.PathLike, labeled: bool | None = None) -> list[PairExample]:
+    """Read an STS file (id, sentence1, sentence2[, similarity]); labels are floats in [0, 5]."""
+    rows = _read_table(path, ("sentence1", "sentence2"), "similarity", _parse_similarity, labeled)
+    return [PairExample(id_, s1, s2, label) for id_, (s1, s2), label in rows]
+
+
+_READERS = {"sst": read_sst, "quora": read_quora, "sts": read_sts}
+
+
+def read_task(data_dir: str | os.PathLike, task: str, split: str,
+              labeled: bool | None = None) -> list[SentenceExample] | list[PairExample]:
+    """Read the standard file of ``task``/``split`` in ``data_dir`` (see :func:`task_file`)."""
+    return _READERS[task](task_file(data_dir, task, split), labeled=labeled)
+
+
+# --------------------------------------------------------------------------------------
+# Plain-text corpora
+# --------------------------------------------------------------------------------------
+
+def read_corpus(path: str | os.PathLike, min_words: int = 6,
+                max_sentences: int | None = None) -> list[str]:
+    """Read a plain-text corpus with one sentence per line (e.g. Wiki1M).
+
+    Lines are stripped; blank lines are skipped (reported in one warning); sentences with
+    fewer than ``min_words`` whitespace-separated words are dropped (the report drops
+    sentences of 5 words or fewer, hence the default 6; ``min_words=0`` keeps all).  At most
+    ``max_sentences`` sentences are returned (the first ones), or all when None.
+    """
+    if min_words < 0:
+        raise ValueError(f"min_words must be >= 0, got {min_words}")
+    if max_sentences is not None and max_sentences < 1:
+        raise ValueError(f"max_sentences must be >= 1 or None, got {max_sentences}")
+    path = Path(path)
+    sentences: list[str] = []
+    blank = short = line_no = 0
+    with _open_text(path, "corpus", newline="\n") as handle:  # split on \n only
+        try:
+            for line_no, line in enumerate(handle, start=1):
+                sentence = line.strip()
+                if not sentence:
+                    blank += 1
+                elif len(sentence.split()) < min_words:
+                    short += 1
+                else:
+                    sentences.append(sentence)
+                    if max_sentences is not None and len(sentences) >= max_sentences:
+                        break
+        except UnicodeDecodeError:
+            raise DataError(f"corpus {path} is not valid UTF-8 text "
+                            f"(after line {line_no})") from None
+
+    summary = f"corpus {path}: kept {len(sentences)} sentences"
+    if short:
+        summary += f", dropped {short} with fewer than {min_words} words"
+    if blank:
+        logger.warning("%s, skipped %d blank lines", summary, blank)
+    else:
+        logger.info("%s", summary)
+    if not sentences:
+        if short:
+            raise DataError(f"corpus {path} has no sentences with at least {min_words} words")
+        raise DataError(f"corpus {path} is empty")
+    return sentences
+
+
+def task_sentences(data_dir: str | os.PathLike, min_words: int = 0) -> list[str]:
+    """The unlabeled sentences of the SST, QQP and STS *train* files in ``data_dir``.
+
+    Used as a pretraining corpus (``--corpus-from-tasks``).  Sentences are stripped,
+    deduplicated keeping the first occurrence (SST, then QQP, then STS; sentence1 before
+    sentence2), and those with fewer than ``min_words`` words are dropped.
+    """
+    paths = {task: task_file(data_dir, task, "train") for task in TASKS}
+    missing = [path.name for path in paths.values() if not path.is_file()]
+    if missing:
+        raise DataError(f"{data_dir}: missing task train file(s) {', '.join(missing)} "
+                        f"needed for the task corpus ({_not_found_hint(Path(data_dir))})")
+    sentences: list[str] = [ex.sentence for ex in read_sst(paths["sst"], labeled=False)]
+    for reader, path in ((read_quora, paths["quora"]), (read_sts, paths["sts"])):
+        for pair in reader(path, labeled=False):
+            sentences += (pair.sentence1, pair.sentence2)
+    unique = [s for s in dict.fromkeys(sentences) if len(s.split()) >= min_words]
+    if not unique:
+        raise DataError(f"{data_dir}: the task train files have no sentences with at least "
+                        f"{min_words} words")
+    return unique
+
+
+# --------------------------------------------------------------------------------------
+# Downloader
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Source:
+    """A file to download.
+
+    ``checksum`` is ``"sha256:<hex>"`` or ``"git-blob:<hex>"`` (a git blob id: sha1 of
+    ``b"blob <size>\\0" + bytes``), or None when none is known: then ``lines`` (if given)
+    is checked, and the sha256 is recorded in ``<name>.sha256`` on first download and
+    checked on later runs.
+    """
+
+    name: str
+    url: str
+    checksum: str | None = None
+    lines: int | None = None
+
+
+CS224N_REPO = "gpoesia/minbert-default-final-project"
+CS224N_COMMIT = "7ac8260577fc12a86c7aaf38918056c30054ef39"
+CS224N_BASE_URL = f"https://raw.githubusercontent.com/{CS224N_REPO}/{CS224N_COMMIT}/data/"
+
+#: Checksums of the CS224N files at CS224N_COMMIT (shared/data/SOURCES.md, DESIGN.md).
+CS224N_CHECKSUMS: dict[str, str] = {
+    "ids-sst-train.csv": "sha256:03b2b625c090f94a6afd59f114cde5282e2053aab0b101e87ed695d8a0c5b1df",
+    "ids-sst-dev.csv": "sha256:a186ce94577635fbe10beaaddd50f16cccf6c30973221cefdf90deed2a584bfe",
+    "ids-sst-test-student.csv":
+        "sha256:bdd5a767faa0c26782117e37767ece154c30d5d04fb8727d09c71e3850a55c7b",
+    "quora-train.csv": "git-blob:a3b5546f6a0e65b60a328a5d294d1038f5bed1da",
+    "quora-dev.csv": "sha256:bfa3cc954a9ba300ae776a980141de65f622a3c1b97e3fd905d63245bc36d5ad",
+    "quora-test-student.csv": "git-blob:f257ef00558555afb50819578a58205732b16354",
+    "sts-train.csv": "sha256:15d12efc2d656fffb1d61ac1f08ec4227f43925fd16f420c037cbd063699c21b",
+    "sts-dev.csv": "sha256:ce3cad6f16062586ac7ba462c28b010a9be10c530fd5074165860d7b7ab4e93d",
+    "sts-test-student.csv":
+        "sha256:dee455745b72e9ca3ff74e7c056bd73e34bad5b8d5641045a2c1e7e131866f47",
+}
+
+WIKI1M_NAME = "wiki1m_for_simcse.txt"
+WIKI1M_URL = ("https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/"
+              "resolve/main/wiki1m_for_simcse.txt")
+WIKI1M_LINES = 1_000_000
+
+#: What ``download`` fetches, by group name (``--only``).
+SOURCES: dict[str, tuple[Source, ...]] = {
+    "cs224n": tuple(Source(name, CS224N_BASE_URL + name, checksum)
+                    for name, checksum in CS224N_CHECKSUMS.items()),
+    "wiki1m": (Source(WIKI1M_NAME, WIKI1M_URL, None, WIKI1M_LINES),),
+}
+
+_CHUNK = 1 << 20
+
+
+def file_checksum(path: str | os.PathLike, kind: str) -> str:
+    """Hex digest of a file: ``kind`` is 'sha256' or 'git-blob' (git's blob id)."""
+    path = Path(path)
+    if kind == "sha256":
+        digest = hashlib.sha256()
+    elif kind == "git-blob":
+        digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    else:
+        raise ValueError(f"unknown checksum kind {kind!r} (expected 'sha256' or 'git-blob')")
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _count_lines(path: Path) -> int:
+    lines, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")  # a last line without a newline still counts
+
+
+def _record_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _recorded_sha256(path: Path) -> str | None:
+    try:
+        return _record_path(path).read_text(encoding="utf-8").split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def verify_file(path: str | os.PathLike, source: Source, record_of: Path | None = None) -> str | None:
+    """Check ``path`` against ``source``; return None when valid, else the reason.
+
+    Without a checksum, the line count is checked and so is the sha256 recorded next to
+    ``record_of`` (default: ``path``) on first download, when there is one.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return "missing"
+    if source.checksum is not None:
+        kind, _, expected = source.checksum.partition(":")
+        actual = file_checksum(path, kind)
+        if actual != expected.lower():
+            return f"{kind} mismatch (expected {expected}, got {actual})"
+        return None
+    if source.lines is not None:
+        lines = _count_lines(path)
+        if lines != source.lines:
+            return f"has {lines:,} lines, expected {source.lines:,}"
+    record = _record_path(record_of or path)
+    recorded = _recorded_sha256(record_of or path)
+    if recorded is not None:
+        actual = file_checksum(path, "sha256")
+        if actual != recorded:
+            return (f"sha256 {actual} differs from the one recorded in {record} "
+                    f"({recorded}); delete {record.name} to accept the new file")
+    return None
+
+
+def _fetch(url: str, target: Path, timeout: float, progress: bool) -> None:
+    """Stream ``url`` into ``target``.  Raises HTTPError, NetworkError, OSError."""
+    from tqdm import tqdm
+
+    request = urllib.request.Request(url, headers={"User-Agent": "bertcf-data/1.0"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            size = response.headers.get("Content-Length")
+            with open(target, "wb") as out, tqdm(
+                total=int(size) if size and size.isdigit() else None, unit="B",
+                unit_scale=True, unit_divisor=1024, desc=target.name.removesuffix(".part"),
+                leave=False, disable=not progress,
+            ) as bar:
+                received = 0
+                while chunk := response.read(_CHUNK):
+                    out.write(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+            if size and size.isdigit() and received != int(size):
+                raise OSError(f"incomplete download: got {received} of {size} bytes")
+    except urllib.error.HTTPError:
+        raise
+    except urllib.error.URLError as error:
+        raise NetworkError(_reason(error.reason)) from None
+    except (TimeoutError, ConnectionError) as error:
+        raise NetworkError(_reason(error)) from None
+
+
+def _reason(reason: object) -> str:
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or type(reason).__name__
+
+
+def _download_one(source: Source, out_dir: Path, timeout: float, progress: bool) -> str | None:
+    """Download one file atomically (``<name>.part`` then rename); None or the failure."""
+    final = out_dir / source.name
+    part = out_dir / (source.name + ".part")
+    try:
+        try:
+            _fetch(source.url, part, timeout, progress)
+        except urllib.error.HTTPError as error:
+            return f"HTTP {error.code} {error.reason} for {source.url}"
+        problem = verify_file(part, source, record_of=final)
+        if problem is not None:
+            return f"downloaded file is invalid: {problem}"
+        os.replace(part, final)
+    except http.client.HTTPException as error:
+        return f"download interrupted ({error!r})"
+    except OSError as error:
+        return f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
+    finally:
+        part.unlink(missing_ok=True)
+
+    if source.checksum is not None:
+        print(f"{source.name}: downloaded ({source.checksum.partition(':')[0]} ok)", flush=True)
+        return None
+    lines = f"{source.lines:,} lines, " if source.lines is not None else ""
+    print(f"{source.name}: downloaded ({lines}{_ensure_record(final)})", flush=True)
+    return None
+
+
+def _ensure_record(path: Path) -> str:
+    """Record the sha256 of ``path`` in ``<path>.sha256`` unless one is there; describe it."""
+    sha256 = file_checksum(path, "sha256")
+    record = _record_path(path)
+    if _recorded_sha256(path) is not None:
+        return f"sha256 {sha256} matches {record.name}"
+    record.write_text(f"{sha256}  {path.name}\n", encoding="utf-8")
+    return f"sha256 {sha256}, recorded in {record.name}"
+
+
+def download(out_dir: str | os.PathLike, only: str | None = None, *, timeout: float = 60.0,
+             base_url: str | None = None, sources: Iterable[Source] | None = None,
+             progress: bool = True) -> dict[str, str | None]:
+    """Download the datasets into ``out_dir``; returns ``{file name: None or failure}``.
+
+    ``only`` picks a group of :data:`SOURCES` ('cs224n' or 'wiki1m'; default all).
+    ``sources`` replaces the file list, ``base_url`` fetches every file from
+    ``<base_url>/<name>`` instead (a mirror, or a local server in tests).  Files already
+    present and valid are kept; others are fetched to ``<name>.part``, verified and renamed,
+    so an invalid or interrupted download never appears under the final name.  One status
+    line per file is printed (failures on stderr).  Raises :class:`NetworkError` (one line,
+    naming the files to place by hand) when the server cannot be reached.
+    """
+    if sources is None:
+        if only is not None and only not in SOURCES:
+            raise ValueError(f"unknown dataset {only!r} (expected one of {', '.join(SOURCES)})")
+        groups = [only] if only else list(SOURCES)
+        sources = [source for group in groups for source in SOURCES[group]]
+    sources = list(sources)
+    if base_url is not None:
+        base = base_url.rstrip("/") + "/"
+        sources = [Source(s.name, base + urllib.parse.quote(s.name), s.checksum, s.lines)
+                   for s in sources]
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DataError(f"cannot create {out_dir}: {error.strerror or error}") from None
+
+    results: dict[str, str | None] = {}
+    needed: list[Source] = []
+    for source in sources:
+        problem = verify_file(out_dir / source.name, source)
+        if problem is None:
+            note = "" if source.checksum else f"; {_ensure_record(out_dir / source.name)}"
+            print(f"{source.name}: ok (already present{note})", flush=True)
+            results[source.name] = None
+        else:
+            if problem != "missing":
+                print(f"{source.name}: present but invalid ({problem}); downloading again",
+                      flush=True)
+            needed.append(source)
+
+    for index, source in enumerate(needed):
+        try:
+            results[source.name] = _download_one(source, out_dir, timeout, progress)
+        except NetworkError as error:
+            host = urllib.parse.urlsplit(source.url).netloc or source.url
+            names = ", ".join(s.name for s in needed[index:])
+            raise NetworkError(
+                f"cannot download {source.name} from {host} ({error}): without network, put "
+                f"{names} into {out_dir}/ by hand (sources and file names: data/README.md)"
+            ) from None
+        if results[source.name] is not None:
+            print(f"{source.name}: FAILED: {results[source.name]}", file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m bertcf.data download --out DIR [--only ...]``."""
+    parser = argparse.ArgumentParser(prog="python -m bertcf.data",
+                                     description="BERT-CF data tools (see data/README.md).")
+    commands = parser.add_subparsers(dest="command", required=True)
+    get = commands.add_parser(
+        "download", help="download and verify the CS224N task files and Wiki1M",
+        description="Download the CS224N task files and/or Wiki1M into --out, verifying "
+                    "checksums; files already present and valid are skipped.")
+    get.add_argument("--out", default="data", help="directory to put the files in (default: data)")
+    get.add_argument("--only", choices=sorted(SOURCES), help="download only this dataset")
+    get.add_argument("--timeout", type=float, default=60.0,
+                     help="network timeout in seconds for each connect/read (default: 60)")
+    get.add_argument("--base-url", help="fetch every file from BASE_URL/<name> (a mirror)")
+    get.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+
+    try:
+        results = download(args.out, args.only, timeout=args.timeout, base_url=args.base_url,
+                           progress=not args.no_progress)
+    except DataError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    failed = [name for name, problem in results.items() if problem is not None]
+    if failed:
+        print(f"{len(failed)} of {len(results)} files failed: {', '.join(failed)}",
+              file=sys.stderr)
+        return 1
+    print(f"{args.out}: all {len(results)} requested file(s) are valid")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

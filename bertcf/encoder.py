@@ -1,0 +1,141 @@
+"""SentenceEncoder: minBERT + pooling (+ the Glow flow head when a checkpoint has one).
+
+f(x) is the mean of the last layer over valid tokens (the report's choice) or the [CLS]
+vector; with a flow, the encoder's output is the flow's latent F(x) = g^{-1}(f(x)).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+from tqdm.auto import tqdm
+
+from minbert import BertModel, load_tokenizer, tokenize
+
+from .training import autocast
+
+ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
+FLOW_FILE = "flow.safetensors"
+POOLINGS = ("mean", "cls")
+
+
+def pool(last_hidden_state, attention_mask, pooling: str = "mean"):
+    """[b, t, D], [b, t] -> [b, D] in float32: mean over real tokens, or the [CLS] vector."""
+    if pooling == "cls":
+        return last_hidden_state[:, 0].float()
+    mask = attention_mask.unsqueeze(-1).to(torch.float32)
+    return (last_hidden_state.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
+class SentenceEncoder(nn.Module):
+    """Sentences -> vectors. ``forward`` works on token ids (for training); ``encode`` on text."""
+
+    def __init__(self, bert: BertModel, tokenizer, pooling: str = "mean", flow=None, max_length: int = 128):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
+        self.bert = bert
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.flow = flow
+        self.max_length = max_length
+
+    @property
+    def dim(self) -> int:
+        return self.bert.config.hidden_size
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.bert.parameters()).device
+
+    def embed(self, input_ids, attention_mask, token_type_ids=None):
+        """f(x): the pooled encoder output [b, D], float32, before any flow."""
+        out = self.bert(input_ids, attention_mask, token_type_ids)
+        return pool(out["last_hidden_state"], attention_mask, self.pooling)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        """The sentence vector [b, D]: F(x) when there is a flow, else f(x)."""
+        u = self.embed(input_ids, attention_mask, token_type_ids)
+        return self.flow(u)[0] if self.flow is not None else u
+
+    def tokenize(self, sentences, max_length: int | None = None):
+        return tokenize(self.tokenizer, sentences, max_length or self.max_length)
+
+    @torch.inference_mode()
+    def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
+               normalize: bool = False, max_length: int | None = None) -> torch.Tensor:
+        """Encode sentences to a float32 CPU tensor [n, D] (a single string gives [D]).
+
+        Runs in eval mode; sentences of similar length are batched together (less padding)
+        and the rows come back in input order."""
+        single = isinstance(sentences, str)
+        sentences = [sentences] if single else list(sentences)
+        if not sentences:
+            return torch.empty(0, self.dim)
+        max_length = max_length or self.max_length
+        lengths = [len(ids) for ids in self.tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
+        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
+        was_training = self.training
+        self.eval()
+        device = self.device
+        chunks = []
+        try:
+            for start in tqdm(range(0, len(order), batch_size), desc="encode", disable=not show_progress_bar,
+                              unit="batch"):
+                batch = self.tokenize([sentences[i] for i in order[start:start + batch_size]], max_length)
+                batch = {k: v.to(device) for k, v in batch.items()}
+                with autocast(device):
+                    chunks.append(self(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).float().cpu())
+        finally:
+            self.train(was_training)
+        vectors = torch.empty(len(sentences), chunks[0].shape[1])
+        vectors[torch.tensor(order)] = torch.cat(chunks)
+        if normalize:
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        return vectors[0] if single else vectors
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def save_pretrained(self, directory) -> None:
+        """A Hugging Face BERT directory (config.json, model.safetensors, tokenizer files)
+        plus ``sentence_encoder.json`` and, with a flow, ``flow.safetensors``."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.bert.save_pretrained(directory)
+        self.tokenizer.save_pretrained(str(directory))
+        meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None}
+        (directory / ENCODER_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        if self.flow is not None:
+            self.flow.save(directory / FLOW_FILE)
+        elif (directory / FLOW_FILE).exists():
+            os.remove(directory / FLOW_FILE)
+
+    @classmethod
+    def from_pretrained(cls, path, pooling: str | None = None, max_length: int | None = None,
+                        vocab=None, **config_overrides) -> "SentenceEncoder":
+        """Load a Hugging Face BERT (directory or hub name), a checkpoint written by this
+        project, or a run directory (its ``best/`` is used). ``vocab``: a vocab.txt for
+        directories that carry no tokenizer files."""
+        path = resolve_encoder_path(path)
+        meta = {}
+        if (Path(path) / ENCODER_FILE).is_file():
+            meta = json.loads((Path(path) / ENCODER_FILE).read_text())
+        bert = BertModel.from_pretrained(path, **config_overrides)
+        tokenizer = load_tokenizer(path, vocab_fallback=vocab)
+        flow = None
+        if (Path(path) / FLOW_FILE).is_file():
+            from .flow import Glow
+            flow = Glow.load(Path(path) / FLOW_FILE)
+        return cls(bert, tokenizer, pooling=pooling or meta.get("pooling", "mean"), flow=flow,
+                   max_length=max_length or meta.get("max_length", 128))
+
+
+def resolve_encoder_path(path):
+    """A run directory stands for its best checkpoint; anything else is returned as is."""
+    p = Path(path)
+    if p.is_dir() and not (p / "config.json").is_file() and (p / "best" / "config.json").is_file():
+        return p / "best"
+    return path
+

@@ -1,0 +1,51 @@
+"""Evaluation: unsupervised STS (Spearman of cosines), alignment and uniformity, and the
+supervised metrics of the multitask stage (accuracy, Pearson r)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from scipy import stats
+
+
+def encode_pairs(encoder, pairs, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """(f(x1), f(x2)) for a list of PairExample, each [n, D] float32, in one encode call."""
+    vectors = encoder.encode([p.sentence1 for p in pairs] + [p.sentence2 for p in pairs], batch_size=batch_size)
+    return vectors[:len(pairs)], vectors[len(pairs):]
+
+
+def alignment(x: torch.Tensor, y: torch.Tensor) -> float:
+    """Wang & Isola (2020): mean ||x_i - y_i||^2 over positive pairs of L2-normalised rows."""
+    x, y = F.normalize(x.float(), dim=-1), F.normalize(y.float(), dim=-1)
+    return (x - y).pow(2).sum(-1).mean().item()
+
+
+def uniformity(x: torch.Tensor, t: float = 2.0) -> float:
+    """Wang & Isola (2020): log mean_{i<j} exp(-t ||x_i - x_j||^2) of L2-normalised rows."""
+    x = F.normalize(x.float(), dim=-1)
+    return torch.pdist(x).pow(2).mul(-t).exp().mean().log().item()
+
+
+def spearman(a, b) -> float:
+    return float(stats.spearmanr(torch.as_tensor(a).tolist(), torch.as_tensor(b).tolist()).statistic)
+
+
+def pearson(a, b) -> float:
+    return float(stats.pearsonr(torch.as_tensor(a).tolist(), torch.as_tensor(b).tolist()).statistic)
+
+
+def accuracy(predicted, gold) -> float:
+    predicted, gold = torch.as_tensor(predicted), torch.as_tensor(gold)
+    return (predicted == gold).float().mean().item()
+
+
+def evaluate_sts(encoder, pairs, batch_size: int = 64, positive_threshold: float = 4.0) -> dict:
+    """Unsupervised STS: Spearman between cos(f(x1), f(x2)) and the gold scores, plus the
+    alignment of the close pairs (gold >= 4, as SimCSE does) and the uniformity of all
+    sentences. ``cosines`` is returned for a histogram."""
+    x, y = encode_pairs(encoder, pairs, batch_size)
+    cosines = F.cosine_similarity(x, y, dim=-1)
+    gold = torch.tensor([p.label for p in pairs], dtype=torch.float32)
+    close = gold >= positive_threshold
+    return {"sts_spearman": spearman(cosines, gold), "sts_pearson": pearson(cosines, gold),
+            "alignment": alignment(x[close], y[close]) if close.any() else float("nan"),
+            "uniformity": uniformity(torch.cat([x, y])), "cosines": cosines}

@@ -1,0 +1,223 @@
+"""The self-supervised stages behind ``run_pretrain.py``.
+
+- ``--stage mirror``: contrastive pretraining of the encoder (``--method mirror``: dropout +
+  token-span masking, Mirror-BERT; ``--method simcse``: dropout only).
+- ``--stage joint``: the encoder frozen (unless ``--unfreeze-encoder``), a Glow flow learned on
+  L = lambda * L_mirror(F(x)) + L_flow (BERT-CF). ``--method simcse`` gives SimCSE-joint.
+- ``--stage flow``: the flow alone on L_flow (MinBERT-flow / Mirror-flow).
+
+Every stage evaluates unsupervised STS-dev Spearman and keeps the best checkpoint.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from minbert import pad_batch
+
+from . import training
+from .contrastive import InfoNCE, span_mask
+from .data import read_corpus, read_sts, task_file, task_sentences
+from .encoder import SentenceEncoder, pool
+from .evaluation import evaluate_sts
+from .flow import Glow, gaussian_nll, latent_stats
+from .training import UsageError
+
+STAGES = ("mirror", "joint", "flow")
+METHODS = {"mirror": ("mirror", "simcse"), "joint": ("mirror", "simcse"), "flow": ("flow",)}
+STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}
+
+
+def build_parser() -> training.ArgumentParser:
+    p = training.ArgumentParser(prog="run_pretrain.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--stage", choices=STAGES, default="mirror")
+    p.add_argument("--method", default=None,
+                   help="mirror (default) or simcse for --stage mirror|joint; flow for --stage flow")
+    g = p.add_argument_group("corpus")
+    g.add_argument("--corpus", default=None, help="text file, one sentence per line "
+                   "(default: DATA_DIR/wiki1m_for_simcse.txt when present)")
+    g.add_argument("--corpus-from-tasks", action="store_true",
+                   help="use the unlabeled sentences of the SST/QQP/STS training files in --data-dir")
+    g.add_argument("--min-words", type=int, default=6, help="drop corpus sentences with fewer words")
+    g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
+    g = p.add_argument_group("contrastive")
+    g.add_argument("--span-p", type=float, default=0.3, help="geometric success probability of the span length")
+    g.add_argument("--span-cap", type=int, default=5, help="longest masked span (simcse: 0)")
+    g.add_argument("--temperature", type=float, default=0.05)
+    g.add_argument("--dropout", type=float, default=0.1, help="encoder dropout (hidden and attention)")
+    g.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    g = p.add_argument_group("flow (joint and flow stages)")
+    g.add_argument("--lambda-mirror", type=float, default=0.3, help="weight of L_mirror in the joint loss")
+    g.add_argument("--flow-blocks", type=int, default=3)
+    g.add_argument("--flow-hidden", type=int, default=None, help="coupling network width (default: D)")
+    g.add_argument("--unfreeze-encoder", action="store_true", help="joint: train the encoder by L_mirror too")
+    g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
+    training.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32)
+    return p
+
+
+def check_args(args) -> None:
+    args.method = args.method or METHODS[args.stage][0]
+    if args.method not in METHODS[args.stage]:
+        raise UsageError(f"--method {args.method!r} is not a method of --stage {args.stage} "
+                         f"(choose from {', '.join(METHODS[args.stage])})")
+    if args.method == "simcse":
+        args.span_cap = 0
+    if args.lr is None:
+        args.lr = STAGE_LR[args.stage]
+    if args.batch_size < 2:
+        raise UsageError(f"--batch-size must be at least 2 for contrastive learning, not {args.batch_size}")
+    if not 0 < args.span_p <= 1:
+        raise UsageError(f"--span-p must be in (0, 1], not {args.span_p}")
+    if args.span_cap < 0:
+        raise UsageError(f"--span-cap must be >= 0, not {args.span_cap}")
+    if not args.temperature > 0:
+        raise UsageError(f"--temperature must be positive, not {args.temperature}")
+    if not 0 <= args.dropout < 1:
+        raise UsageError(f"--dropout must be in [0, 1), not {args.dropout}")
+    if args.stage == "mirror" and args.unfreeze_encoder:
+        raise UsageError("--unfreeze-encoder is for --stage joint")
+    if args.flow_blocks < 1:
+        raise UsageError(f"--flow-blocks must be at least 1, not {args.flow_blocks}")
+    if args.out_dir is None:
+        args.out_dir = training.default_out_dir(args.stage, args.method)
+
+
+def load_corpus(args) -> list[str]:
+    if args.corpus_from_tasks:
+        if args.corpus:
+            raise UsageError("give either --corpus or --corpus-from-tasks, not both")
+        sentences = task_sentences(args.data_dir)
+        sentences = [s for s in sentences if len(s.split()) >= args.min_words]
+    else:
+        corpus = args.corpus or Path(args.data_dir) / "wiki1m_for_simcse.txt"
+        if args.corpus is None and not Path(corpus).is_file():
+            raise UsageError(f"no corpus: give --corpus FILE or --corpus-from-tasks ({corpus} not found)")
+        sentences = read_corpus(corpus, min_words=args.min_words)
+    if args.max_sentences:
+        sentences = sentences[:args.max_sentences]
+    if len(sentences) < 2:
+        raise UsageError(f"the corpus has {len(sentences)} usable sentence(s); contrastive learning needs at least 2")
+    return sentences
+
+
+class GeneratorState:
+    """Makes a torch.Generator's state part of a checkpoint (for the span sampler)."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def state_dict(self):
+        return {"state": self.generator.get_state()}
+
+    def load_state_dict(self, state):
+        self.generator.set_state(state["state"])
+
+
+@torch.no_grad()
+def pair_scalars(a, b) -> dict:
+    """Mean cosine of the positive pairs and of all other pairs in the batch."""
+    cos = torch.nn.functional.normalize(a.float(), dim=-1) @ torch.nn.functional.normalize(b.float(), dim=-1).T
+    n = cos.shape[0]
+    return {"pos_cosine": cos.diagonal().mean(), "neg_cosine": (cos.sum() - cos.diagonal().sum()) / (n * n - n)}
+
+
+def load_encoder(args) -> SentenceEncoder:
+    """The encoder to start from: --init (a run directory or checkpoint) or --model."""
+    source = args.init or args.model
+    encoder = SentenceEncoder.from_pretrained(source, pooling=args.pooling, vocab=args.vocab,
+                                              hidden_dropout_prob=args.dropout,
+                                              attention_probs_dropout_prob=args.dropout)
+    encoder.max_length = args.max_length
+    return encoder
+
+
+def main(argv=None) -> dict:
+    parser = build_parser()
+    args = training.parse_args(parser, argv)
+    check_args(args)
+    training.set_seed(args.seed)
+    sentences = load_corpus(args)
+    dev_pairs = read_sts(task_file(args.data_dir, "sts", "dev"))
+    encoder = load_encoder(args)
+    device = torch.device(args.device)
+
+    use_flow = args.stage in ("joint", "flow")
+    train_encoder = args.stage == "mirror" or args.unfreeze_encoder
+    if use_flow and encoder.flow is None:
+        encoder.flow = Glow(encoder.dim, num_blocks=args.flow_blocks, hidden=args.flow_hidden)
+    if args.stage == "mirror":
+        encoder.flow = None  # the contrastive stage trains the encoder itself
+    encoder.bert.requires_grad_(train_encoder)
+    encoder.to(device)
+    trainable = [p for p in encoder.parameters() if p.requires_grad]
+
+    tokenizer = encoder.tokenizer
+    token_ids = tokenizer(sentences, truncation=True, max_length=args.max_length)["input_ids"]
+    special_ids = torch.tensor(tokenizer.all_special_ids)
+    span_generator = torch.Generator().manual_seed(args.seed)
+    info_nce = InfoNCE(temperature=args.temperature)
+    rank, world = training.dist_info()
+    sampler = training.EpochSampler(len(sentences), seed=args.seed)
+    bert = torch.compile(encoder.bert) if args.compile else encoder.bert
+
+    def embed(ids, mask):
+        """f(x) for a batch; no graph is built through a frozen encoder."""
+        with torch.set_grad_enabled(train_encoder):
+            return pool(bert(ids, mask)["last_hidden_state"], mask, encoder.pooling)
+
+    def step_fn(step):
+        idx = training.local_slice(sampler.next(args.batch_size), rank, world)
+        ids, mask = pad_batch([token_ids[i] for i in idx], tokenizer.pad_token_id)
+        if args.stage == "flow":  # L_flow alone needs one view only
+            u = embed(ids.to(device), mask.to(device))
+            z, logdet = encoder.flow(u)
+            l_flow = gaussian_nll(z, logdet).mean()
+            return l_flow, flow_scalars(l_flow, z, logdet)
+        special = torch.isin(ids, special_ids) | (mask == 0)
+        masked = span_mask(ids, mask, special, tokenizer.mask_token_id, args.span_p, args.span_cap, span_generator)
+        # Both views in one forward pass: dropout masks differ per row, so they are independent.
+        u, u_masked = embed(torch.cat([ids, masked]).to(device), torch.cat([mask, mask]).to(device)).chunk(2)
+        if not use_flow:
+            return info_nce(u, u_masked), pair_scalars(u, u_masked)
+        z_both, logdet_both = encoder.flow(torch.cat([u, u_masked]))
+        z, z_masked = z_both.chunk(2)
+        if train_encoder:  # L_flow models the encoder's embeddings; it does not move the encoder
+            z_flow, logdet = encoder.flow(u.detach())
+        else:
+            z_flow, logdet = z, logdet_both.chunk(2)[0]
+        l_flow = gaussian_nll(z_flow, logdet).mean()
+        l_mirror = info_nce(z, z_masked)
+        scalars = flow_scalars(l_flow, z, logdet) | pair_scalars(z, z_masked) | {"l_mirror": l_mirror.detach()}
+        return args.lambda_mirror * l_mirror + l_flow, scalars
+
+    def flow_scalars(l_flow, z, logdet):
+        return {"l_flow_per_dim": l_flow.detach() / encoder.dim, "logdet": logdet.detach().mean(),
+                "latent_norm": z.detach().norm(dim=-1).mean()}
+
+    def evaluate(step):
+        result = evaluate_sts(encoder, dev_pairs)
+        run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
+        if encoder.flow is not None:
+            x = encoder.encode([p.sentence1 for p in dev_pairs])
+            stats = latent_stats(x)
+            result |= {"latent_mean_norm": stats["mean_norm"], "latent_log10_eig_ratio": stats["log10_eig_ratio"]}
+        return result
+
+    run = training.Run(args.out_dir, vars(args), resume=args.resume)
+    optimizer = training.make_optimizer(trainable, args.lr, args.weight_decay, device)
+    scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
+    modules = {"encoder": encoder}
+    trainer = training.Trainer(args, run, modules, optimizer, scheduler, {"corpus": sampler},
+                               metric="sts_spearman", save_model=encoder.save_pretrained, evaluate=evaluate,
+                               items_per_step=args.batch_size, extra_state={"span": GeneratorState(span_generator)})
+    if args.resume:
+        trainer.resume()
+    summary = trainer.fit(step_fn)
+    if rank == 0:
+        first = summary["first"]
+        print(f"STS dev Spearman: step 0 {first:.4f}, best {summary['best']:.4f} at step {summary['best_step']}; "
+              f"best checkpoint: {run.dir / 'best'}")
+    return summary

@@ -1,0 +1,351 @@
+"""minBERT: a BERT encoder written from scratch, one readable file.
+
+The module tree and parameter names mirror Hugging Face's ``BertModel`` exactly
+(``embeddings.word_embeddings.weight``, ``encoder.layer.3.attention.self.query.weight``,
+...), so a checkpoint maps onto minBERT by stripping at most a ``bert.`` prefix; the
+mapping lives in ``_to_minbert_key`` below, in plain sight.
+
+References: Devlin et al. 2019, "BERT: Pre-training of Deep Bidirectional Transformers";
+the structure follows the Stanford CS224N minBERT starter and nanoGPT's model.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be found or does not fit the model (one clear line)."""
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    pad_token_id: int = 0
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BertConfig":
+        """Read a Hugging Face ``config.json`` dict; keys minBERT does not use are ignored."""
+        if d.get("position_embedding_type", "absolute") != "absolute":
+            raise CheckpointError(f"minBERT supports absolute position embeddings only, "
+                                  f"not {d['position_embedding_type']!r}")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_json_file(cls, path) -> "BertConfig":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def to_dict(self) -> dict:
+        """A config.json that ``transformers.BertModel`` reads."""
+        return {"architectures": ["BertModel"], "model_type": "bert",
+                "position_embedding_type": "absolute", **asdict(self)}
+
+
+ACTIVATIONS = {
+    "gelu": F.gelu,  # exact (erf) GELU, what BERT's "gelu" means
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token-type embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention through ``scaled_dot_product_attention`` (flash /
+    memory-efficient kernels on a GPU). Q, K and V keep separate Linear modules so the
+    names match Hugging Face, but run as one fused matmul on the concatenated weights."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        if config.hidden_size % config.num_attention_heads:
+            raise CheckpointError(f"hidden_size {config.hidden_size} is not a multiple of "
+                                  f"num_attention_heads {config.num_attention_heads}")
+        self.num_heads = config.num_attention_heads
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x, attn_mask):
+        b, t, d = x.shape
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
+        q, k, v = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=self.dropout_p if self.training else 0.0)
+        return y.transpose(1, 2).reshape(b, t, d)
+
+
+class BertSelfOutput(nn.Module):
+    """Attention output projection, dropout, residual, post-LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x, attn_mask):
+        return self.output(self.self(x, attn_mask), x)
+
+
+class BertIntermediate(nn.Module):
+    """First feed-forward layer with the activation (GELU for BERT)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        if config.hidden_act not in ACTIVATIONS:
+            raise CheckpointError(f"unsupported hidden_act {config.hidden_act!r} (supported: {', '.join(ACTIVATIONS)})")
+        self.act = ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x):
+        return self.act(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    """Second feed-forward layer, dropout, residual, post-LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h, residual):
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x, attn_mask):
+        x = self.attention(x, attn_mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+
+class BertPooler(nn.Module):
+    """tanh(W · h_[CLS] + b), BERT's next-sentence-prediction pooler."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden):
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class BertModel(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        # BERT's initialisation: N(0, 0.02) weights, zero biases, LayerNorm at identity.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=self.config.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
+        if isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False):
+        """input_ids, attention_mask, token_type_ids: [b, t] (mask 1 = real token, 0 = padding).
+
+        Returns {'last_hidden_state': [b, t, D], 'pooler_output': [b, D]} and, when
+        ``output_hidden_states``, 'hidden_states': the embeddings' output and every layer's.
+        """
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        # [b, 1, 1, t] boolean: every query may attend to the real tokens of its sentence.
+        attn_mask = attention_mask.bool()[:, None, None, :]
+        x = self.embeddings(input_ids, token_type_ids)
+        hidden_states = [x]
+        for layer in self.encoder.layer:
+            x = layer(x, attn_mask)
+            hidden_states.append(x)
+        out = {"last_hidden_state": x, "pooler_output": self.pooler(x)}
+        if output_hidden_states:
+            out["hidden_states"] = tuple(hidden_states)
+        return out
+
+    # ---- checkpoints -------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, name_or_path, **config_overrides) -> "BertModel":
+        """Load a Hugging Face BERT checkpoint: a local directory holding ``config.json`` and
+        ``model.safetensors`` or ``pytorch_model.bin``, or a hub name such as
+        ``bert-base-uncased`` (through huggingface_hub and its local cache).
+        ``config_overrides`` (e.g. ``hidden_dropout_prob=0.1``) replace config values."""
+        config_path, weights_path = resolve_checkpoint(name_or_path)
+        config = BertConfig.from_json_file(config_path)
+        for k, v in config_overrides.items():
+            setattr(config, k, v)
+        model = cls(config)
+        model.load_hf_state_dict(load_state_dict_file(weights_path), source=str(name_or_path))
+        return model
+
+    def load_hf_state_dict(self, state_dict: dict, source: str = "checkpoint") -> None:
+        """Copy a Hugging Face BertModel / BertForMaskedLM / BertForPreTraining state dict
+        into this model. Unused heads are ignored with a one-line note; missing keys or
+        mismatched shapes raise a CheckpointError that lists them."""
+        own = self.state_dict()
+        mapped, ignored = {}, []
+        for key, tensor in state_dict.items():
+            name = _to_minbert_key(key)
+            if name in own:
+                mapped[name] = tensor
+            else:
+                ignored.append(key)
+        missing = sorted(set(own) - set(mapped))
+        if "pooler.dense.weight" in missing and not any(k.startswith("pooler.") for k in mapped):
+            # BertForMaskedLM checkpoints have no pooler: keep its fresh initialisation.
+            missing = [k for k in missing if not k.startswith("pooler.")]
+            print(f"minbert: {source} has no pooler; pooler_output uses freshly initialised weights")
+        bad_shapes = [f"{k} {tuple(v.shape)} != {tuple(own[k].shape)}" for k, v in mapped.items()
+                      if v.shape != own[k].shape]
+        if missing or bad_shapes:
+            problems = ([f"missing: {', '.join(missing)}"] if missing else []) + \
+                       ([f"shape mismatch: {'; '.join(bad_shapes)}"] if bad_shapes else [])
+            raise CheckpointError(f"{source} does not fit minBERT ({' | '.join(problems)})")
+        unused = [k for k in ignored if not k.endswith("position_ids")]  # a buffer, not a weight
+        if unused:
+            prefixes = sorted({".".join(k.split(".")[:2]) for k in unused})
+            print(f"minbert: ignored {len(unused)} tensors minBERT does not use ({', '.join(prefixes)})")
+        self.load_state_dict({k: v.to(own[k].dtype) for k, v in mapped.items()}, strict=False)
+
+    def save_pretrained(self, directory) -> None:
+        """Write ``config.json`` + ``model.safetensors`` that ``transformers.BertModel`` loads."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        _atomic_write_text(directory / "config.json", json.dumps(self.config.to_dict(), indent=2) + "\n")
+        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        tmp = directory / "model.safetensors.tmp"
+        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        os.replace(tmp, directory / "model.safetensors")
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _to_minbert_key(key: str) -> str:
+    """Hugging Face checkpoint key -> minBERT parameter name."""
+    key = key.removeprefix("bert.")  # BertForMaskedLM / BertForPreTraining / classifier checkpoints
+    # Checkpoints converted from the original TensorFlow release name LayerNorm parameters gamma/beta.
+    return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
+def resolve_checkpoint(name_or_path) -> tuple[Path, Path]:
+    """(config.json, weights file) for a local directory or a hub name."""
+    path = Path(name_or_path)
+    if path.is_dir():
+        config = path / "config.json"
+        if not config.is_file():
+            raise CheckpointError(f"{path} has no config.json")
+        for weights in ("model.safetensors", "pytorch_model.bin"):
+            if (path / weights).is_file():
+                return config, path / weights
+        raise CheckpointError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+    if path.exists() or str(name_or_path).startswith((".", "/")):
+        raise CheckpointError(f"checkpoint directory {name_or_path} not found")
+    return _from_hub(str(name_or_path))
+
+
+def _from_hub(name: str) -> tuple[Path, Path]:
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as e:  # pragma: no cover - huggingface_hub is a requirement
+        raise CheckpointError(f"{name} is not a local directory and huggingface_hub is not installed") from e
+    try:
+        config = Path(hf_hub_download(name, "config.json"))
+    except Exception as e:
+        raise CheckpointError(f"cannot load {name!r}: not a local directory, and the Hugging Face hub "
+                              f"(or its local cache) does not have it ({type(e).__name__})") from None
+    for weights in ("model.safetensors", "pytorch_model.bin"):
+        try:
+            return config, Path(hf_hub_download(name, weights))
+        except Exception:
+            continue
+    raise CheckpointError(f"cannot load weights of {name!r} from the hub or its cache")
+
+
+def load_state_dict_file(path) -> dict:
+    """Tensors of a ``model.safetensors`` or ``pytorch_model.bin`` file."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
