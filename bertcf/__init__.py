@@ -1,4 +1,11 @@
 """BERT-CF: contrastive flows for multitask BERT, built on minBERT."""
-from .encoder import SentenceEncoder
 
 __all__ = ["SentenceEncoder"]
+
+
+def __getattr__(name):
+    # Lazy, so `python -m bertcf.data download` starts without importing torch.
+    if name == "SentenceEncoder":
+        from .encoder import SentenceEncoder
+        return SentenceEncoder
+    raise AttributeError(f"module 'bertcf' has no attribute {name!r}")

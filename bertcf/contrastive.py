@@ -42,17 +42,42 @@ def span_mask(input_ids, attention_mask, special_tokens_mask, mask_token_id: int
     return out
 
 
+class _GatherWithGrad(torch.autograd.Function):
+    """all_gather along dim 0 whose backward sums the incoming gradient over every rank and
+    returns this rank's slice, so each rank's rows receive the gradient of *every* rank's loss."""
+
+    @staticmethod
+    def forward(ctx, x):
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        ctx.rows = slice(rank * x.shape[0], (rank + 1) * x.shape[0])
+        parts = [torch.empty_like(x) for _ in range(world)]
+        torch.distributed.all_gather(parts, x.contiguous())
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is not ours
+        torch.distributed.all_reduce(grad)
+        return grad[ctx.rows]
+
+
 def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate x from every rank (rank order); the local part keeps its gradient."""
+    """Concatenate x [b, ...] from every rank along dim 0 (rank order), differentiably.
+
+    The backward all-reduces (sums) the gradient of the gathered tensor and hands each rank the
+    slice of its own rows: rank r's rows get d(sum over ranks of the rank losses)/d(rows). Under
+    DDP, which averages parameter gradients over ranks, every rank's loss being the mean over its
+    local slice, this is exactly the gradient of one process on the global batch. (Keeping only
+    the local copy's gradient, i.e. ``all_gather`` of detached tensors with the local part put
+    back, drops the gradient that the other ranks' anchors send to this rank's candidates, and
+    is wrong by more than the usual world-size factor.) Every rank must pass the same shape and
+    call it the same number of times in the same order (it is a collective, forward and
+    backward)."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return x
-    world = torch.distributed.get_world_size()
-    if world == 1:
+    if torch.distributed.get_world_size() == 1:
         return x
-    parts = [torch.empty_like(x) for _ in range(world)]
-    torch.distributed.all_gather(parts, x.detach().contiguous())
-    parts[torch.distributed.get_rank()] = x
-    return torch.cat(parts)
+    return _GatherWithGrad.apply(x)
 
 
 class InfoNCE(nn.Module):
@@ -74,14 +99,19 @@ class InfoNCE(nn.Module):
         """[b, 2B] scores of each anchor against [all positives | all anchors]; self masked."""
         a = F.normalize(anchors.float(), dim=-1)
         p = F.normalize(positives.float(), dim=-1)
-        all_a, all_p = (gather_with_grad(a), gather_with_grad(p)) if self.gather else (a, p)
-        offset = 0
-        if self.gather and all_a.shape[0] != a.shape[0]:
-            offset = torch.distributed.get_rank() * a.shape[0]
+        all_a, all_p, offset = a, p, 0
+        if self.gather:
+            # One collective for both: [b, 2, D] -> [B, 2, D].
+            both = gather_with_grad(torch.stack([a, p], dim=1))
+            if both.shape[0] != a.shape[0]:
+                all_a, all_p = both[:, 0], both[:, 1]
+                offset = torch.distributed.get_rank() * a.shape[0]
         rows = torch.arange(a.shape[0], device=a.device)
-        to_anchors = a @ all_a.T
+        # float32 even under autocast: bf16 cosines (3 digits) divided by tau = 0.05 are off by ~0.05.
+        with torch.autocast(device_type=a.device.type, enabled=False):
+            to_positives, to_anchors = a @ all_p.T, a @ all_a.T
         to_anchors[rows, rows + offset] = float("-inf")  # an anchor is not its own candidate
-        return torch.cat([a @ all_p.T, to_anchors], dim=1) / self.temperature, rows + offset
+        return torch.cat([to_positives, to_anchors], dim=1) / self.temperature, rows + offset
 
     def forward(self, anchors, positives):
         logits, targets = self.logits(anchors, positives)

@@ -28,7 +28,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -234,7 +234,8 @@ def _read_table(
         except csv.Error as error:
             raise DataError(f"{path} line {reader.line_num}: malformed CSV ({error})") from None
         except UnicodeDecodeError:
-            raise DataError(f"{path}: not valid UTF-8 text (after line {reader.line_num})") from None
+            raise DataError(
+                f"{path}: not valid UTF-8 text (after line {reader.line_num})") from None
 
     skipped = [f"{len(lines)} with an empty {label_column} ({_line_list(lines)})"
                for lines in [no_label] if lines]
@@ -446,7 +447,8 @@ def _recorded_sha256(path: Path) -> str | None:
         return None
 
 
-def verify_file(path: str | os.PathLike, source: Source, record_of: Path | None = None) -> str | None:
+def verify_file(path: str | os.PathLike, source: Source,
+                record_of: Path | None = None) -> str | None:
     """Check ``path`` against ``source``; return None when valid, else the reason.
 
     Without a checksum, the line count is checked and so is the sha256 recorded next to

@@ -61,10 +61,14 @@ class SentenceEncoder(nn.Module):
         u = self.embed(input_ids, attention_mask, token_type_ids)
         return self.flow(u)[0] if self.flow is not None else u
 
-    def tokenize(self, sentences, max_length: int | None = None):
-        return tokenize(self.tokenizer, sentences, max_length or self.max_length)
+    def _max_length(self, max_length: int | None = None) -> int:
+        """``max_length`` (or the encoder's), never beyond the model's position embeddings."""
+        return min(max_length or self.max_length, self.bert.config.max_position_embeddings)
 
-    @torch.inference_mode()
+    def tokenize(self, sentences, max_length: int | None = None):
+        return tokenize(self.tokenizer, sentences, self._max_length(max_length))
+
+    @torch.no_grad()  # not inference_mode: callers may feed the vectors to autograd (e.g. a flow)
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
                normalize: bool = False, max_length: int | None = None) -> torch.Tensor:
         """Encode sentences to a float32 CPU tensor [n, D] (a single string gives [D]).
@@ -75,7 +79,7 @@ class SentenceEncoder(nn.Module):
         sentences = [sentences] if single else list(sentences)
         if not sentences:
             return torch.empty(0, self.dim)
-        max_length = max_length or self.max_length
+        max_length = self._max_length(max_length)
         lengths = [len(ids) for ids in self.tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
         order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
         was_training = self.training

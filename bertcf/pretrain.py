@@ -1,7 +1,8 @@
 """The self-supervised stages behind ``run_pretrain.py``.
 
 - ``--stage mirror``: contrastive pretraining of the encoder (``--method mirror``: dropout +
-  token-span masking, Mirror-BERT; ``--method simcse``: dropout only).
+  token-span masking, Mirror-BERT; ``--method simcse``: dropout only; ``--method bsl|ct|tsdae|mlm``:
+  the other self-supervised objectives of objectives.py).
 - ``--stage joint``: the encoder frozen (unless ``--unfreeze-encoder``), a Glow flow learned on
   L = lambda * L_mirror(F(x)) + L_flow (BERT-CF). ``--method simcse`` gives SimCSE-joint.
 - ``--stage flow``: the flow alone on L_flow (MinBERT-flow / Mirror-flow).
@@ -17,16 +18,17 @@ import torch
 
 from minbert import pad_batch
 
-from . import training
+from . import objectives, training
 from .contrastive import InfoNCE, span_mask
 from .data import read_corpus, read_sts, task_file, task_sentences
 from .encoder import SentenceEncoder, pool
 from .evaluation import evaluate_sts
 from .flow import Glow, gaussian_nll, latent_stats
+from .objectives import OBJECTIVES, build_objective
 from .training import UsageError
 
 STAGES = ("mirror", "joint", "flow")
-METHODS = {"mirror": ("mirror", "simcse"), "joint": ("mirror", "simcse"), "flow": ("flow",)}
+METHODS = {"mirror": ("mirror", "simcse", *OBJECTIVES), "joint": ("mirror", "simcse"), "flow": ("flow",)}
 STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}
 
 
@@ -34,7 +36,8 @@ def build_parser() -> training.ArgumentParser:
     p = training.ArgumentParser(prog="run_pretrain.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--stage", choices=STAGES, default="mirror")
     p.add_argument("--method", default=None,
-                   help="mirror (default) or simcse for --stage mirror|joint; flow for --stage flow")
+                   help="mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
+                        "--stage mirror; flow for --stage flow")
     g = p.add_argument_group("corpus")
     g.add_argument("--corpus", default=None, help="text file, one sentence per line "
                    "(default: DATA_DIR/wiki1m_for_simcse.txt when present)")
@@ -54,6 +57,7 @@ def build_parser() -> training.ArgumentParser:
     g.add_argument("--flow-hidden", type=int, default=None, help="coupling network width (default: D)")
     g.add_argument("--unfreeze-encoder", action="store_true", help="joint: train the encoder by L_mirror too")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
+    objectives.add_args(p)
     training.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32)
     return p
 
@@ -81,6 +85,7 @@ def check_args(args) -> None:
         raise UsageError("--unfreeze-encoder is for --stage joint")
     if args.flow_blocks < 1:
         raise UsageError(f"--flow-blocks must be at least 1, not {args.flow_blocks}")
+    objectives.check_args(args)
     if args.out_dir is None:
         args.out_dir = training.default_out_dir(args.stage, args.method)
 
@@ -124,9 +129,19 @@ def pair_scalars(a, b) -> dict:
     return {"pos_cosine": cos.diagonal().mean(), "neg_cosine": (cos.sum() - cos.diagonal().sum()) / (n * n - n)}
 
 
+def resolve_init(path):
+    """--init: a run directory stands for its best/ checkpoint (a run directory has a
+    config.json of its own, the run's settings, so it must be recognised by best/)."""
+    p = Path(path)
+    has_weights = any((p / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
+    if p.is_dir() and not has_weights and (p / "best" / "config.json").is_file():
+        return p / "best"
+    return path
+
+
 def load_encoder(args) -> SentenceEncoder:
     """The encoder to start from: --init (a run directory or checkpoint) or --model."""
-    source = args.init or args.model
+    source = resolve_init(args.init) if args.init else args.model
     encoder = SentenceEncoder.from_pretrained(source, pooling=args.pooling, vocab=args.vocab,
                                               hidden_dropout_prob=args.dropout,
                                               attention_probs_dropout_prob=args.dropout)
@@ -158,6 +173,10 @@ def main(argv=None) -> dict:
     token_ids = tokenizer(sentences, truncation=True, max_length=args.max_length)["input_ids"]
     special_ids = torch.tensor(tokenizer.all_special_ids)
     span_generator = torch.Generator().manual_seed(args.seed)
+    objective = None  # --method bsl|ct|tsdae|mlm: the objective holds the encoder and its extra modules
+    if args.method in OBJECTIVES:
+        objective = build_objective(args.method, encoder, args, span_generator).to(device)
+        trainable = objective.trainable_parameters()
     info_nce = InfoNCE(temperature=args.temperature)
     rank, world = training.dist_info()
     sampler = training.EpochSampler(len(sentences), seed=args.seed)
@@ -177,6 +196,8 @@ def main(argv=None) -> dict:
             l_flow = gaussian_nll(z, logdet).mean()
             return l_flow, flow_scalars(l_flow, z, logdet)
         special = torch.isin(ids, special_ids) | (mask == 0)
+        if objective is not None:
+            return objective.loss(ids, mask, special)
         masked = span_mask(ids, mask, special, tokenizer.mask_token_id, args.span_p, args.span_cap, span_generator)
         # Both views in one forward pass: dropout masks differ per row, so they are independent.
         u, u_masked = embed(torch.cat([ids, masked]).to(device), torch.cat([mask, mask]).to(device)).chunk(2)
@@ -209,15 +230,23 @@ def main(argv=None) -> dict:
     run = training.Run(args.out_dir, vars(args), resume=args.resume)
     optimizer = training.make_optimizer(trainable, args.lr, args.weight_decay, device)
     scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
-    modules = {"encoder": encoder}
+    modules = {"encoder": encoder} if objective is None else {"objective": objective}  # it holds the encoder
     trainer = training.Trainer(args, run, modules, optimizer, scheduler, {"corpus": sampler},
                                metric="sts_spearman", save_model=encoder.save_pretrained, evaluate=evaluate,
                                items_per_step=args.batch_size, extra_state={"span": GeneratorState(span_generator)})
     if args.resume:
         trainer.resume()
-    summary = trainer.fit(step_fn)
+    summary = trainer.fit(step_fn, after_step=objective.after_step if objective is not None else None)
     if rank == 0:
-        first = summary["first"]
-        print(f"STS dev Spearman: step 0 {first:.4f}, best {summary['best']:.4f} at step {summary['best_step']}; "
-              f"best checkpoint: {run.dir / 'best'}")
+        print(final_line(summary, run.dir))
     return summary
+
+
+def final_line(summary: dict, run_dir) -> str:
+    """The closing line: step-0 and best STS dev Spearman, and where the best checkpoint is."""
+    def score(x):
+        return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
+    if summary["best_step"] is None:  # every evaluation gave nan (e.g. constant cosines)
+        return f"STS dev Spearman: step 0 {score(summary['first'])}; no best checkpoint written"
+    return (f"STS dev Spearman: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
+            f"{summary['best_step']}; best checkpoint: {Path(run_dir) / 'best'}")

@@ -108,6 +108,9 @@ def run_main(main, argv=None) -> int:
     except (UsageError, DataError, CheckpointError, NonFiniteLossError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (or a second one inside it)
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 # ---- device, precision, seeds ----------------------------------------------------------------
@@ -413,9 +416,10 @@ class Trainer:
             torch.distributed.barrier()
 
     # -- the loop ------------------------------------------------------------------------------------
-    def fit(self, step_fn) -> dict:
+    def fit(self, step_fn, after_step=None) -> dict:
         """Run ``step_fn(step) -> (loss, scalars)`` until --steps, evaluating every
-        --eval-every steps (and at step 0 and at the end). Returns a summary."""
+        --eval-every steps (and at step 0 and at the end). ``after_step()``, when given, runs
+        after every optimiser step (e.g. an EMA update). Returns a summary."""
         args = self.args
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.run.start(self.step)
@@ -425,6 +429,7 @@ class Trainer:
         bar = tqdm(total=args.steps, initial=self.step, desc=self.run.dir.name, disable=self.rank != 0,
                    dynamic_ncols=True)
         tick, tick_step, interrupted = time.perf_counter(), self.step, False
+        bad_step = bad_loss = None  # the first non-finite loss, tracked on the device (no sync per step)
         try:
             while self.step < args.steps:
                 for m in self.modules.values():
@@ -438,16 +443,28 @@ class Trainer:
                     torch.nn.utils.clip_grad_norm_(params, args.max_grad_norm)
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
+                if after_step is not None:
+                    after_step()
                 self.scheduler.step()
                 self.step += 1
                 bar.update(1)
-                if self.step % args.log_every == 0 or self.step == args.steps:
+                loss_d = loss.detach().float()
+                if bad_step is None:
+                    bad_step, bad_loss = torch.full((), -1, dtype=torch.long, device=loss_d.device), loss_d
+                first = ~torch.isfinite(loss_d) & (bad_step < 0)
+                bad_step, bad_loss = torch.where(first, self.step, bad_step), torch.where(first, loss_d, bad_loss)
+                log_now = self.step % args.log_every == 0 or self.step == args.steps
+                if log_now or self.step % args.eval_every == 0 or self._stop:
+                    # Checked before anything is logged or checkpointed, so last/ never holds
+                    # weights updated by a non-finite loss.
+                    if int(bad_step) >= 0:
+                        last = self.run.dir / "last"
+                        kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
+                        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}; "
+                                                 f"stopped, {kept} (try a lower --lr or --precision fp32)")
+                if log_now:
                     # The only host-device synchronisation of the loop, once per logging interval.
-                    loss_value = float(loss.detach())
-                    if not math.isfinite(loss_value):
-                        raise NonFiniteLossError(
-                            f"the loss became {loss_value} at step {self.step}; stopped, keeping the last "
-                            f"good checkpoint in {self.run.dir / 'last'} (try a lower --lr or --precision fp32)")
+                    loss_value = float(loss_d)
                     elapsed = time.perf_counter() - tick
                     rate = (self.step - tick_step) * self.items_per_step / max(elapsed, 1e-9)
                     tick, tick_step = time.perf_counter(), self.step
@@ -482,3 +499,87 @@ class Trainer:
         self._stop = True
         print("\nCtrl-C: finishing this step and saving last/ (press again to abort)", file=sys.stderr)
 
+
+
+# ---- distributed training ------------------------------------------------------------------------
+# Every entry point runs unchanged under ``torchrun --nproc_per_node N``: call init_distributed()
+# first (it is a no-op for a plain ``python`` launch), wrap the module whose forward the step
+# calls with wrap_ddp(), and call cleanup_distributed() at the end. The contrastive loss gathers
+# candidates from every rank itself (bertcf.contrastive.gather_with_grad); EpochSampler and
+# local_slice above give each rank its share of the global batch.
+def init_distributed(device=None, backend: str | None = None, timeout_s: float = 1800.0) -> torch.device:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+    MASTER_PORT) and return this rank's device.
+
+    ``device``: the --device flag (None, "cpu", "cuda", "cuda:N"). Under torchrun with CUDA every
+    rank takes GPU LOCAL_RANK (an explicit index in the flag is ignored then, since one GPU per
+    process is the only layout DDP supports here) and the backend is NCCL; on the CPU it is gloo.
+    Without torchrun (WORLD_SIZE unset or 1), nothing is started and the resolved device is
+    returned, so single-process runs need no special case."""
+    import datetime
+
+    device = resolve_device(None if device is None else str(device))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1 or not torch.distributed.is_available():
+        return device
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            raise UsageError(f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} GPU(s) are visible")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if not torch.distributed.is_initialized():
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return device
+
+
+def is_main_process() -> bool:
+    """True on rank 0 (and outside torch.distributed): the process that evaluates, logs and saves."""
+    return dist_info()[0] == 0
+
+
+def wrap_ddp(module: torch.nn.Module, device=None, find_unused_parameters: bool = True, **ddp_kwargs):
+    """``module`` wrapped in DistributedDataParallel when torch.distributed is running with more
+    than one process and the module has a trainable parameter; otherwise ``module`` itself.
+
+    Keep the unwrapped module for state_dict / save_pretrained / the Trainer's ``modules``; call
+    the returned object in the step (several calls before one backward are fine: two views,
+    three tasks). Gradients are averaged over ranks; since every rank's loss is the mean over its
+    local slice and the contrastive candidates are gathered with gradient, the update equals one
+    process on the global batch (tests/test_distributed.py).
+
+    ``find_unused_parameters=True`` (the default) is needed whenever a trainable parameter
+    takes part in the forward but not in the loss, e.g. minBERT's pooler under mean or [CLS]
+    pooling: without it DDP stops at step 2 ("Expected to have finished reduction"), and
+    ``static_graph=True`` is worse (silently wrong gradients at step 2, an error at step 3).
+    For speed, a stage may freeze what its loss never uses
+    (``encoder.bert.pooler.requires_grad_(False)``) and pass ``find_unused_parameters=False``."""
+    _, world = dist_info()
+    if world == 1 or not any(p.requires_grad for p in module.parameters()):
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    device = torch.device(device) if device is not None else next(module.parameters()).device
+    device_ids = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=find_unused_parameters,
+                                   **ddp_kwargs)
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DistributedDataParallel and/or torch.compile wrappers."""
+    while True:
+        if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+            module = module.module
+        elif hasattr(module, "_orig_mod"):
+            module = module._orig_mod
+        else:
+            return module
+
+
+def cleanup_distributed() -> None:
+    """Leave the process group (safe to call when none was started)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

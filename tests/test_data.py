@@ -177,7 +177,8 @@ def test_labeled_modes(tmp_path):
     (data.read_sst, SST_HEADER, ["1", "b", "s", "pos"], "sentiment 'pos' is not a number"),
     (data.read_quora, QQP_HEADER, ["1", "b", "s", "t", "2"], "is_duplicate '2' is not 0 or 1"),
     (data.read_quora, QQP_HEADER, ["1", "b", "s", "t", "0.5"], "is_duplicate '0.5' is not 0"),
-    (data.read_quora, QQP_HEADER, ["1", "b", "s", "t", "yes"], "is_duplicate 'yes' is not a number"),
+    (data.read_quora, QQP_HEADER, ["1", "b", "s", "t", "yes"],
+     "is_duplicate 'yes' is not a number"),
     (data.read_sts, STS_HEADER, ["1", "b", "s", "t", "5.5"], "similarity '5.5' is out of range"),
     (data.read_sts, STS_HEADER, ["1", "b", "s", "t", "nan"], "similarity 'nan' is out of range"),
     (data.read_sts, STS_HEADER, ["1", "b", "s", "t", "abc"], "similarity 'abc' is not a number"),
@@ -198,12 +199,14 @@ def test_error_is_one_line_in_the_documented_form(tmp_path):
 
 
 def test_accepted_label_spellings(tmp_path):
+    labels = ["0", "1", "0.0", "1.0"]
     qqp = write(tmp_path / "q.csv", [QQP_HEADER] + [[str(i), f"id{i}", "s", "t", label]
-                                                    for i, label in enumerate(["0", "1", "0.0", "1.0"])])
+                                                    for i, label in enumerate(labels)])
     assert [ex.label for ex in data.read_quora(qqp)] == [0.0, 1.0, 0.0, 1.0]
     sst = write(tmp_path / "s.csv", [SST_HEADER, ["0", "a", "s", "4"], ["1", "b", "s", "0.0"]])
     assert [ex.label for ex in data.read_sst(sst)] == [4, 0]
-    sts = write(tmp_path / "t.csv", [STS_HEADER, ["0", "a", "s", "t", "0"], ["1", "b", "s", "t", "5"]])
+    sts = write(tmp_path / "t.csv", [STS_HEADER, ["0", "a", "s", "t", "0"],
+                                     ["1", "b", "s", "t", "5"]])
     assert [ex.label for ex in data.read_sts(sts)] == [0.0, 5.0]
 
 
@@ -404,8 +407,8 @@ def test_download_corrupt_file_fails_cleanly(server, tmp_path, capsys):
     root, base = server
     write(root / "bad.txt", "tampered\n")
     out = tmp_path / "out"
-    results = data.download(out, sources=[Source("bad.txt", base + "bad.txt", "sha256:" + "0" * 64)],
-                            progress=False)
+    source = Source("bad.txt", base + "bad.txt", "sha256:" + "0" * 64)
+    results = data.download(out, sources=[source], progress=False)
     assert "sha256 mismatch" in results["bad.txt"]
     assert _files(out) == set()  # neither bad.txt nor bad.txt.part
     assert "bad.txt: FAILED" in capsys.readouterr().err
@@ -414,8 +417,8 @@ def test_download_corrupt_file_fails_cleanly(server, tmp_path, capsys):
 def test_download_missing_file_fails(server, tmp_path, capsys):
     _, base = server
     out = tmp_path / "out"
-    results = data.download(out, sources=[Source("gone.txt", base + "gone.txt", "sha256:" + "0" * 64)],
-                            progress=False)
+    source = Source("gone.txt", base + "gone.txt", "sha256:" + "0" * 64)
+    results = data.download(out, sources=[source], progress=False)
     assert results["gone.txt"].startswith("HTTP 404")
     assert _files(out) == set()
     assert "gone.txt: FAILED: HTTP 404" in capsys.readouterr().err
@@ -434,7 +437,8 @@ def test_download_without_checksum_counts_lines_and_records_sha256(server, tmp_p
     # Wrong line count: rejected, nothing left under the final name.
     wrong = Source("corpus.txt", base + "corpus.txt", None, lines=4)
     (out / "corpus.txt").unlink()
-    assert "has 3 lines, expected 4" in data.download(out, sources=[wrong], progress=False)["corpus.txt"]
+    result = data.download(out, sources=[wrong], progress=False)["corpus.txt"]
+    assert "has 3 lines, expected 4" in result
     assert not (out / "corpus.txt").exists()
     # The server now serves other content with the right line count: differs from the record.
     write(root / "corpus.txt", "other one\nother two\nother three\n")

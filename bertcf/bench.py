@@ -1,0 +1,535 @@
+"""Benchmark minBERT against ``transformers.BertModel`` (sdpa attention) on this project's workloads.
+
+    python -m bertcf.bench --model NAME_OR_DIR --device cpu|cuda [--precision bf16|fp16|fp32]
+                           [--steps N] [--warmup N] [--workloads mirror,joint,multitask,encode] [--json OUT]
+
+One process, one run: both models get the same config, the same weights (minBERT's state dict
+loaded into the transformers model) and the same inputs, and their steps alternate so that a
+shared or throttling machine slows both alike. ``--model`` is a checkpoint directory, a
+directory (or file) with only a ``config.json`` (random weights: fine for timing), or a hub
+name; ``--tiny`` is a 2-layer, hidden-32 config for tests.
+
+Workloads (the report's settings):
+  mirror     16 sentences x 2 views (one forward of 32), max length 32, mean pooling, InfoNCE,
+             backward, AdamW step.
+  joint      the encoder frozen (no_grad, dropout on as in the stage), a 3-block Glow on the
+             pooled embeddings of both views, 0.3 * InfoNCE(F(x)) + NLL, AdamW on the flow.
+  multitask  32 SST + 96 x 2 QQP + 32 x 2 STS sentences (one forward per task), forward and
+             backward through the encoder and simple heads (SST linear D x 5, QQP and STS
+             linear D x 768 + cosine), 5 / 20 / 1 loss weights, AdamW step.
+  encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
+             eval mode under torch.inference_mode.
+Inputs are random token ids with realistic variable lengths (a log-normal around each task's
+typical length, clipped to its max length), [CLS] ... [SEP] and dynamic padding, fixed seed.
+Time: median over --steps timed steps after --warmup untimed ones (torch.cuda.synchronize
+around each step on a GPU). tokens/s counts real (non-padding) tokens. speed-up is
+transformers' step time / minBERT's (> 1: minBERT is faster). On a GPU with a known peak,
+MFU = model FLOPs / time / peak, with FLOPs = 6 N t (training) or 2 N t (inference) over the
+real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus attention
+12 L d t^2 (training) or 4 L d t^2 (inference) per sentence.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+WORKLOADS = ("mirror", "joint", "multitask", "encode")
+
+#: --tiny: small enough for a test on a laptop CPU.
+TINY_CONFIG = dict(vocab_size=1000, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                   intermediate_size=64, max_position_embeddings=512)
+
+#: Hub names whose config is known, so the bench runs offline with random weights.
+KNOWN_CONFIGS = {
+    "bert-base-uncased": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "bert-base-cased": dict(vocab_size=28996, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                            intermediate_size=3072),
+    "bert-large-uncased": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                               intermediate_size=4096),
+}
+
+#: Dense tensor-core peak (TFLOP/s) in bf16/fp16 by device name; MFU is omitted elsewhere.
+PEAK_TFLOPS_16BIT = (("H100 PCIe", 756.0), ("H100 NVL", 835.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0),
+                     ("A100", 312.0))
+
+#: Sentence lengths in tokens (with [CLS]/[SEP]) per workload: (median, max length).
+LENGTHS = {"mirror": (24, 32), "sst": (26, 128), "qqp": (15, 128), "sts": (14, 128), "encode": (14, 128)}
+
+
+# ---- models -------------------------------------------------------------------------------------
+def load_models(model: str | None, tiny: bool = False, seed: int = 11711):
+    """(minBERT, transformers.BertModel with sdpa attention, note): identical config and weights."""
+    import transformers
+
+    from minbert import BertConfig, BertModel, CheckpointError
+
+    torch.manual_seed(seed)
+    note = ""
+    if tiny:
+        mb, note = BertModel(BertConfig(**TINY_CONFIG)), "tiny config, random weights"
+    else:
+        path = Path(model)
+        config_file = path if path.is_file() else path / "config.json"
+        has_weights = path.is_dir() and any((path / w).is_file() for w in ("model.safetensors", "pytorch_model.bin"))
+        if has_weights:
+            mb, note = BertModel.from_pretrained(path), "checkpoint weights"
+        elif config_file.is_file():
+            mb, note = BertModel(BertConfig.from_json_file(config_file)), "config only, random weights"
+        else:
+            try:
+                mb, note = BertModel.from_pretrained(model), "checkpoint weights"
+            except CheckpointError as e:
+                if model not in KNOWN_CONFIGS:
+                    raise
+                mb = BertModel(BertConfig(**KNOWN_CONFIGS[model]))
+                note = f"{model} not available offline ({e}); its config with random weights"
+    hf_config = transformers.BertConfig.from_dict(mb.config.to_dict())
+    hf_config._attn_implementation = "sdpa"
+    hf = transformers.BertModel(hf_config, add_pooling_layer=True)
+    hf.load_state_dict(mb.state_dict(), strict=True)
+    return mb, hf, note
+
+
+def hidden_fn(model, compile_: bool = False):
+    """A uniform call: (ids, mask) -> last hidden state, for either implementation."""
+    is_minbert = model.__class__.__module__.startswith("minbert")
+    net = torch.compile(model) if compile_ else model
+    if is_minbert:
+        return lambda ids, mask: net(ids, mask)["last_hidden_state"]
+    return lambda ids, mask: net(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+# ---- inputs -------------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    ids: torch.Tensor
+    mask: torch.Tensor
+    lengths: list = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.lengths)
+
+
+def sample_lengths(n: int, median: int, max_len: int, g: torch.Generator) -> list[int]:
+    lengths = torch.exp(math.log(median) + 0.45 * torch.randn(n, generator=g)).round().long()
+    return lengths.clamp(4, max_len).tolist()
+
+
+def make_batch(lengths, vocab_size: int, g: torch.Generator, device, special=(101, 102)) -> Batch:
+    """[CLS] w1 .. wn [SEP] + padding to the longest (dynamic padding)."""
+    cls_id, sep_id = special
+    t = max(lengths)
+    low = 1000 if vocab_size > 2000 else 5  # skip [PAD], [unused..], [CLS], [SEP], [MASK]
+    ids = torch.randint(low, vocab_size, (len(lengths), t), generator=g)
+    mask = torch.zeros(len(lengths), t, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+        ids[i, 0], ids[i, n - 1] = cls_id, sep_id
+    ids = ids * mask
+    return Batch(ids.to(device), mask.to(device), list(lengths))
+
+
+def special_ids(vocab_size: int):
+    """([CLS], [SEP], [MASK]) of the uncased vocabulary, or of the test vocabulary when small."""
+    return (101, 102, 103) if vocab_size > 2000 else (2, 3, 4)
+
+
+def two_views(batch: Batch, mask_id: int, g: torch.Generator) -> Batch:
+    """Mirror-BERT's input: the sentences and a span-masked copy, concatenated (2b rows)."""
+    from .contrastive import span_mask
+
+    ids, mask = batch.ids.cpu(), batch.mask.cpu()
+    special = torch.zeros_like(ids)
+    for i, n in enumerate(batch.lengths):
+        special[i, 0] = special[i, n - 1] = 1
+    masked = span_mask(ids, mask, special | (mask == 0), mask_id, p=0.3, cap=5, generator=g)
+    device = batch.ids.device
+    return Batch(torch.cat([ids, masked]).to(device), torch.cat([mask, mask]).to(device), batch.lengths * 2)
+
+
+# ---- FLOPs and peaks --------------------------------------------------------------------------
+def encoder_flops(config, lengths, training: bool) -> float:
+    """Model FLOPs of the encoder over sentences of these real lengths (no padding counted)."""
+    d, L, i = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    n_layer = L * (4 * d * d + 2 * d * i)  # matmul weights per token (biases/LayerNorm negligible)
+    per_token, attention = (6, 12) if training else (2, 4)
+    return sum(per_token * n_layer * t + attention * L * d * t * t for t in lengths)
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """The device's dense bf16/fp16 peak in FLOP/s, or None (CPU, fp32, unknown GPU)."""
+    if device.type != "cuda" or precision not in ("bf16", "fp16"):
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in PEAK_TFLOPS_16BIT:
+        if key in name:
+            return tflops * 1e12
+    return None
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip() + f" ({torch.get_num_threads()} threads)"
+    except OSError:
+        pass
+    return (platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
+
+
+# ---- workloads ----------------------------------------------------------------------------------
+class Workload:
+    """Inputs shared by both models, and per model a ``step()`` closure plus per-step counts."""
+
+    training = True
+
+    def __init__(self, name, config, device, precision, n_batches, seed):
+        self.name, self.config, self.device, self.precision = name, config, torch.device(device), precision
+        self.g = torch.Generator().manual_seed(seed)
+        self.cls, self.sep, self.mask_id = special_ids(config.vocab_size)
+        self.batches = self.make_inputs(n_batches)
+
+    def batch(self, n, kind):
+        median, max_len = LENGTHS[kind]
+        max_len = min(max_len, self.config.max_position_embeddings)
+        return make_batch(sample_lengths(n, median, max_len, self.g), self.config.vocab_size, self.g, self.device,
+                          (self.cls, self.sep))
+
+    def autocast(self):
+        from .training import autocast
+        return autocast(self.device, self.precision)
+
+    def optimizer(self, params, lr):
+        from .training import make_optimizer
+        return make_optimizer(params, lr, 0.01, self.device)  # fused AdamW on a GPU
+
+    def scaler(self):
+        return torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+
+    # per-step figures, averaged over the input pool
+    def sentences(self, inputs) -> int:
+        return sum(len(b.lengths) for b in inputs)
+
+    def real_tokens(self, inputs) -> int:
+        return sum(b.tokens for b in inputs)
+
+    def flops(self, inputs) -> float:
+        return sum(encoder_flops(self.config, b.lengths, self.training) for b in inputs)
+
+
+class Mirror(Workload):
+    def make_inputs(self, n):
+        return [[two_views(self.batch(16, "mirror"), self.mask_id, self.g)] for _ in range(n)]
+
+    def build(self, model, forward):
+        from .contrastive import InfoNCE
+        from .encoder import pool
+
+        info_nce = InfoNCE(temperature=0.05)
+        opt, scaler = self.optimizer(model.parameters(), 1e-4), self.scaler()
+        model.train()
+
+        def step(inputs):
+            (b,) = inputs
+            opt.zero_grad(set_to_none=True)
+            with self.autocast():
+                u, u_masked = pool(forward(b.ids, b.mask), b.mask).chunk(2)
+                loss = info_nce(u, u_masked)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss
+        return step
+
+
+class Joint(Mirror):
+    training = False  # the encoder only runs forward; the flow's FLOPs are added below
+
+    def build(self, model, forward):
+        from .contrastive import InfoNCE
+        from .encoder import pool
+        from .flow import Glow, gaussian_nll
+
+        info_nce = InfoNCE(temperature=0.05)
+        if not hasattr(self, "flow"):
+            torch.manual_seed(0)
+            self.flow = Glow(self.config.hidden_size, num_blocks=3)
+        flow = copy.deepcopy(self.flow).to(self.device).train()  # the same initial flow for both models
+        model.requires_grad_(False)
+        model.train()  # the stage keeps dropout on in the frozen encoder
+        opt, scaler = self.optimizer(flow.parameters(), 3e-4), self.scaler()
+
+        def step(inputs):
+            (b,) = inputs
+            opt.zero_grad(set_to_none=True)
+            with self.autocast():
+                with torch.no_grad():
+                    u_both = pool(forward(b.ids, b.mask), b.mask)
+                z_both, logdet_both = flow(u_both)
+                z, z_masked = z_both.chunk(2)
+                loss = 0.3 * info_nce(z, z_masked) + gaussian_nll(z, logdet_both.chunk(2)[0]).mean()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss
+        return step
+
+    def flops(self, inputs):
+        d = self.config.hidden_size
+        flow_params = 3 * (d * d + (d // 2) * d + d * (d - d // 2))  # 1x1 + coupling MLP, roughly
+        return super().flops(inputs) + sum(6 * flow_params * len(b.lengths) for b in inputs)
+
+
+class Multitask(Workload):
+    def make_inputs(self, n):
+        return [[self.batch(32, "sst"), self.batch(192, "qqp"), self.batch(64, "sts")] for _ in range(n)]
+
+    def build(self, model, forward):
+        from .encoder import pool
+
+        d = self.config.hidden_size
+        if not hasattr(self, "heads"):
+            torch.manual_seed(0)
+            self.heads = nn.ModuleDict({"sst": nn.Linear(d, 5), "qqp": nn.Linear(d, 768), "sts": nn.Linear(d, 768)})
+        heads = copy.deepcopy(self.heads).to(self.device).train()
+        model.requires_grad_(True)
+        model.train()
+        opt = self.optimizer(list(model.parameters()) + list(heads.parameters()), 1e-5)
+        scaler = self.scaler()
+        g = torch.Generator(device=self.device).manual_seed(0)
+        labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
+                  "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
+                  "sts": torch.rand(32, generator=g, device=self.device) * 5}
+
+        def cosine(head, batch):
+            e1, e2 = head(F.dropout(pool(forward(batch.ids, batch.mask), batch.mask), 0.1)).chunk(2)
+            return F.cosine_similarity(e1.float(), e2.float(), dim=-1)
+
+        def step(inputs):
+            sst, qqp, sts = inputs
+            opt.zero_grad(set_to_none=True)
+            with self.autocast():
+                logits = heads["sst"](F.dropout(pool(forward(sst.ids, sst.mask), sst.mask), 0.3))
+                l_sst = F.cross_entropy(logits.float(), labels["sst"])
+                cos = cosine(heads["qqp"], qqp)  # hinge 0.7: pull duplicates to 1, push others below 0.7
+                y = labels["qqp"]
+                l_qqp = (y * (1 - cos) + (1 - y) * F.relu(cos - 0.7)).mean()
+                l_sts = F.mse_loss(F.relu(cosine(heads["sts"], sts)) * 5, labels["sts"])
+                loss = 5 * l_sst + 20 * l_qqp + l_sts
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss
+        return step
+
+    def flops(self, inputs):
+        d = self.config.hidden_size
+        heads = sum(6 * d * out * len(b.lengths) for b, out in zip(inputs, (5, 768, 768)))
+        return super().flops(inputs) + heads
+
+
+class Encode(Workload):
+    training = False
+
+    def __init__(self, *args, sentences=256, batch_size=64, **kwargs):
+        self.n_sentences, self.batch_size = sentences, batch_size
+        super().__init__(*args, **kwargs)
+
+    def make_inputs(self, n):
+        """One input = one encode() call: the sentences sorted by length, in batches of 64."""
+        out = []
+        for _ in range(n):
+            median, max_len = LENGTHS["encode"]
+            lengths = sorted(sample_lengths(self.n_sentences, median, min(max_len, self.config.max_position_embeddings),
+                                            self.g), reverse=True)
+            out.append([make_batch(lengths[i:i + self.batch_size], self.config.vocab_size, self.g, self.device,
+                                   (self.cls, self.sep)) for i in range(0, len(lengths), self.batch_size)])
+        return out
+
+    def build(self, model, forward):
+        from .encoder import pool
+
+        model.eval()
+
+        @torch.inference_mode()
+        def step(inputs):
+            out = None
+            for b in inputs:
+                with self.autocast():
+                    out = pool(forward(b.ids, b.mask), b.mask)
+            return out
+        return step
+
+
+WORKLOAD_CLASSES = {"mirror": Mirror, "joint": Joint, "multitask": Multitask, "encode": Encode}
+
+
+# ---- timing -------------------------------------------------------------------------------------
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_workload(workload: Workload, models: dict, steps: int, warmup: int, compile_: bool = False) -> dict:
+    """Median step time of each model; their steps alternate (order flipped every round)."""
+    steps_fns = {name: workload.build(model, hidden_fn(model, compile_)) for name, model in models.items()}
+    times = {name: [] for name in models}
+    pool = workload.batches
+    names = list(models)
+    device = workload.device
+    for i in range(warmup + steps):
+        inputs = pool[i % len(pool)]
+        for name in (names if i % 2 == 0 else names[::-1]):
+            _sync(device)
+            start = time.perf_counter()
+            steps_fns[name](inputs)
+            _sync(device)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+    timed_inputs = [pool[i % len(pool)] for i in range(warmup, warmup + steps)]
+    per_step = {"sentences": statistics.mean(workload.sentences(x) for x in timed_inputs),
+                "tokens": statistics.mean(workload.real_tokens(x) for x in timed_inputs),
+                "flops": statistics.mean(workload.flops(x) for x in timed_inputs)}
+    peak = peak_flops(device, workload.precision)
+    result = {"per_step": per_step}
+    for name, ts in times.items():
+        median = statistics.median(ts)
+        result[name] = {"ms_per_step": 1e3 * median, "tokens_per_s": per_step["tokens"] / median,
+                        "sentences_per_s": per_step["sentences"] / median,
+                        "tflops": per_step["flops"] / median / 1e12,
+                        "mfu": per_step["flops"] / median / peak if peak else None,
+                        "times_ms": [1e3 * t for t in ts]}
+    if len(names) == 2:
+        result["speedup"] = result[names[1]]["ms_per_step"] / result[names[0]]["ms_per_step"]
+    return result
+
+
+# ---- command line -------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    from .training import ArgumentParser
+
+    p = ArgumentParser(prog="python -m bertcf.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="bert-base-uncased",
+                   help="checkpoint directory, directory or file with a config.json, or hub name (default %(default)s)")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer hidden-32 random model (for tests)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per model and workload (default %(default)s)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default %(default)s)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of %(default)s")
+    p.add_argument("--encode-sentences", type=int, default=256, help="sentences per encode step (default %(default)s)")
+    p.add_argument("--compile", action="store_true", help="torch.compile both models' forward")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--seed", type=int, default=11711)
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    return p
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def main(argv=None) -> dict:
+    import transformers
+
+    from .training import UsageError, resolve_device, resolve_precision
+
+    args = build_parser().parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown or not workloads:
+        raise UsageError(f"--workloads: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(WORKLOADS)}")
+    if args.steps < 1 or args.warmup < 0:
+        raise UsageError("--steps must be at least 1 and --warmup at least 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    wall = time.perf_counter()
+    mb, hf, note = load_models(args.model, args.tiny, args.seed)
+    models = {"minbert": mb.to(device), "transformers": hf.to(device)}
+    config = mb.config
+    info = {"model": "tiny" if args.tiny else args.model, "weights": note, "device": device_name(device),
+            "precision": precision, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "steps": args.steps, "warmup": args.warmup,
+            "compile": args.compile, "config": {k: getattr(config, k) for k in
+                                                ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                 "intermediate_size", "vocab_size")},
+            "encoder_params": sum(p.numel() for p in mb.parameters())}
+    print(f"bench: {info['model']} ({note}); hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
+          f"{info['encoder_params'] / 1e6:.1f}M parameters")
+    print(f"device: {info['device']}; precision {precision}; torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, python {info['python']}")
+    print(f"timing: median of {args.steps} steps after {args.warmup} warm-up steps, minBERT and transformers "
+          f"alternating", flush=True)
+    results = {}
+    n_batches = max(1, min(args.steps + args.warmup, 8))
+    for i, name in enumerate(workloads):
+        kwargs = {"sentences": args.encode_sentences} if name == "encode" else {}
+        workload = WORKLOAD_CLASSES[name](name, config, device, precision, n_batches, args.seed + i, **kwargs)
+        start = time.perf_counter()
+        results[name] = r = time_workload(workload, models, args.steps, args.warmup, args.compile)
+        r["wall_s"] = time.perf_counter() - start
+        for impl in ("minbert", "transformers"):
+            x = r[impl]
+            print(f"{name:9s} {impl:12s} {x['ms_per_step']:10.2f} ms/step {x['tokens_per_s']:12,.0f} tokens/s "
+                  f"{x['sentences_per_s']:10,.1f} sentences/s" + (f"  MFU {100 * x['mfu']:.1f}%" if x["mfu"] else ""))
+        print(f"{name:9s} speed-up minBERT/transformers: {r['speedup']:.3f}x "
+              f"({'minBERT faster' if r['speedup'] >= 1 else 'minBERT slower'})", flush=True)
+    info["wall_s"] = time.perf_counter() - wall
+
+    # The tidy table.
+    print()
+    head = f"| workload | per step | minBERT ms | transformers ms | minBERT tokens/s | transformers tokens/s | speed-up |"
+    mfu_cols = any(results[w]["minbert"]["mfu"] for w in results)
+    if mfu_cols:
+        head += " minBERT MFU | transformers MFU |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for name, r in results.items():
+        ps = r["per_step"]
+        row = (f"| {name} | {ps['sentences']:.0f} sent, {ps['tokens']:.0f} tok | {r['minbert']['ms_per_step']:.2f} | "
+               f"{r['transformers']['ms_per_step']:.2f} | {r['minbert']['tokens_per_s']:,.0f} | "
+               f"{r['transformers']['tokens_per_s']:,.0f} | {r['speedup']:.3f}x |")
+        if mfu_cols:
+            row += (f" {fmt(r['minbert']['mfu'] and 100 * r['minbert']['mfu'], '.1f')}% |"
+                    f" {fmt(r['transformers']['mfu'] and 100 * r['transformers']['mfu'], '.1f')}% |")
+        print(row)
+    print(f"\nwall time {info['wall_s']:.1f} s")
+    out = {"info": info, "results": results}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"results written to {args.json}")
+    return out
+
+
+def cli(argv=None) -> int:
+    from minbert import CheckpointError
+
+    from .training import UsageError
+    try:
+        main(argv)
+        return 0
+    except (UsageError, CheckpointError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

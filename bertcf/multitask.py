@@ -1,0 +1,718 @@
+"""Multitask fine-tuning behind ``run_multitask.py`` (the report's sections 4.3 and 5.3).
+
+One encoder, three heads on the sentence vector f(x) (F(x) = g^{-1}(f(x)) when the checkpoint
+has a flow, which is then fine-tuned with the encoder unless frozen):
+
+- SST-5 sentiment: dropout 0.3, linear D x 5, cross-entropy (:class:`SSTLoss`);
+- QQP paraphrase: linear D x 768 on each question, y = max(cos(p1, p2), h) with h = 0.7,
+  loss 1 - y for duplicates and y - h for the others (:class:`HingeCosineLoss`);
+- STS similarity: dropout 0.1, linear D x 768 on each sentence, y = max(cos, h) with h = 0,
+  gold scaled from [0, 5] to [h, 1], mean squared error (:class:`CosineRegressionLoss`).
+
+Pairs are encoded as two separate sentences (a bi-encoder). Each step draws one batch of every
+task (32 SST sentences, 96 QQP pairs, 32 STS pairs; each task's data cycles on its own) and
+minimises 5 L_sst + 20 L_qqp + 1 L_sts. Every --eval-every steps the dev sets are scored (SST
+accuracy, QQP accuracy, STS Pearson r) and the checkpoint with the best mean (``mean_dev``)
+is kept as ``best/`` (the encoder checkpoint plus ``heads.safetensors``); at the end the best
+checkpoint writes the six CS224N prediction files to ``predictions/`` and ``metrics.json``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from minbert import CheckpointError, pad_batch
+
+from . import training
+from .data import DataError, read_quora, read_sst, read_sts, task_file
+from .encoder import SentenceEncoder
+from .evaluation import accuracy, pearson
+from .training import UsageError
+
+logger = logging.getLogger("bertcf.multitask")
+
+HEADS_FILE = "heads.safetensors"
+HEADS_CONFIG_FILE = "multitask.json"
+NUM_SENTIMENTS = 5
+TASKS = ("sst", "para", "sts")
+SPLITS = ("train", "dev", "test")
+_DATA_TASK = {"sst": "sst", "para": "quora", "sts": "sts"}  # our task names -> bertcf.data's
+_READERS = {"sst": read_sst, "para": read_quora, "sts": read_sts}
+PREDICTION_HEADERS = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase",
+                      "sts": "Predicted_Similiary"}  # sic: the CS224N starter's spelling
+METRICS = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
+SELECTION_METRIC = "mean_dev"
+
+
+# ---- losses ----------------------------------------------------------------------------------------
+def clamped_cosine(a: torch.Tensor, b: torch.Tensor, margin: float) -> torch.Tensor:
+    """y = max(cos(a_i, b_i), h) per row: [b, d], [b, d] -> [b] float32."""
+    return F.cosine_similarity(a.float(), b.float(), dim=-1).clamp(min=margin)
+
+
+class SSTLoss(nn.Module):
+    """Cross-entropy of the SST-5 head (Socher et al. 2013, "Recursive Deep Models for Semantic
+    Compositionality Over a Sentiment Treebank"; the CS224N default project's classifier).
+
+    Inputs: ``logits`` [b, 5] (the head's output), ``labels`` [b] long in 0..4.
+    Output: the mean cross-entropy, a float32 scalar."""
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels.long())
+
+
+class HingeCosineLoss(nn.Module):
+    """The QQP loss of BERT-CF (section 4.3): a cosine hinge on projected sentence vectors.
+
+    With y = max(cos(p1, p2), h) per pair, the loss is 1 - y for duplicates (pull the pair to
+    cosine 1) and y - h for non-duplicates (push the cosine below the margin h, where the clamp
+    stops the gradient), averaged over the batch. Like sentence-transformers' OnlineContrastive /
+    CosineSimilarityLoss family, but with a margin on the cosine (Reimers & Gurevych 2019,
+    "Sentence-BERT").
+
+    Inputs: ``p1``, ``p2`` [b, d] (the QQP head applied to each question), ``labels`` [b] in
+    {0, 1} (1 = duplicate). Output: a float32 scalar. ``margin``: h (0.7 in the report)."""
+
+    def __init__(self, margin: float = 0.7):
+        super().__init__()
+        self.margin = float(margin)
+
+    def forward(self, p1: torch.Tensor, p2: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        y = clamped_cosine(p1, p2, self.margin)
+        labels = labels.to(y.dtype)
+        return (labels * (1 - y) + (1 - labels) * (y - self.margin)).mean()
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}"
+
+
+class CosineRegressionLoss(nn.Module):
+    """The STS loss of BERT-CF (section 4.3): regress the clamped cosine of the projected
+    sentence vectors onto the gold similarity (sentence-transformers' CosineSimilarityLoss,
+    Reimers & Gurevych 2019, "Sentence-BERT", with a floor h on the cosine).
+
+    y = max(cos(p1, p2), h); the gold score s in [0, 5] is scaled linearly to
+    t = h + (1 - h) s / 5 in [h, 1]; loss = mean (y - t)^2.
+
+    Inputs: ``p1``, ``p2`` [b, d] (the STS head applied to each sentence), ``scores`` [b] in
+    [0, 5]. Output: a float32 scalar. ``margin``: h (0 in the report)."""
+
+    def __init__(self, margin: float = 0.0):
+        super().__init__()
+        self.margin = float(margin)
+
+    def forward(self, p1: torch.Tensor, p2: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        y = clamped_cosine(p1, p2, self.margin)
+        target = scale_scores(scores.to(y.dtype), self.margin)
+        return F.mse_loss(y, target)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}"
+
+
+def scale_scores(scores: torch.Tensor, margin: float) -> torch.Tensor:
+    """Gold STS scores [0, 5] -> [h, 1]."""
+    return margin + (1 - margin) * scores / 5.0
+
+
+# ---- predictions and metrics -------------------------------------------------------------------
+def predict_sentiment(logits: torch.Tensor) -> torch.Tensor:
+    """[n, 5] -> [n] long: the argmax class."""
+    return logits.argmax(dim=-1)
+
+
+def predict_paraphrase(y: torch.Tensor, margin: float) -> torch.Tensor:
+    """y = max(cos, h) [n] -> [n] long: 1 (duplicate) when y >= (1 + h) / 2."""
+    return (y >= (1 + margin) / 2).long()
+
+
+def predict_similarity(y: torch.Tensor, margin: float) -> torch.Tensor:
+    """y = max(cos, h) [n] -> [n] float: y rescaled from [h, 1] to [0, 5]."""
+    return (y.float() - margin) / (1 - margin) * 5.0
+
+
+def correlation(predicted, gold) -> float:
+    """Pearson r; 0.0 when the predictions are constant (r is undefined there, and a constant
+    predictor must not win the checkpoint selection by a NaN)."""
+    predicted = torch.as_tensor(predicted, dtype=torch.float64)
+    if len(predicted) < 2 or float(predicted.std()) == 0.0:
+        return 0.0
+    return pearson(predicted, gold)
+
+
+def task_metric(task: str, predictions, gold) -> float:
+    """SST and QQP: accuracy; STS: Pearson r (see :func:`correlation`)."""
+    if task == "sts":
+        return correlation(predictions, gold)
+    return accuracy(torch.as_tensor(predictions).long(), torch.as_tensor(gold).long())
+
+
+def mean_dev(metrics: dict) -> float:
+    """The selection metric: the mean of SST accuracy, QQP accuracy and STS Pearson r."""
+    return sum(metrics[METRICS[t]] for t in TASKS) / len(TASKS)
+
+
+# ---- the model -------------------------------------------------------------------------------------
+class MultitaskModel(nn.Module):
+    """A :class:`SentenceEncoder` and the three task heads on its sentence vector [b, D]
+    (F(x) with a flow, else f(x)).
+
+    - ``sst_head``: Dropout(sst_dropout) + Linear(D, 5) -> logits [b, 5]
+    - ``para_head``: Dropout(para_dropout) + Linear(D, proj_dim) -> [b, proj_dim]
+    - ``sts_head``: Dropout(sts_dropout) + Linear(D, proj_dim) -> [b, proj_dim]
+
+    ``para_margin`` / ``sts_margin`` are the h of the QQP and STS similarity y = max(cos, h);
+    they are part of the model because its predictions depend on them.
+    ``save_pretrained(dir)`` writes the encoder checkpoint plus ``heads.safetensors`` and
+    ``multitask.json``; ``from_pretrained(dir)`` rebuilds the whole model."""
+
+    def __init__(self, encoder: SentenceEncoder, proj_dim: int = 768, sst_dropout: float = 0.3,
+                 para_dropout: float = 0.0, sts_dropout: float = 0.1, para_margin: float = 0.7,
+                 sts_margin: float = 0.0):
+        super().__init__()
+        self.encoder = encoder
+        d = encoder.dim
+        self.config = dict(proj_dim=proj_dim, sst_dropout=sst_dropout, para_dropout=para_dropout,
+                           sts_dropout=sts_dropout, para_margin=para_margin, sts_margin=sts_margin)
+        self.para_margin, self.sts_margin = float(para_margin), float(sts_margin)
+        self.sst_head = nn.Sequential(nn.Dropout(sst_dropout), nn.Linear(d, NUM_SENTIMENTS))
+        self.para_head = nn.Sequential(nn.Dropout(para_dropout), nn.Linear(d, proj_dim))
+        self.sts_head = nn.Sequential(nn.Dropout(sts_dropout), nn.Linear(d, proj_dim))
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.device
+
+    def head(self, task: str) -> nn.Module:
+        return {"sst": self.sst_head, "para": self.para_head, "sts": self.sts_head}[task]
+
+    def sentence_vectors(self, input_ids, attention_mask) -> torch.Tensor:
+        """[b, t] token ids and mask -> [b, D] float32; no graph through a frozen encoder."""
+        bert_trains = torch.is_grad_enabled() and any(p.requires_grad for p in self.encoder.bert.parameters())
+        with torch.set_grad_enabled(bert_trains):
+            u = self.encoder.embed(input_ids, attention_mask)
+        if self.encoder.flow is not None:
+            u = self.encoder.flow(u)[0]
+        return u
+
+    def _pair(self, task, ids1, mask1, ids2, mask2):
+        """Both sentences of b pairs in one encoder pass -> (p1 [b, proj], p2 [b, proj])."""
+        length = max(ids1.shape[1], ids2.shape[1])
+        ids = torch.cat([F.pad(ids1, (0, length - ids1.shape[1]), value=self.encoder.tokenizer.pad_token_id),
+                         F.pad(ids2, (0, length - ids2.shape[1]), value=self.encoder.tokenizer.pad_token_id)])
+        mask = torch.cat([F.pad(mask1, (0, length - mask1.shape[1])), F.pad(mask2, (0, length - mask2.shape[1]))])
+        return self.head(task)(self.sentence_vectors(ids, mask)).chunk(2)
+
+    def forward(self, sst=None, para=None, sts=None) -> dict:
+        """One training step's outputs. ``sst``: (ids, mask) [b, t]; ``para``, ``sts``:
+        (ids1, mask1, ids2, mask2). Returns {'sst': logits [b, 5], 'para': (p1, p2),
+        'sts': (p1, p2)} for the tasks given."""
+        out = {}
+        if sst is not None:
+            out["sst"] = self.sst_head(self.sentence_vectors(*sst))
+        if para is not None:
+            out["para"] = self._pair("para", *para)
+        if sts is not None:
+            out["sts"] = self._pair("sts", *sts)
+        return out
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def heads_state_dict(self) -> dict:
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("encoder.")}
+
+    def save_pretrained(self, directory, extra: dict | None = None) -> None:
+        """The encoder checkpoint (Hugging Face directory, flow.safetensors with a flow) plus
+        ``heads.safetensors`` and ``multitask.json`` (head settings; ``extra`` is added)."""
+        from safetensors.torch import save_file
+
+        directory = Path(directory)
+        self.encoder.save_pretrained(directory)
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.heads_state_dict().items()},
+                  str(directory / HEADS_FILE))
+        (directory / HEADS_CONFIG_FILE).write_text(json.dumps(self.config | (extra or {}), indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, path, **encoder_kwargs) -> "MultitaskModel":
+        """Rebuild a model written by :meth:`save_pretrained` (a run directory stands for its
+        best/). Raises CheckpointError when ``path`` is not a multitask checkpoint."""
+        from safetensors.torch import load_file
+
+        path = resolve_checkpoint(path)
+        config = json.loads((path / HEADS_CONFIG_FILE).read_text()) if (path / HEADS_CONFIG_FILE).is_file() else {}
+        encoder = SentenceEncoder.from_pretrained(path, **encoder_kwargs)
+        model = cls(encoder, **{k: v for k, v in config.items() if k in cls.config_keys()})
+        try:
+            heads = load_file(str(path / HEADS_FILE))
+            result = model.load_state_dict(heads, strict=False)
+            wrong = result.unexpected_keys + [k for k in result.missing_keys if not k.startswith("encoder.")]
+            if wrong:
+                raise ValueError(f"tensors {sorted(wrong)} do not match")
+        except Exception as e:
+            raise CheckpointError(f"{path / HEADS_FILE} does not fit the model ({e})") from None
+        return model
+
+    @staticmethod
+    def config_keys():
+        return ("proj_dim", "sst_dropout", "para_dropout", "sts_dropout", "para_margin", "sts_margin")
+
+
+def checkpoint_meta(path) -> dict:
+    """The ``multitask.json`` of a checkpoint (head settings and the step it was saved at)."""
+    return json.loads((Path(path) / HEADS_CONFIG_FILE).read_text())
+
+
+def resolve_encoder_source(path):
+    """--encoder: a run directory stands for its best/ checkpoint (a run directory has a
+    config.json of its own, its settings, so it is recognised by best/)."""
+    p = Path(path)
+    has_weights = any((p / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
+    if p.is_dir() and not has_weights and (p / "best" / "config.json").is_file():
+        return p / "best"
+    return path
+
+
+def resolve_checkpoint(path) -> Path:
+    """A multitask checkpoint directory (holding heads.safetensors), or a run directory whose
+    best/ is one."""
+    p = Path(path)
+    if (p / HEADS_FILE).is_file():
+        return p
+    if (p / "best" / HEADS_FILE).is_file():
+        return p / "best"
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} not found")
+    raise CheckpointError(f"{p} is not a multitask checkpoint or run directory (no {HEADS_FILE} in it or in its best/)")
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint belongs to: DIR for DIR/best (or DIR/last), else itself."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent if checkpoint.name in ("best", "last") else checkpoint
+
+
+# ---- data -------------------------------------------------------------------------------------------
+@dataclass
+class TaskData:
+    """One task file, tokenised once: ``ids`` [n]; ``tokens``: one list of token-id lists per
+    text column (1 for SST, 2 for pairs); ``labels`` [n] (None for unlabeled rows)."""
+
+    task: str
+    path: Path
+    ids: list[str]
+    tokens: tuple[list[list[int]], ...]
+    labels: list = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def subset(self, rows) -> "TaskData":
+        rows = list(rows)
+        return TaskData(self.task, self.path, [self.ids[i] for i in rows],
+                        tuple([col[i] for i in rows] for col in self.tokens), [self.labels[i] for i in rows])
+
+    def labeled(self, limit: int | None = None) -> "TaskData":
+        """The rows with a label (the first ``limit`` of them)."""
+        rows = [i for i, label in enumerate(self.labels) if label is not None]
+        return self.subset(rows[:limit] if limit else rows)
+
+    @cached_property
+    def label_tensor(self) -> torch.Tensor:
+        """The labels as a tensor (long for SST, float32 for pairs); labeled sets only."""
+        dtype = torch.long if self.task == "sst" else torch.float32
+        return torch.tensor(self.labels, dtype=dtype)
+
+
+def tokenize_column(tokenizer, sentences, max_length: int) -> list[list[int]]:
+    return tokenizer(list(sentences), truncation=True, max_length=max_length,
+                     return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+
+def _columns(task, rows):
+    if task == "sst":
+        return ([r.sentence for r in rows],)
+    return [r.sentence1 for r in rows], [r.sentence2 for r in rows]
+
+
+def load_task(task: str, split: str, path, tokenizer, max_length: int, limit: int | None = None) -> TaskData:
+    """Read and tokenise one file. train: labeled rows (the first ``limit``); dev: every row,
+    with the labels of the labeled ones (every id gets a prediction); test: every row."""
+    path = Path(path)
+    reader = _READERS[task]
+    if split == "train":
+        rows = reader(path, labeled=True)[:limit]
+        labels = [r.label for r in rows]
+    elif split == "dev":
+        gold = {r.id: r.label for r in reader(path, labeled=True)}
+        data_logger = logging.getLogger("bertcf.data")
+        level = data_logger.level
+        data_logger.setLevel(logging.ERROR)  # the labeled read above already warned about skipped rows
+        try:
+            rows = reader(path, labeled=False)
+        finally:
+            data_logger.setLevel(level)
+        labels = [gold.get(r.id) for r in rows]
+    else:
+        rows = reader(path, labeled=False)
+        labels = [None] * len(rows)
+    if task == "sst":
+        labels = [None if l is None else int(l) for l in labels]
+    tokens = tuple(tokenize_column(tokenizer, col, max_length) for col in _columns(task, rows))
+    return TaskData(task, path, [r.id for r in rows], tokens, labels)
+
+
+def file_flag(task: str, split: str) -> str:
+    return f"{task}_{split}"
+
+
+def task_paths(args) -> dict:
+    """(task, split) -> Path from the per-file flags (defaults: the standard names in --data-dir)."""
+    return {(t, s): Path(getattr(args, file_flag(t, s)) or task_file(args.data_dir, _DATA_TASK[t], s))
+            for t in TASKS for s in SPLITS}
+
+
+def check_files(args, splits=SPLITS) -> dict:
+    """task_paths(args), after checking that the train and dev files among ``splits`` exist."""
+    paths = task_paths(args)
+    for (task, split), path in paths.items():
+        if split in splits and split != "test" and not path.is_file():
+            raise DataError(f"{path} not found (set --data-dir or --{task}-{split})")
+    return paths
+
+
+def load_data(args, tokenizer, max_length: int, splits=SPLITS) -> dict:
+    """(task, split) -> TaskData, or None for an absent test file (skipped with a warning).
+    Train and dev files must exist (DataError otherwise), checked before anything is read."""
+    paths = check_files(args, splits)
+    data = {}
+    for (task, split), path in paths.items():
+        if split not in splits:
+            continue
+        if split == "test" and not path.exists():
+            logger.warning("warning: %s not found: no %s test predictions", path, task)
+            data[task, split] = None
+            continue
+        limit = args.max_train_examples if split == "train" else None
+        data[task, split] = load_task(task, split, path, tokenizer, max_length, limit)
+    return data
+
+
+def train_batch(data: TaskData, rows: list[int], pad_token_id: int, device) -> tuple:
+    """The model inputs of ``rows`` of a training set: (ids, mask) or (ids1, mask1, ids2, mask2),
+    padded to the batch's longest sentence, and the labels [len(rows)]."""
+    tensors = []
+    for col in data.tokens:
+        ids, mask = pad_batch([col[i] for i in rows], pad_token_id)
+        tensors += [ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)]
+    labels = data.label_tensor[rows].to(device, non_blocking=True)
+    return tuple(tensors), labels
+
+
+def make_samplers(sizes: dict, seed: int) -> dict:
+    """One :class:`training.EpochSampler` per task, each with its own seed, so every task's
+    data cycles (and reshuffles) independently of the others."""
+    return {task: training.EpochSampler(n, seed=seed + 1009 * i) for i, (task, n) in enumerate(sizes.items())}
+
+
+# ---- inference --------------------------------------------------------------------------------------
+@torch.inference_mode()
+def sentence_vectors(model: MultitaskModel, token_lists, batch_size: int, precision: str | None = None) -> torch.Tensor:
+    """[n, D] float32 on the CPU, in input order; batches of similar length, eval mode."""
+    if not token_lists:
+        return torch.empty(0, model.encoder.dim)
+    order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
+    device, pad_id = model.device, model.encoder.tokenizer.pad_token_id
+    was_training = model.training
+    model.eval()
+    chunks = []
+    try:
+        for start in range(0, len(order), batch_size):
+            ids, mask = pad_batch([token_lists[i] for i in order[start:start + batch_size]], pad_id)
+            with training.autocast(device, precision):
+                chunks.append(model.sentence_vectors(ids.to(device), mask.to(device)).float().cpu())
+    finally:
+        model.train(was_training)
+    vectors = torch.empty(len(token_lists), chunks[0].shape[1])
+    vectors[torch.tensor(order)] = torch.cat(chunks)
+    return vectors
+
+
+@torch.inference_mode()
+def predict(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None) -> torch.Tensor:
+    """Predictions for every row: SST class [n] long, QQP 0/1 [n] long, STS score in [0, 5] [n]."""
+    was_training = model.training
+    model.eval()
+    try:
+        # Both columns of a pair task in one length-sorted pass, then split again.
+        vectors = sentence_vectors(model, [t for col in data.tokens for t in col], batch_size, precision)
+        vectors = vectors.to(model.device).split(len(data))
+        head = model.head(data.task)
+        if data.task == "sst":
+            return predict_sentiment(head(vectors[0]).float()).cpu()
+        y = clamped_cosine(head(vectors[0]), head(vectors[1]),
+                           model.para_margin if data.task == "para" else model.sts_margin).cpu()
+    finally:
+        model.train(was_training)
+    if data.task == "para":
+        return predict_paraphrase(y, model.para_margin)
+    return predict_similarity(y, model.sts_margin)
+
+
+def evaluate(model: MultitaskModel, dev: dict, batch_size: int = 128, precision: str | None = None,
+             limit: int | None = None) -> dict:
+    """{'sst_acc', 'para_acc', 'sts_pearson', 'mean_dev'} on the labeled rows of the dev sets
+    (``dev``: task -> TaskData; ``limit``: the first rows of each only)."""
+    metrics = {}
+    for task in TASKS:
+        data = dev[task].labeled(limit)
+        metrics[METRICS[task]] = task_metric(task, predict(model, data, batch_size, precision), data.labels)
+    metrics[SELECTION_METRIC] = mean_dev(metrics)
+    return metrics
+
+
+def format_prediction(task: str, value) -> str:
+    return f"{float(value):.4f}" if task == "sts" else str(int(value))
+
+
+def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: int = 128,
+                      precision: str | None = None, meta: dict | None = None) -> dict:
+    """Write OUT/predictions/ (the six CS224N files: 'id \\t Predicted_... ' then 'id , value'
+    per row; an absent test set is left out) and OUT/metrics.json (the dev metrics of every
+    labeled row), both atomically. Returns the metrics."""
+    out_dir = Path(out_dir)
+    files, metrics = {}, {}
+    for task in TASKS:
+        for split in ("dev", "test"):
+            d = data.get((task, split))
+            if d is None:
+                continue
+            predicted = predict(model, d, batch_size, precision)
+            lines = [f"id \t {PREDICTION_HEADERS[task]} \n"]
+            lines += [f"{i} , {format_prediction(task, v)} \n" for i, v in zip(d.ids, predicted.tolist())]
+            files[f"{task}-{split}-output.csv"] = "".join(lines)
+            if split == "dev":
+                rows = [k for k, label in enumerate(d.labels) if label is not None]
+                metrics[METRICS[task]] = task_metric(task, predicted[rows], [d.labels[k] for k in rows])
+                metrics[f"{task}_dev_examples"] = len(rows)
+    metrics = {k: metrics[k] for k in METRICS.values()} | {SELECTION_METRIC: mean_dev(metrics)} \
+        | {k: v for k, v in metrics.items() if k not in METRICS.values()} | (meta or {})
+
+    def write(tmp):
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    training.save_dir_atomic(out_dir / "predictions", write)
+    training.write_json_atomic(out_dir / "metrics.json", metrics)
+    return metrics
+
+
+# ---- command line -----------------------------------------------------------------------------------
+def build_parser() -> training.ArgumentParser:
+    p = training.ArgumentParser(prog="run_multitask.py", description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("model")
+    g.add_argument("--encoder", default=None,
+                   help="a pretraining run directory or checkpoint (flow included when it has one), or a "
+                        "Hugging Face BERT name or directory (default: --init, else --model)")
+    g.add_argument("--freeze-encoder", action="store_true", help="train the heads only (encoder and flow frozen)")
+    g.add_argument("--freeze-flow", action="store_true", help="with a flow: keep the flow fixed, train the encoder")
+    g.add_argument("--dropout", type=float, default=0.1, help="encoder dropout (hidden and attention)")
+    g.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the checkpoint's (mean)")
+    g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
+    g.add_argument("--proj-dim", type=int, default=768, help="output width of the QQP and STS heads")
+    g.add_argument("--sst-dropout", type=float, default=0.3)
+    g.add_argument("--para-dropout", type=float, default=0.0)
+    g.add_argument("--sts-dropout", type=float, default=0.1)
+    g.add_argument("--para-margin", type=float, default=0.7, help="h of the QQP hinge y = max(cos, h)")
+    g.add_argument("--sts-margin", type=float, default=0.0, help="h of the STS y = max(cos, h)")
+    g = p.add_argument_group("training")
+    g.add_argument("--sst-batch-size", type=int, default=32, help="SST sentences per step")
+    g.add_argument("--para-batch-size", type=int, default=96, help="QQP pairs per step")
+    g.add_argument("--sts-batch-size", type=int, default=32, help="STS pairs per step")
+    g.add_argument("--sst-weight", type=float, default=5.0)
+    g.add_argument("--para-weight", type=float, default=20.0)
+    g.add_argument("--sts-weight", type=float, default=1.0)
+    g.add_argument("--max-train-examples", type=int, default=None, help="use the first N rows of each training file")
+    g.add_argument("--max-eval-examples", type=int, default=None,
+                   help="evaluate during training on the first N rows of each dev file (default all; "
+                        "the final metrics.json always uses all)")
+    g = p.add_argument_group("files (default: the standard CS224N names in --data-dir)")
+    for task in TASKS:
+        for split in SPLITS:
+            g.add_argument(f"--{task}-{split}", default=None, metavar="FILE")
+    g = p.add_argument_group("prediction")
+    g.add_argument("--predict-only", action="store_true",
+                   help="write predictions/ and metrics.json again from --checkpoint, without training")
+    g.add_argument("--checkpoint", default=None,
+                   help="--predict-only: a finished run directory (its best/) or a checkpoint directory; "
+                        "its run's data settings are used unless given, and the files go to that run "
+                        "directory unless --out-dir is given")
+    training.add_common_args(p, steps=5000, lr=1e-5, batch_size=128, eval_every=500, max_length=128)
+    for action in p._actions:
+        if action.dest == "batch_size":
+            action.help = "sentences per batch in evaluation and prediction (training: --sst/para/sts-batch-size)"
+    return p
+
+
+# The settings --predict-only takes from the run's config.json unless given on the command line.
+_PREDICT_SETTINGS = ("data_dir", "max_length", "batch_size", *(file_flag(t, s) for t in TASKS for s in SPLITS))
+
+
+def parse(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.predict_only:
+        if args.resume:
+            raise UsageError("--predict-only and --resume exclude each other")
+        if not args.checkpoint:
+            raise UsageError("--predict-only needs --checkpoint DIR (a finished run directory)")
+        config = run_dir_of(resolve_checkpoint(args.checkpoint)) / "config.json"
+        if config.is_file():
+            saved = json.loads(config.read_text())
+            if isinstance(saved, dict) and "sst_train" in saved:  # a multitask run's settings
+                parser.set_defaults(**{k: saved[k] for k in _PREDICT_SETTINGS if k in saved})
+    elif args.checkpoint:
+        raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
+    return training.parse_args(parser, argv)
+
+
+def check_args(args) -> None:
+    for name in ("sst_batch_size", "para_batch_size", "sts_batch_size", "proj_dim"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    for name in ("max_train_examples", "max_eval_examples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    for name in ("sst_weight", "para_weight", "sts_weight"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise UsageError(f"--{name.replace('_', '-')} must be a number >= 0, not {value}")
+    for name in ("dropout", "sst_dropout", "para_dropout", "sts_dropout"):
+        if not 0 <= getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be in [0, 1), not {getattr(args, name)}")
+    for name in ("para_margin", "sts_margin"):
+        if not -1 <= getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be in [-1, 1), not {getattr(args, name)}")
+    args.encoder = str(args.encoder or args.init or args.model)
+    if args.out_dir is None and not args.predict_only:
+        source = Path(str(resolve_encoder_source(args.encoder)))
+        name = source.parent.name if source.name == "best" else source.name
+        args.out_dir = training.default_out_dir("multitask", name or "encoder")
+
+
+def load_encoder(args) -> SentenceEncoder:
+    kwargs = dict(pooling=args.pooling, vocab=args.vocab, hidden_dropout_prob=args.dropout,
+                  attention_probs_dropout_prob=args.dropout)
+    return SentenceEncoder.from_pretrained(resolve_encoder_source(args.encoder), **kwargs)
+
+
+def effective_max_length(args, encoder) -> int:
+    return min(args.max_length, encoder.bert.config.max_position_embeddings)
+
+
+def predict_only(args) -> dict:
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    out_dir = Path(args.out_dir) if args.out_dir else run_dir_of(checkpoint)
+    model = MultitaskModel.from_pretrained(checkpoint, vocab=args.vocab).to(args.device)
+    data = load_data(args, model.encoder.tokenizer, effective_max_length(args, model.encoder), splits=("dev", "test"))
+    meta = {"checkpoint": str(checkpoint), "step": checkpoint_meta(checkpoint).get("step")}
+    metrics = write_predictions(model, data, out_dir, args.batch_size, args.precision, meta)
+    report(metrics, out_dir)
+    return metrics
+
+
+def report(metrics: dict, out_dir) -> None:
+    print(f"dev: SST acc {metrics['sst_acc']:.4f}, QQP acc {metrics['para_acc']:.4f}, "
+          f"STS r {metrics['sts_pearson']:.4f}, mean {metrics['mean_dev']:.4f}; "
+          f"predictions in {Path(out_dir) / 'predictions'}")
+
+
+def main(argv=None) -> dict:
+    args = parse(argv)
+    check_args(args)
+    if args.predict_only:
+        return predict_only(args)
+    device = training.init_distributed(args.device)
+    try:
+        return train(args, device)
+    finally:
+        training.cleanup_distributed()
+
+
+def train(args, device) -> dict:
+    check_files(args)  # fail on missing data before loading the (slow) model
+    training.set_seed(args.seed)
+    encoder = load_encoder(args)
+    max_length = effective_max_length(args, encoder)
+    encoder.max_length = max_length
+    data = load_data(args, encoder.tokenizer, max_length)
+    model = MultitaskModel(encoder, proj_dim=args.proj_dim, sst_dropout=args.sst_dropout,
+                           para_dropout=args.para_dropout, sts_dropout=args.sts_dropout,
+                           para_margin=args.para_margin, sts_margin=args.sts_margin)
+    if args.freeze_encoder:
+        encoder.requires_grad_(False)
+    elif args.freeze_flow and encoder.flow is not None:
+        encoder.flow.requires_grad_(False)
+    model.to(device)
+    if args.compile:
+        encoder.bert.compile()
+
+    train_sets = {t: data[t, "train"] for t in TASKS}
+    dev_sets = {t: data[t, "dev"] for t in TASKS}
+    batch_sizes = {"sst": args.sst_batch_size, "para": args.para_batch_size, "sts": args.sts_batch_size}
+    weights = {"sst": args.sst_weight, "para": args.para_weight, "sts": args.sts_weight}
+    losses = {"sst": SSTLoss(), "para": HingeCosineLoss(args.para_margin), "sts": CosineRegressionLoss(args.sts_margin)}
+    samplers = make_samplers({t: len(d) for t, d in train_sets.items()}, args.seed)
+    rank, world = training.dist_info()
+    pad_id = encoder.tokenizer.pad_token_id
+    step_model = training.wrap_ddp(model, device)
+
+    def step_fn(step):
+        inputs, labels = {}, {}
+        for task in TASKS:
+            rows = training.local_slice(samplers[task].next(batch_sizes[task]), rank, world)
+            inputs[task], labels[task] = train_batch(train_sets[task], rows, pad_id, device)
+        out = step_model(**inputs)
+        parts = {"sst": losses["sst"](out["sst"], labels["sst"]),
+                 "para": losses["para"](*out["para"], labels["para"]),
+                 "sts": losses["sts"](*out["sts"], labels["sts"])}
+        loss = sum(weights[t] * parts[t] for t in TASKS)
+        return loss, {f"loss_{t}": parts[t].detach() for t in TASKS}
+
+    def evaluate_fn(step):
+        return evaluate(model, dev_sets, args.batch_size, args.precision, args.max_eval_examples)
+
+    run = training.Run(args.out_dir, vars(args), resume=args.resume)
+    optimizer = training.make_optimizer(model.parameters(), args.lr, args.weight_decay, device)
+    scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
+    trainer = None
+
+    def save_model(directory):
+        model.save_pretrained(directory, extra={"step": trainer.step})
+
+    items = args.sst_batch_size + 2 * args.para_batch_size + 2 * args.sts_batch_size
+    trainer = training.Trainer(args, run, {"model": model}, optimizer, scheduler, samplers,
+                               metric=SELECTION_METRIC, save_model=save_model, evaluate=evaluate_fn,
+                               items_per_step=items)
+    if args.resume:
+        trainer.resume()
+    summary = trainer.fit(step_fn)
+    if rank != 0:
+        return summary
+    if summary["interrupted"]:
+        print(f"no predictions written (interrupted); continue with --resume --out-dir {run.dir}", file=sys.stderr)
+        return summary
+    best = MultitaskModel.from_pretrained(run.dir / "best", vocab=args.vocab).to(device)
+    meta = {"checkpoint": str(run.dir / "best"), "step": checkpoint_meta(run.dir / "best").get("step")}
+    summary["metrics"] = write_predictions(best, data, run.dir, args.batch_size, args.precision, meta)
+    print(f"mean dev (during training): step 0 {summary['first']:.4f}, best {summary['best']:.4f} "
+          f"at step {summary['best_step']}")
+    report(summary["metrics"], run.dir)
+    return summary

@@ -1,0 +1,78 @@
+"""``python -m bertcf.bench``: end to end on --tiny (CPU, 1 thread, 2 steps), its JSON, the model
+loading it relies on (same weights in both implementations), and the FLOPs / peak arithmetic."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertcf import bench
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_bench(*args):
+    return subprocess.run([sys.executable, "-m", "bertcf.bench", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_bench_tiny_end_to_end(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--threads", "1",
+                     "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for name in bench.WORKLOADS:
+        assert f"{name:9s} speed-up minBERT/transformers:" in proc.stdout
+        assert f"{name:9s} minbert" in proc.stdout and f"{name:9s} transformers" in proc.stdout
+    assert "torch " + torch.__version__ in proc.stdout and "transformers " in proc.stdout
+    assert "| workload |" in proc.stdout  # the table
+    data = json.loads(out.read_text())
+    assert data["info"]["device"] and data["info"]["torch"] == torch.__version__
+    assert set(data["results"]) == set(bench.WORKLOADS)
+    for name, r in data["results"].items():
+        for impl in ("minbert", "transformers"):
+            assert r[impl]["ms_per_step"] > 0 and r[impl]["tokens_per_s"] > 0
+            assert len(r[impl]["times_ms"]) == 2
+            assert r[impl]["mfu"] is None  # no peak on a CPU
+        assert r["speedup"] == pytest.approx(r["transformers"]["ms_per_step"] / r["minbert"]["ms_per_step"])
+    assert data["results"]["multitask"]["per_step"]["sentences"] == 32 + 96 * 2 + 32 * 2
+    assert data["results"]["mirror"]["per_step"]["sentences"] == 32
+
+
+def test_bench_rejects_unknown_workload():
+    proc = run_bench("--tiny", "--device", "cpu", "--workloads", "mirror,nope")
+    assert proc.returncode == 2
+    assert "nope" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_config_only_dir_gives_identical_models(tmp_path):
+    """A directory with only config.json: random weights, the same in minBERT and transformers."""
+    config = dict(bench.TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, model_type="bert")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    mb, hf, note = bench.load_models(str(tmp_path))
+    assert "random" in note and hf.config._attn_implementation == "sdpa"
+    g = torch.Generator().manual_seed(0)
+    batch = bench.make_batch([7, 12, 5], mb.config.vocab_size, g, "cpu", bench.special_ids(mb.config.vocab_size)[:2])
+    mb.eval(), hf.eval()
+    with torch.no_grad():
+        a = bench.hidden_fn(mb)(batch.ids, batch.mask)
+        b = bench.hidden_fn(hf)(batch.ids, batch.mask)
+    real = batch.mask.bool()
+    torch.testing.assert_close(a[real], b[real], rtol=1e-4, atol=1e-5)
+    assert batch.tokens == 24 and batch.ids.shape == (3, 12)
+    assert (batch.ids[batch.mask == 0] == 0).all()
+
+
+def test_flops_and_peak():
+    cfg = bench.load_models(None, tiny=True)[0].config
+    d, L, i = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
+    n = L * (4 * d * d + 2 * d * i)
+    assert bench.encoder_flops(cfg, [10], training=True) == 6 * n * 10 + 12 * L * d * 100
+    assert bench.encoder_flops(cfg, [10, 3], training=False) == 2 * n * 13 + 4 * L * d * (100 + 9)
+    assert bench.peak_flops(torch.device("cpu"), "bf16") is None
+    names = dict(bench.PEAK_TFLOPS_16BIT)
+    assert names["H100"] == names["H200"] == 989.0 and names["A100"] == 312.0

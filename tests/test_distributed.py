@@ -1,0 +1,207 @@
+"""Data-parallel training on the CPU: 2 gloo processes against 1 process on the global batch.
+
+- InfoNCE with candidates gathered from every rank: the mean of the rank losses equals the
+  single-process loss, and the gradient DDP would compute (each rank backpropagates its own
+  loss; DDP averages over ranks) equals the single-process gradient.
+- A DDP-wrapped tiny minBERT + InfoNCE training step (AdamW) gives the same weights as one
+  process on the concatenated batch.
+- The bf16 autocast path of ``bertcf.training.autocast`` runs a minBERT forward + backward.
+
+The two processes are spawned once for the module (one process-group start, ~2 s).
+"""
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bertcf import training
+from bertcf.contrastive import InfoNCE
+from bertcf.encoder import pool
+from minbert import BertConfig, BertModel
+
+WORLD = 2
+B, D = 8, 16  # global batch of embeddings for the loss test
+STEPS = 3     # DDP steps: a parameter without gradient breaks step 2 (or, with static_graph, step 3)
+TINY = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+            max_position_embeddings=16, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def embeddings():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(B, D, generator=g), torch.randn(B, D, generator=g)
+
+
+def token_batches():
+    """STEPS global batches of two views (ids, mask), [B, t] each, with padding."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for _ in range(STEPS):
+        lengths = torch.randint(3, 10, (B,), generator=g)
+        mask = (torch.arange(10)[None] < lengths[:, None]).long()
+        ids = torch.randint(5, TINY["vocab_size"], (B, 10), generator=g) * mask
+        masked = ids.clone()
+        masked[:, 1] = 4  # a different second view
+        out.append((ids, masked * mask, mask))
+    return out
+
+
+def make_model():
+    torch.manual_seed(0)
+    return BertModel(BertConfig(**TINY))
+
+
+def train(model, batches, info_nce, slice_rows=lambda x: x, wrap=lambda m: m):
+    """STEPS AdamW steps of the mirror loss; returns the loss and gradients of the first step
+    (the weights after the last step are in ``model``)."""
+    net = wrap(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
+    first = None
+    for step, (ids, masked, mask) in enumerate(batches):
+        ids, masked, mask = slice_rows(ids), slice_rows(masked), slice_rows(mask)
+        opt.zero_grad(set_to_none=True)
+        if step % 2 == 0:  # both views in one forward, as the mirror stage does
+            both_mask = torch.cat([mask, mask])
+            u, u_masked = pool(net(torch.cat([ids, masked]), both_mask)["last_hidden_state"], both_mask).chunk(2)
+        else:  # two forwards before one backward (as multitask's three tasks do)
+            u = pool(net(ids, mask)["last_hidden_state"], mask)
+            u_masked = pool(net(masked, mask)["last_hidden_state"], mask)
+        loss = info_nce(u, u_masked)
+        loss.backward()
+        if first is None:
+            first = (loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None})
+        opt.step()
+    return first
+
+
+def _worker(rank, init_file, out_dir):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        per = B // WORLD
+        rows = slice(rank * per, (rank + 1) * per)
+        result = {}
+
+        # 1. InfoNCE: local anchors and positives, candidates gathered from both ranks.
+        a, p = (x.clone().requires_grad_() for x in embeddings())
+        loss = InfoNCE(temperature=0.05)(a[rows], p[rows])
+        loss.backward()
+        result["loss"] = loss.detach()
+        result["grad_a"], result["grad_p"] = a.grad[rows].clone(), p.grad[rows].clone()
+
+        # 2. DDP steps of a tiny minBERT (its pooler takes no part in the loss).
+        model = make_model()
+        first_loss, grads = train(model, token_batches(), InfoNCE(temperature=0.05),
+                                  slice_rows=lambda x: x[rows], wrap=lambda m: training.wrap_ddp(m, "cpu"))
+        result["ddp_first_loss"] = first_loss
+        result["ddp_grads"] = grads
+        result["ddp_weights"] = model.state_dict()
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """The results of the 2-process run (one dict per rank)."""
+    tmp = tmp_path_factory.mktemp("dist")
+    torch.set_num_threads(1)
+    mp.spawn(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=WORLD, join=True)
+    return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
+
+
+def test_info_nce_loss_matches_single_process(ranks):
+    a, p = embeddings()
+    expected = InfoNCE(temperature=0.05)(a, p)
+    mean_of_ranks = torch.stack([r["loss"] for r in ranks]).mean()
+    torch.testing.assert_close(mean_of_ranks, expected, rtol=0, atol=1e-6)
+
+
+def test_info_nce_gradient_matches_single_process(ranks):
+    """d(mean rank loss)/d(embeddings): rank r holds the gradient of its own rows summed over
+    every rank's loss (the gather's backward all-reduces); DDP then divides by the world size."""
+    a, p = (x.clone().requires_grad_() for x in embeddings())
+    InfoNCE(temperature=0.05)(a, p).backward()
+    grad_a = torch.cat([r["grad_a"] for r in ranks]) / WORLD
+    grad_p = torch.cat([r["grad_p"] for r in ranks]) / WORLD
+    torch.testing.assert_close(grad_a, a.grad, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grad_p, p.grad, rtol=0, atol=1e-6)
+    # The negatives from the other rank matter: keeping only each rank's own loss gradient
+    # (the previous gather_with_grad, which detached the gathered copies) gives a different one.
+    a_old = a.detach().clone().requires_grad_()
+    local_only = torch.cat([torch.autograd.grad(_local_loss(a_old, p.detach(), s), a_old)[0][s]
+                            for s in _rows()]) / WORLD
+    assert not torch.allclose(local_only, a.grad, atol=1e-3)
+
+
+def _rows():
+    per = B // WORLD
+    return [slice(r * per, (r + 1) * per) for r in range(WORLD)]
+
+
+def _local_loss(a_full, p_full, rows):
+    """Rank ``rows``' loss with the other rank's candidates detached (the old gather)."""
+    a = a_full.detach().clone()
+    p = p_full.detach().clone()
+    a[rows], p[rows] = a_full[rows], p_full[rows]
+    n = torch.nn.functional.normalize
+    an, pn = n(a, dim=-1), n(p, dim=-1)
+    logits_p = an[rows] @ pn.T
+    logits_a = an[rows] @ an.T
+    idx = torch.arange(B)[rows]
+    logits_a[torch.arange(len(idx)), idx] = float("-inf")
+    return torch.nn.functional.cross_entropy(torch.cat([logits_p, logits_a], 1) / 0.05, idx)
+
+
+def test_ddp_step_matches_single_process(ranks):
+    batches = token_batches()
+    model = make_model()
+    first_loss, grads = train(model, batches, InfoNCE(temperature=0.05))
+    torch.testing.assert_close(torch.stack([r["ddp_first_loss"] for r in ranks]).mean(), first_loss,
+                               rtol=0, atol=1e-5)
+    for rank in ranks:
+        assert rank["ddp_grads"].keys() == grads.keys()
+        for k, g in grads.items():
+            torch.testing.assert_close(rank["ddp_grads"][k], g, rtol=1e-4, atol=1e-6, msg=k)
+        for k, w in model.state_dict().items():
+            # Adam turns float noise in gradients that are zero in exact arithmetic (the key
+            # biases) into updates of ~1e-6; a wrong gradient moves weights by ~lr = 1e-3.
+            torch.testing.assert_close(rank["ddp_weights"][k], w, rtol=0, atol=2e-5, msg=k)
+    assert not any(k.startswith("pooler.") for k in grads)  # unused under mean pooling
+
+
+def test_wrap_ddp_is_a_no_op_without_distributed():
+    model = make_model()
+    assert training.wrap_ddp(model, "cpu") is model
+    assert training.unwrap(model) is model
+    assert training.is_main_process()
+    assert training.init_distributed("cpu") == torch.device("cpu")  # no WORLD_SIZE: nothing started
+    assert not dist.is_initialized()
+    training.cleanup_distributed()
+
+
+def test_bf16_autocast_forward_backward_on_cpu():
+    model = make_model()
+    ids, masked, mask = token_batches()[0]
+    seen = []
+    model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    with training.autocast("cpu", "bf16"):
+        out = model(ids, mask)["last_hidden_state"]
+        u = pool(out, mask)
+        loss = InfoNCE()(u, pool(model(masked, mask)["last_hidden_state"], mask))
+    assert seen == [torch.bfloat16, torch.bfloat16]  # the matrix work ran in bf16
+    assert u.dtype == loss.dtype == torch.float32
+    loss.backward()
+    assert torch.isfinite(loss)
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+    with training.autocast("cpu", "fp32"):
+        model(ids, mask)
+    assert seen[-1] == torch.float32
+    with pytest.raises(training.UsageError):
+        training.autocast("cpu", "fp16")

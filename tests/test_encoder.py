@@ -1,0 +1,254 @@
+"""bertcf.SentenceEncoder: encode (shapes, order, pooling, normalisation, modes), checkpoints with
+and without a flow head, run directories, and the real-checkpoint acceptance check."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers
+
+from bertcf import SentenceEncoder
+from bertcf.encoder import FLOW_FILE, resolve_encoder_path
+from bertcf.flow import Glow
+from minbert import tokenize
+
+TOL = 1e-5
+
+# Very different lengths, so sorting by length and batching both matter.
+SENTENCES = [
+    "a man is playing a guitar.",
+    "hi",
+    "the old company talks about the election in the morning while the rain keeps falling over the old "
+    "city and the children walk down the street near the market with a smile on his face.",
+    "two dogs.",
+    "a young girl is riding a horse on the beach , which is probably for the best.",
+    "music",
+    "the president is eating food.",
+]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_bert_dir):
+    """The tiny random checkpoint as a SentenceEncoder (mean pooling). Shared by the module's
+    tests: each test that changes it (train mode, pooling) restores what it changed."""
+    return SentenceEncoder.from_pretrained(tiny_bert_dir)
+
+
+def manual_hidden(encoder, sentences):
+    batch = tokenize(encoder.tokenizer, sentences, max_length=encoder.max_length)
+    encoder.bert.eval()
+    with torch.no_grad():
+        out = encoder.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    return out["last_hidden_state"], batch["attention_mask"]
+
+
+def trained_flow(dim: int, data: torch.Tensor) -> Glow:
+    """A Glow whose ActNorm is data-initialised and whose weights are perturbed: far from identity."""
+    torch.manual_seed(0)
+    flow = Glow(dim, num_blocks=2)
+    flow.train()
+    with torch.no_grad():
+        flow(data)  # ActNorm data-dependent initialisation
+        for p in flow.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return flow.eval()
+
+
+# ----------------------------------------------------------------------------- encode
+
+def test_encode_shapes_and_dtype(encoder):
+    dim = encoder.bert.config.hidden_size
+    assert encoder.dim == dim
+    vectors = encoder.encode(SENTENCES)
+    assert vectors.shape == (len(SENTENCES), dim)
+    assert vectors.dtype == torch.float32 and vectors.device.type == "cpu"
+    assert torch.isfinite(vectors).all()
+    single = encoder.encode("a man is playing a guitar.")
+    assert single.shape == (dim,)
+    assert torch.allclose(single, vectors[0], atol=TOL)
+    assert encoder.encode([]).shape == (0, dim)
+    assert encoder.encode(iter(SENTENCES[:2])).shape == (2, dim)  # any iterable
+
+
+def test_encode_keeps_input_order(encoder):
+    batched = encoder.encode(SENTENCES, batch_size=3)
+    alone = torch.stack([encoder.encode(s) for s in SENTENCES])
+    assert (batched - alone).abs().max() < TOL
+    # Distinct sentences give distinct vectors, so a permutation could not pass the check above.
+    assert torch.cdist(alone, alone).add(torch.eye(len(SENTENCES))).min() > 1e-3
+    assert (encoder.encode(SENTENCES, batch_size=1) - alone).abs().max() < TOL
+
+
+def test_mean_pooling_is_masked_mean(encoder):
+    hidden, mask = manual_hidden(encoder, SENTENCES)
+    m = mask.unsqueeze(-1).float()
+    expected = (hidden * m).sum(1) / m.sum(1)
+    assert (mask == 0).any()
+    assert (encoder.encode(SENTENCES, batch_size=4) - expected).abs().max() < TOL
+    # Not the unmasked mean: padding must not leak in.
+    assert (hidden.mean(1) - expected).abs().max() > 1e-3
+
+
+def test_cls_pooling(encoder, tiny_bert_dir):
+    cls = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling="cls")
+    assert cls.pooling == "cls"
+    hidden, _ = manual_hidden(cls, SENTENCES)
+    assert (cls.encode(SENTENCES, batch_size=2) - hidden[:, 0]).abs().max() < TOL
+    with pytest.raises(ValueError, match="pooling"):
+        SentenceEncoder(cls.bert, cls.tokenizer, pooling="max")
+
+
+def test_normalize(encoder):
+    vectors = encoder.encode(SENTENCES, normalize=True)
+    assert torch.allclose(vectors.norm(dim=-1), torch.ones(len(SENTENCES)), atol=1e-5)
+    raw = encoder.encode(SENTENCES)
+    assert torch.allclose(vectors, raw / raw.norm(dim=-1, keepdim=True), atol=1e-6)
+    assert encoder.encode(SENTENCES[0], normalize=True).norm().item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_encode_restores_training_flag(encoder):
+    try:
+        encoder.train()
+        first = encoder.encode(SENTENCES[:3])
+        assert encoder.training and encoder.bert.training
+        assert torch.equal(first, encoder.encode(SENTENCES[:3]))  # dropout off inside encode
+        encoder.eval()
+        encoder.encode(SENTENCES[:3])
+        assert not encoder.training and not encoder.bert.training
+    finally:
+        encoder.eval()
+
+
+def test_encode_output_is_usable_by_autograd(encoder):
+    vectors = encoder.encode(SENTENCES[:3])
+    assert not vectors.requires_grad
+    head = torch.nn.Linear(encoder.dim, 2)
+    head(vectors).square().sum().backward()  # e.g. fitting a flow on cached embeddings
+    assert head.weight.grad is not None
+
+
+def test_long_sentences_truncated_to_model_positions(encoder):
+    # The tiny model has 64 positions, fewer than the default max_length of 128.
+    assert encoder.bert.config.max_position_embeddings < encoder.max_length
+    long = " ".join(["the man is playing a guitar"] * 40)
+    assert encoder.encode([long, "hi"]).shape == (2, encoder.dim)
+    assert encoder.tokenize([long])["input_ids"].shape[1] == encoder.bert.config.max_position_embeddings
+    short = encoder.encode([long, "hi"], max_length=8)
+    assert short.shape == (2, encoder.dim)
+
+
+def test_forward_matches_encode(encoder):
+    batch = encoder.tokenize(SENTENCES)
+    with torch.no_grad():
+        out = encoder(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    assert (out - encoder.encode(SENTENCES)).abs().max() < TOL
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+def assert_loads_in_transformers(directory):
+    model, info = transformers.BertModel.from_pretrained(str(directory), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info.get("mismatched_keys")
+
+
+def test_save_and_load_without_flow(encoder, tmp_path):
+    out = tmp_path / "enc"
+    encoder.save_pretrained(out)
+    assert {"config.json", "model.safetensors", "sentence_encoder.json"} <= {p.name for p in out.iterdir()}
+    assert not (out / FLOW_FILE).exists()
+    assert json.loads((out / "sentence_encoder.json").read_text())["flow"] is False
+    again = SentenceEncoder.from_pretrained(out)
+    assert again.flow is None and again.pooling == encoder.pooling and again.max_length == encoder.max_length
+    assert torch.equal(again.encode(SENTENCES), encoder.encode(SENTENCES))
+    assert_loads_in_transformers(out)
+
+
+def test_save_and_load_with_flow(tiny_bert_dir, tmp_path):
+    enc = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling="cls", max_length=48)
+    plain = enc.encode(SENTENCES)  # f(x)
+    enc.flow = trained_flow(enc.dim, plain)
+    with torch.no_grad():
+        expected = enc.flow(plain)[0]
+    with_flow = enc.encode(SENTENCES, batch_size=3)
+    assert (with_flow - expected).abs().max() < TOL
+    assert (with_flow - plain).abs().max() > 1e-2  # the flow really does something
+    enc.eval()
+    with torch.no_grad():
+        embed = enc.embed(**enc.tokenize(SENTENCES))
+    assert (embed - plain).abs().max() < TOL  # embed is f(x), before the flow
+
+    out = tmp_path / "enc"
+    enc.save_pretrained(out)
+    assert (out / FLOW_FILE).is_file()
+    assert_loads_in_transformers(out)
+    again = SentenceEncoder.from_pretrained(out)
+    assert isinstance(again.flow, Glow) and again.pooling == "cls" and again.max_length == 48
+    assert torch.equal(again.encode(SENTENCES), enc.encode(SENTENCES))
+
+    # Saving an encoder without a flow over it removes the stale flow file.
+    enc.flow = None
+    enc.save_pretrained(out)
+    assert not (out / FLOW_FILE).exists()
+    assert SentenceEncoder.from_pretrained(out).flow is None
+
+
+def test_run_directory_resolves_to_best(encoder, tmp_path):
+    run = tmp_path / "runs" / "mirror-test"
+    encoder.save_pretrained(run / "best")
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert resolve_encoder_path(run) == run / "best"
+    assert resolve_encoder_path(run / "best") == run / "best"
+    assert torch.equal(SentenceEncoder.from_pretrained(run).encode(SENTENCES), encoder.encode(SENTENCES))
+
+
+def test_vocab_fallback_for_directories_without_tokenizer(tiny_bert_dir, vocab_path, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_bert_dir / name, bare / name)
+    from minbert import CheckpointError
+
+    with pytest.raises(CheckpointError, match="tokenizer"):
+        SentenceEncoder.from_pretrained(bare)
+    enc = SentenceEncoder.from_pretrained(bare, vocab=vocab_path)
+    assert torch.allclose(enc.encode(SENTENCES), SentenceEncoder.from_pretrained(tiny_bert_dir).encode(SENTENCES),
+                          atol=TOL)
+
+
+# ----------------------------------------------------------------------------- data fixtures
+
+def test_encode_tiny_data_dir(encoder, tiny_data_dir):
+    """The shared tiny_data_dir fixture reads with bertcf.data and its sentences encode."""
+    from bertcf import data
+
+    sizes = {(task, split): len(data.read_task(tiny_data_dir, task, split))
+             for task in ("sst", "quora", "sts") for split in ("train", "dev", "test")}
+    assert sizes == {(t, s): n for t in ("sst", "quora", "sts") for s, n in (("train", 24), ("dev", 12), ("test", 8))}
+    sst = data.read_task(tiny_data_dir, "sst", "train")
+    assert {ex.label for ex in sst} == {0, 1, 2, 3, 4}
+    sts = data.read_task(tiny_data_dir, "sts", "dev")
+    assert all(0.0 <= ex.label <= 5.0 for ex in sts)
+    vectors = encoder.encode([p.sentence1 for p in sts] + [p.sentence2 for p in sts], batch_size=8)
+    assert vectors.shape == (2 * len(sts), encoder.dim) and torch.isfinite(vectors).all()
+
+
+def test_shared_data_fixtures(cs224n_dir, offline_data_dir):
+    for name in ("ids-sst-train.csv", "ids-sst-dev.csv", "sts-dev.csv", "quora-dev.csv"):
+        assert (cs224n_dir / name).is_file() and (offline_data_dir / name).is_file()
+    assert (offline_data_dir / "quora-train.csv").is_file()
+
+
+# ----------------------------------------------------------------------------- real checkpoint
+
+def test_real_checkpoint_acceptance(real_bert_dir, capsys):
+    """The issue's acceptance check on a real sentence-encoder checkpoint (e.g. all-MiniLM-L6-v2)."""
+    hidden = json.loads((real_bert_dir / "config.json").read_text())["hidden_size"]
+    encoder = SentenceEncoder.from_pretrained(real_bert_dir)
+    vectors = encoder.encode(["a man is playing a guitar.", "a man plays the guitar."])
+    assert vectors.shape == torch.Size([2, hidden])
+    cosine = torch.nn.functional.cosine_similarity(vectors[0], vectors[1], dim=0).item()
+    with capsys.disabled():
+        print(f"\n[{real_bert_dir}] cos('a man is playing a guitar.', 'a man plays the guitar.') = {cosine:.4f}")
+    assert cosine > 0.8, cosine

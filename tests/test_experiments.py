@@ -1,0 +1,261 @@
+"""bertcf.experiments: the report's tables in one command. A tiny suite (tiny random BERT, a
+few rows of each CS224N file, 2 steps a stage) writes every output; a second invocation
+reruns nothing; interrupted stages continue; changed settings are refused; alignment and
+uniformity match a direct computation."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertcf import experiments, pretrain
+from bertcf.data import PairExample
+from bertcf.evaluation import alignment, uniformity
+from conftest import write_cs224n_files
+
+HAS_MULTITASK = importlib.util.find_spec("bertcf.multitask") is not None
+BEST_DIRS = ["simcse", "mirror", "flow", "bertcf", "simcse-joint", "minbert-joint", "mirror-flow"]
+
+
+# ---- the maths -----------------------------------------------------------------------------------------
+def test_alignment_and_uniformity_on_known_vectors():
+    eye = torch.eye(4)
+    assert uniformity(eye) == pytest.approx(-4.0)          # every pair at squared distance 2: log exp(-4)
+    assert uniformity(3 * eye) == pytest.approx(-4.0)      # rows are normalised first
+    assert alignment(eye, eye) == pytest.approx(0.0)
+    assert alignment(eye, eye.roll(1, dims=0)) == pytest.approx(2.0)  # orthogonal pairs: ||x - y||^2 = 2
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    y = torch.tensor([[math.cos(0.3), math.sin(0.3)], [0.0, 1.0]])
+    assert alignment(x, y) == pytest.approx((2 - 2 * math.cos(0.3)) / 2)
+
+
+class StubEncoder:
+    """encode(): fixed vectors by sentence."""
+
+    def __init__(self, vectors: dict):
+        self.vectors = vectors
+
+    def encode(self, sentences, batch_size=64):
+        return torch.stack([self.vectors[s] for s in sentences])
+
+
+def test_pair_analysis_matches_a_direct_computation():
+    v = {"a": torch.tensor([1.0, 0.0, 0.0]), "b": torch.tensor([0.0, 1.0, 0.0]),
+         "c": torch.tensor([0.0, 0.0, 1.0]), "d": torch.tensor([1.0, 1.0, 0.0])}
+    pairs = [PairExample("1", "a", "b", 1.0), PairExample("2", "a", "c", 0.0), PairExample("3", "c", "d", 1.0),
+             PairExample("4", "b", "a", 0.0)]
+    result = experiments.pair_analysis(StubEncoder(v), pairs)
+    n = {k: t / t.norm() for k, t in v.items()}
+    expected_alignment = ((n["a"] - n["b"]).pow(2).sum() + (n["c"] - n["d"]).pow(2).sum()) / 2
+    sentences = list(n.values())  # distinct sentences only: a, b, c, d
+    sq = [(sentences[i] - sentences[j]).pow(2).sum() for i in range(4) for j in range(i + 1, 4)]
+    expected_uniformity = torch.stack([torch.exp(-2 * d) for d in sq]).mean().log()
+    assert result["alignment"] == pytest.approx(float(expected_alignment), abs=1e-6)
+    assert result["uniformity"] == pytest.approx(float(expected_uniformity), abs=1e-6)
+    assert (result["pairs"], result["positives"], result["sentences"]) == (4, 2, 4)
+
+
+def test_finetune_metric_names_and_prediction_files(tmp_path):
+    m = experiments.finetune_metrics({"sst_accuracy": 0.5, "qqp_accuracy": 0.8, "sts_pearson": 0.7})
+    assert m == {"sst_accuracy": 0.5, "qqp_accuracy": 0.8, "sts_pearson": 0.7, "mean_dev": pytest.approx(2 / 3)}
+    m = experiments.finetune_metrics({"dev": {"sst_acc": 0.4, "para_accuracy": 0.9, "sts_corr": 0.1, "mean_dev": 0.3}})
+    assert m == {"sst_accuracy": 0.4, "qqp_accuracy": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3}
+    (tmp_path / "p.csv").write_text("id \t Predicted_Is_Paraphrase \nabc , 1.0\n def , 0\n")
+    assert experiments.read_predictions(tmp_path / "p.csv") == {"abc": "1.0", "def": "0"}
+
+
+# ---- the tiny suite ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def suite_data(tmp_path_factory) -> Path:
+    d = write_cs224n_files(tmp_path_factory.mktemp("exp-data") / "data")
+    lines = [f"{s} number {i} of the little corpus ." for i, s in enumerate(
+        ["the man is playing a guitar", "a woman reads a book in the park", "the dog runs on the beach",
+         "two children sing a song on the stage", "the president talks about the election"] * 4)]
+    (d.parent / "corpus.txt").write_text("\n".join(lines) + "\n")
+    return d
+
+
+def suite_argv(command, bert, data, out, *more) -> list[str]:
+    return [command, "--model", str(bert), "--data-dir", str(data), "--out-dir", str(out),
+            "--corpus", str(data.parent / "corpus.txt"), "--steps-scale", "0.0002", "--max-length", "24",
+            "--stage-args", "--batch-size 4 --log-every 1", "--device", "cpu", "--seed", "3", *more]
+
+
+@pytest.fixture(scope="module")
+def suite(tiny_bert_dir, suite_data, tmp_path_factory):
+    """`all --no-finetune` once: 7 stages of 2 steps, 8 encoders evaluated."""
+    out = tmp_path_factory.mktemp("exp") / "out"
+    summary = experiments.main(suite_argv("all", tiny_bert_dir, suite_data, out, "--no-finetune"))
+    return out, summary
+
+
+def mtimes(out: Path) -> dict:
+    return {name: (out / "stages" / name / "best" / "model.safetensors").stat().st_mtime_ns for name in BEST_DIRS}
+
+
+def test_suite_writes_every_output(suite):
+    out, summary = suite
+    for name in ("table1.md", "table1.json", "ablations.md", "ablations.json", "analysis.md", "analysis.json",
+                 "qualitative.md", "suite.json", "figures/sts-dev-cosines-minbert.png",
+                 "figures/sts-dev-cosines-bertcf.png"):
+        assert (out / name).is_file(), name
+        assert (out / name).stat().st_size > 0
+    for png in (out / "figures").glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.rglob(".*.tmp*")), "a temporary file was left behind"
+
+    table1 = json.loads((out / "table1.json").read_text())
+    assert [r["name"] for r in table1["rows"]] == ["MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow",
+                                                    "BERT-CF"]
+    for row in table1["rows"]:
+        assert -1 <= row["ours"]["sts_spearman"] <= 1
+        assert row["ours"]["sst_accuracy"] is None  # --no-finetune
+        assert row["report"] == experiments.REPORT_TABLE1[row["name"]]
+    assert table1["rows"][0]["encoder"] == table1["settings"]["model"]
+    assert table1["rows"][4]["encoder"].endswith(os.path.join("stages", "bertcf", "best"))
+    md = (out / "table1.md").read_text()
+    assert "| BERT-CF |" in md and "0.760" in md and "0.841" in md  # the report's numbers beside ours
+
+    ablations = json.loads((out / "ablations.json").read_text())
+    assert [r["name"] for r in ablations["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow"]
+    assert all(-1 <= r["ours"]["sts_spearman"] <= 1 for r in ablations["rows"])
+    assert "0.629" in (out / "ablations.md").read_text()
+
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["sample"]["pairs"] == 24 and analysis["sample"]["positives"] == 12
+    for row in analysis["rows"]:
+        assert 0 <= row["ours"]["alignment"] <= 4
+        assert -4 <= row["ours"]["uniformity"] <= 0
+        assert row["report"] == experiments.REPORT_ANALYSIS[row["name"]]
+    qualitative = (out / "qualitative.md").read_text()
+    assert qualitative.count("\n| ") >= 11  # header + 10 sampled STS pairs
+
+    # TensorBoard: the two histograms and the tables as text.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(out / "tb"), size_guidance={"histograms": 0, "tensors": 0})
+    acc.Reload()
+    assert set(acc.Tags()["histograms"]) == {"sts_dev_cosines/MinBERT", "sts_dev_cosines/BERT-CF"}
+    assert any("table1" in t for t in acc.Tags()["tensors"])
+
+    # Each stage ran once, from the right checkpoint, and is marked finished.
+    for name in BEST_DIRS:
+        marker = json.loads((out / "stages" / name / experiments.MARKER).read_text())
+        assert marker["status"] == "done" and marker["summary"]["step"] == 2
+    config = json.loads((out / "stages" / "bertcf" / "config.json").read_text())
+    assert config["stage"] == "joint" and config["init"].endswith(os.path.join("stages", "mirror", "best"))
+    assert json.loads((out / "stages" / "minbert-joint" / "config.json").read_text())["unfreeze_encoder"] is True
+
+
+def test_second_invocation_reruns_nothing(suite, tiny_bert_dir, suite_data, monkeypatch, capsys):
+    out, _ = suite
+    before = mtimes(out)
+    calls = []
+    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
+    # The settings not given come from OUT/suite.json.
+    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])
+    assert calls == []
+    assert mtimes(out) == before
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[1/7] MinBERT-SimCSE: mirror stage --method simcse from --model")
+    assert sum("finished earlier, reused" in line for line in lines) == 7
+
+
+def test_interrupted_stages_continue(suite, tiny_bert_dir, suite_data, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(suite[0], out)
+    # stages/bertcf was killed after a checkpoint (last/ is there); stages/mirror-flow before its first one.
+    marker = out / "stages" / "bertcf" / experiments.MARKER
+    marker.write_text(json.dumps(json.loads(marker.read_text()) | {"status": "running"}))
+    mirror_flow = out / "stages" / "mirror-flow"
+    shutil.rmtree(mirror_flow / "last")
+    (mirror_flow / experiments.MARKER).unlink()
+    calls = []
+    real_main = pretrain.main
+    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv) or real_main(argv))
+
+    experiments.main(["all", "--out-dir", str(out), "--no-finetune", "--dry-run"])
+    assert calls == []
+    printed = capsys.readouterr().out
+    assert "would continue with --resume" in printed and "would be cleared and started again" in printed
+
+    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])
+    assert [a[a.index("--out-dir") + 1] for a in calls] == [str(out / "stages" / "bertcf"), str(mirror_flow)]
+    assert "--resume" in calls[0] and "--resume" not in calls[1]
+    printed = capsys.readouterr().out
+    assert "(continuing the interrupted run)" in printed
+    assert "(the interrupted attempt left no checkpoint: starting it again)" in printed
+    for name in ("bertcf", "mirror-flow"):
+        assert json.loads((out / "stages" / name / experiments.MARKER).read_text())["status"] == "done"
+
+
+def test_changed_settings_are_refused(suite, capsys):
+    out, _ = suite
+    assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", "--steps-scale", "0.0004"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "other settings" in err and "steps=2 (now 4)" in err
+
+
+def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    experiments.main(suite_argv("ablations", tiny_bert_dir, suite_data, out, "--dry-run"))
+    lines = capsys.readouterr().out.splitlines()
+    heads = [l for l in lines if l.startswith("[")]
+    assert [h.split(":")[0] for h in heads] == ["[1/5] MinBERT-SimCSE (for SimCSE-joint)",
+                                                "[2/5] SimCSE-joint", "[3/5] MinBERT-joint",
+                                                "[4/5] MinBERT-Mirror (for Mirror-flow)", "[5/5] Mirror-flow"]
+    assert any(l.strip().startswith("python run_pretrain.py --stage joint --method simcse --init") for l in lines)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("case", ["no-data-dir", "bad-flag", "bad-row", "bad-stage-args", "no-corpus", "bad-scale"])
+def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = suite_argv("table1", tiny_bert_dir, suite_data, out, "--no-finetune")
+    if case == "no-data-dir":
+        argv[argv.index("--data-dir") + 1] = str(tmp_path / "missing")
+    elif case == "bad-flag":
+        argv.append("--no-such-flag")
+    elif case == "bad-row":
+        argv += ["--rows", "MinBERT,Nope"]
+    elif case == "bad-stage-args":
+        argv[argv.index("--stage-args") + 1] = "--batch-size 1"
+    elif case == "no-corpus":
+        i = argv.index("--corpus")
+        del argv[i:i + 2]
+    elif case == "bad-scale":
+        argv[argv.index("--steps-scale") + 1] = "0"
+    try:
+        status = experiments.cli(argv)
+    except SystemExit as e:  # argparse's error(): exit status 2
+        status = e.code
+    assert status == 2
+    err = capsys.readouterr().err.strip()
+    assert err and "\n" not in err, err
+    assert not (out / "stages").exists()
+
+
+# ---- fine-tuning (when the multitask stage exists) -----------------------------------------------------------
+@pytest.mark.skipif(not HAS_MULTITASK, reason="bertcf.multitask is not there yet")
+def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
+    out = tmp_path / "out"
+    argv = suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--finetune-steps-scale",
+                      "0.0004", "--eval-every", "2")
+    experiments.main(argv)
+    row = json.loads((out / "table1.json").read_text())["rows"][0]
+    assert row["name"] == "MinBERT"
+    for key in ("sst_accuracy", "qqp_accuracy", "sts_pearson", "mean_dev"):
+        assert row["ours"][key] is not None and math.isfinite(row["ours"][key]), key
+    metrics = json.loads((out / "finetune" / "minbert" / "metrics.json").read_text())
+    assert row["ours"]["qqp_accuracy"] == metrics["para_acc"]
+    assert "| MinBERT |" in (out / "table1.md").read_text()
+    assert not (out / "stages").exists()  # the MinBERT row needs no pretraining stage
+    qualitative = (out / "qualitative.md").read_text()
+    qqp = qualitative[qualitative.index("## QQP dev"):qualitative.index("## SST-5 dev")]
+    predictions = [line.rstrip(" |").rsplit("| ", 1)[-1] for line in qqp.splitlines()[4:] if line.startswith("|")]
+    assert len(predictions) == 10 and set(predictions) <= {"0", "1"}

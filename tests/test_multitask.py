@@ -1,0 +1,357 @@
+"""Multitask fine-tuning (bertcf.multitask, run_multitask.py) on the CPU: the three losses and
+the prediction rules against values computed by hand, the per-task batch cycling, and tiny
+end-to-end runs (tiny random BERT, a few rows of every CS224N file): prediction files,
+metrics.json, --predict-only, resume bit-identity, a flow checkpoint, bad input."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertcf import multitask as mt
+from bertcf.data import read_quora, read_sst, read_sts
+from bertcf.encoder import SentenceEncoder
+from bertcf.flow import Glow
+from bertcf.training import EpochSampler, run_main
+from conftest import write_cs224n_files
+
+PREDICTION_FILES = [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")]
+INPUT_FILES = {"sst": ("ids-sst-dev.csv", "ids-sst-test-student.csv", read_sst),
+               "para": ("quora-dev.csv", "quora-test-student.csv", read_quora),
+               "sts": ("sts-dev.csv", "sts-test-student.csv", read_sts)}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models on 2 shared cores: intra-op threads only add spin-waiting (x50 slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---- losses by hand ---------------------------------------------------------------------------------
+R = 1 / math.sqrt(2)  # cos of [1, 0] and [1, 1]
+
+
+def test_sst_loss_is_cross_entropy():
+    logits = torch.tensor([[2.0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    labels = torch.tensor([0, 3])
+    expected = (-math.log(math.exp(2) / (math.exp(2) + 4)) + math.log(5)) / 2
+    assert mt.SSTLoss()(logits, labels).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_hinge_cosine_loss_by_hand():
+    p1 = torch.tensor([[1.0, 0], [1.0, 0], [1.0, 0], [1.0, 0], [2.0, 0]])
+    p2 = torch.tensor([[3.0, 0], [0, 1.0], [1.0, 1.0], [0, 1.0], [-1.0, 0]], requires_grad=True)
+    labels = torch.tensor([0.0, 1.0, 1.0, 0.0, 0.0])
+    # cos: 1, 0, 0.7071, 0, -1 -> y = max(cos, 0.7): 1, 0.7, 0.7071, 0.7, 0.7
+    # duplicates 1 - y: 0.3 (row 1, clamped), 1 - 0.7071 (row 2); non-duplicates y - h: 0.3, 0, 0
+    expected = (0.3 + 0.3 + (1 - R) + 0 + 0) / 5
+    loss = mt.HingeCosineLoss(margin=0.7)(p1, p2, labels)
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    loss.backward()
+    # The clamp: rows whose cosine is below h get no gradient (rows 1, 3, 4).
+    assert p2.grad[[1, 3, 4]].abs().max() == 0
+    assert p2.grad[[0, 2]].abs().max() > 0
+
+
+def test_hinge_cosine_loss_margin_is_a_parameter():
+    p1, p2 = torch.tensor([[1.0, 0]]), torch.tensor([[1.0, 1.0]])
+    assert mt.HingeCosineLoss(0.0)(p1, p2, torch.tensor([0.0])).item() == pytest.approx(R, abs=1e-6)
+    assert mt.HingeCosineLoss(0.9)(p1, p2, torch.tensor([0.0])).item() == pytest.approx(0.0, abs=1e-7)
+    assert mt.HingeCosineLoss(0.9)(p1, p2, torch.tensor([1.0])).item() == pytest.approx(0.1, abs=1e-6)
+
+
+def test_cosine_regression_loss_by_hand():
+    p1 = torch.tensor([[1.0, 0], [1.0, 0], [1.0, 0], [1.0, 0]])
+    p2 = torch.tensor([[-1.0, 0], [5.0, 0], [1.0, 1.0], [0, 2.0]])
+    scores = torch.tensor([0.0, 5.0, 2.5, 4.0])
+    # h = 0: y = 0 (cos -1 clamped), 1, 0.7071, 0; targets = scores / 5 = 0, 1, 0.5, 0.8
+    expected = (0 + 0 + (R - 0.5) ** 2 + 0.8 ** 2) / 4
+    assert mt.CosineRegressionLoss()(p1, p2, scores).item() == pytest.approx(expected, abs=1e-6)
+    # h = 0.5: y = 0.5, 1, 0.7071, 0.5; targets = 0.5 + 0.5 * scores / 5 = 0.5, 1, 0.75, 0.9
+    expected = (0 + 0 + (R - 0.75) ** 2 + 0.4 ** 2) / 4
+    assert mt.CosineRegressionLoss(0.5)(p1, p2, scores).item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_label_scaling():
+    assert mt.scale_scores(torch.tensor([0.0, 2.5, 5.0]), 0.0).tolist() == pytest.approx([0, 0.5, 1])
+    assert mt.scale_scores(torch.tensor([0.0, 2.5, 5.0]), 0.6).tolist() == pytest.approx([0.6, 0.8, 1])
+
+
+# ---- prediction rules and metrics ---------------------------------------------------------------
+def test_prediction_rules():
+    assert mt.predict_sentiment(torch.tensor([[0.1, 3, 0, 0, 0], [0, 0, 0, 0, 9.0]])).tolist() == [1, 4]
+    # duplicate when y >= (1 + h) / 2 = 0.85
+    y = torch.tensor([0.85, 0.8499, 0.7, 1.0])
+    assert mt.predict_paraphrase(y, 0.7).tolist() == [1, 0, 0, 1]
+    assert mt.predict_paraphrase(torch.tensor([0.5, 0.49]), 0.0).tolist() == [1, 0]
+    # STS: y rescaled from [h, 1] to [0, 5]
+    assert mt.predict_similarity(torch.tensor([0.7, 1.0, 0.85]), 0.7).tolist() == pytest.approx([0, 5, 2.5])
+    assert mt.predict_similarity(torch.tensor([0.0, 0.2, 1.0]), 0.0).tolist() == pytest.approx([0, 1, 5])
+
+
+def test_metrics_on_known_inputs():
+    assert mt.task_metric("sst", [1, 2, 3, 4], [1, 2, 0, 0]) == pytest.approx(0.5)
+    assert mt.task_metric("para", [1, 0, 1], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
+    assert mt.task_metric("sts", [0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
+    assert mt.task_metric("sts", [2.0, 1.0, 0.0], [1.0, 3.0, 5.0]) == pytest.approx(-1.0)
+    # r of [1, 2, 3] and [1, 3, 2] is 0.5
+    assert mt.task_metric("sts", [1.0, 2.0, 3.0], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
+    assert mt.task_metric("sts", [2.5, 2.5, 2.5], [1.0, 3.0, 5.0]) == 0.0  # constant: 0, not NaN
+    assert mt.mean_dev({"sst_acc": 0.5, "para_acc": 0.8, "sts_pearson": 0.2}) == pytest.approx(0.5)
+
+
+# ---- per-task batch cycling -------------------------------------------------------------------------
+def test_small_task_wraps_around_within_a_batch():
+    sampler = mt.make_samplers({"sst": 5}, seed=1)["sst"]
+    batch = sampler.next(8)
+    assert len(batch) == 8 and set(batch) == set(range(5))  # a full epoch, then 3 of the next
+    assert sorted(batch[:5]) == list(range(5))
+    assert sampler.state_dict() == {"epoch": 1, "position": 3}
+
+
+def test_tasks_cycle_independently():
+    sizes = {"sst": 5, "para": 11, "sts": 7}
+    a, b = mt.make_samplers(sizes, seed=3), mt.make_samplers(sizes, seed=3)
+    for _ in range(4):  # draw a lot from one task of `a` only
+        a["sst"].next(32)
+    for task in ("para", "sts"):
+        assert a[task].next(9) == b[task].next(9)
+    # Different seeds per task: the orders of equal-sized tasks differ.
+    c = mt.make_samplers({"sst": 50, "para": 50, "sts": 50}, seed=3)
+    assert c["sst"].next(50) != c["para"].next(50)
+
+
+def test_train_batch_pads_and_wraps():
+    data = mt.TaskData("sts", Path("x"), [f"id{i}" for i in range(3)],
+                       ([[2, 5, 3], [2, 6, 7, 8, 3], [2, 3]], [[2, 9, 3], [2, 3], [2, 4, 4, 3]]), [0.0, 2.5, 5.0])
+    sampler = EpochSampler(len(data), seed=0)
+    rows = sampler.next(4)
+    (ids1, mask1, ids2, mask2), labels = mt.train_batch(data, rows, pad_token_id=0, device="cpu")
+    assert ids1.shape == (4, max(len(data.tokens[0][r]) for r in rows)) and mask1.shape == ids1.shape
+    assert ids2.shape[0] == 4 and labels.dtype == torch.float32
+    for k, r in enumerate(rows):
+        assert ids1[k, :mask1[k].sum()].tolist() == data.tokens[0][r]
+        assert labels[k].item() == data.labels[r]
+
+
+# ---- end to end ------------------------------------------------------------------------------------
+def argv(bert_dir, data_dir, out_dir, steps=4, **flags) -> list[str]:
+    settings = {"encoder": bert_dir, "data-dir": data_dir, "out-dir": out_dir, "steps": steps, "eval-every": 2,
+                "log-every": 1, "sst-batch-size": 8, "para-batch-size": 12, "sts-batch-size": 8, "proj-dim": 16,
+                "max-length": 24, "device": "cpu", "precision": "fp32"} | {k.replace("_", "-"): v for k, v in flags.items()}
+    out = []
+    for k, v in settings.items():
+        if v is None or v is False:
+            continue
+        out += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+    return out
+
+
+def run_quiet(args) -> dict:
+    with contextlib.redirect_stdout(io.StringIO()):
+        return mt.main(args)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return write_cs224n_files(tmp_path_factory.mktemp("mt-data"))
+
+
+@pytest.fixture(scope="module")
+def straight_run(tiny_bert_dir, data_dir, tmp_path_factory) -> Path:
+    """4 steps uninterrupted, default batch sizes larger than the 24 training rows (the QQP one is
+    96 pairs, wrapping every step)."""
+    out = tmp_path_factory.mktemp("mt-run") / "run"
+    run_quiet(argv(tiny_bert_dir, data_dir, out, **{"sst-batch-size": 32, "para-batch-size": 96,
+                                                     "sts-batch-size": 32, "proj-dim": 768}))
+    return out
+
+
+def read_predictions(path: Path) -> tuple[str, list[str], list[str]]:
+    lines = path.read_text().splitlines()
+    ids, values = [], []
+    for line in lines[1:]:
+        i, v = line.split(" , ")
+        ids.append(i)
+        values.append(v.strip())
+    return lines[0], ids, values
+
+
+def test_run_writes_every_prediction_file_once_per_id(straight_run, data_dir):
+    out = straight_run
+    for name in ("config.json", "metrics.jsonl", "metrics.json", "best/heads.safetensors", "best/model.safetensors",
+                 "best/multitask.json", "last/training_state.pt", "last/heads.safetensors"):
+        assert (out / name).is_file(), name
+    assert sorted(p.name for p in (out / "predictions").iterdir()) == sorted(PREDICTION_FILES)
+    for task, (dev, test, reader) in INPUT_FILES.items():
+        for split, name in (("dev", dev), ("test", test)):
+            header, ids, values = read_predictions(out / "predictions" / f"{task}-{split}-output.csv")
+            assert header == f"id \t {mt.PREDICTION_HEADERS[task]} "
+            assert ids == [r.id for r in reader(data_dir / name, labeled=False)]
+            assert len(set(ids)) == len(ids)
+            numbers = [float(v) for v in values]
+            if task == "sst":
+                assert set(numbers) <= {0, 1, 2, 3, 4}
+            elif task == "para":
+                assert set(numbers) <= {0, 1}
+            else:
+                assert all(0 <= v <= 5 for v in numbers)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics) >= {"sst_acc", "para_acc", "sts_pearson", "mean_dev", "step", "checkpoint"}
+    assert metrics["mean_dev"] == pytest.approx((metrics["sst_acc"] + metrics["para_acc"] + metrics["sts_pearson"]) / 3)
+    # The dev metrics in metrics.json agree with the prediction files.
+    gold = {r.id: r.label for r in read_sst(data_dir / "ids-sst-dev.csv")}
+    _, ids, values = read_predictions(out / "predictions" / "sst-dev-output.csv")
+    assert metrics["sst_acc"] == pytest.approx(sum(gold[i] == int(v) for i, v in zip(ids, values)) / len(ids))
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [0, 2, 4]
+    best = max(lines, key=lambda l: l["mean_dev"])
+    assert metrics["step"] == best["step"]
+    assert metrics["mean_dev"] == pytest.approx(best["mean_dev"], abs=1e-6)  # same rows, same model
+    config = json.loads((out / "config.json").read_text())
+    assert config["para_batch_size"] == 96 and config["lr"] == 1e-5 and config["sst_weight"] == 5.0
+
+
+def test_tensorboard_has_each_loss_and_metric(straight_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(straight_run / "tb")).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert tags >= {"train/loss", "train/loss_sst", "train/loss_para", "train/loss_sts", "train/lr",
+                    "eval/sst_acc", "eval/para_acc", "eval/sts_pearson", "eval/mean_dev"}
+
+
+def test_best_checkpoint_rebuilds_the_model(straight_run):
+    model = mt.MultitaskModel.from_pretrained(straight_run)  # a run directory stands for its best/
+    assert model.config["proj_dim"] == 768 and model.para_margin == 0.7 and model.sts_margin == 0.0
+    heads = load_file(str(straight_run / "best" / "heads.safetensors"))
+    assert set(heads) == set(model.heads_state_dict())
+    assert heads["sst_head.1.weight"].shape == (5, model.encoder.dim)
+    assert heads["para_head.1.weight"].shape == (768, model.encoder.dim)
+    # The encoder part is a plain sentence encoder checkpoint too.
+    assert SentenceEncoder.from_pretrained(straight_run / "best").dim == model.encoder.dim
+
+
+def test_predict_only_reproduces_the_files(straight_run, tmp_path):
+    # into another directory (settings from the run's config.json)
+    run_quiet(["--predict-only", "--checkpoint", str(straight_run), "--out-dir", str(tmp_path / "again"),
+               "--device", "cpu"])
+    for name in PREDICTION_FILES:
+        assert (tmp_path / "again" / "predictions" / name).read_bytes() == \
+            (straight_run / "predictions" / name).read_bytes(), name
+    assert json.loads((tmp_path / "again" / "metrics.json").read_text()) == \
+        json.loads((straight_run / "metrics.json").read_text())
+    # in place, from a copy of the run (its predictions removed first)
+    copy = tmp_path / "copy"
+    shutil.copytree(straight_run, copy)
+    shutil.rmtree(copy / "predictions")
+    (copy / "metrics.json").unlink()
+    run_quiet(["--predict-only", "--checkpoint", str(copy / "best"), "--device", "cpu"])
+    for name in PREDICTION_FILES:
+        assert (copy / "predictions" / name).read_bytes() == (straight_run / "predictions" / name).read_bytes()
+
+
+def test_missing_test_file_is_skipped_and_frozen_encoder_stays(tiny_bert_dir, data_dir, tmp_path, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level("WARNING", logger="bertcf.multitask"):
+        run_quiet(argv(tiny_bert_dir, data_dir, out, steps=2, freeze_encoder=True,
+                       para_test=tmp_path / "absent.csv"))
+    assert "absent.csv" in caplog.text
+    names = sorted(p.name for p in (out / "predictions").iterdir())
+    assert names == sorted(n for n in PREDICTION_FILES if n != "para-test-output.csv")
+    before, after = load_file(str(tiny_bert_dir / "model.safetensors")), load_file(str(out / "last" / "model.safetensors"))
+    shared = set(before) & set(after)
+    assert len(shared) > 10
+    for k in shared:
+        assert torch.equal(before[k], after[k]), k
+    heads = load_file(str(out / "last" / "heads.safetensors"))
+    assert heads["sst_head.1.weight"].abs().sum() > 0
+
+
+def last_tensors(out: Path) -> dict:
+    return {f"{name}/{k}": v for name in ("model.safetensors", "heads.safetensors")
+            for k, v in load_file(str(out / "last" / name)).items()}
+
+
+def test_resume_is_bit_identical(tiny_bert_dir, data_dir, tmp_path):
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    run_quiet(argv(tiny_bert_dir, data_dir, straight, steps=4, max_train_examples=10))
+    run_quiet(argv(tiny_bert_dir, data_dir, part, steps=2, max_train_examples=10))
+    summary = run_quiet(["--resume", "--out-dir", str(part), "--steps", "4"])  # the rest from config.json
+    assert summary["step"] == 4
+    a, b = last_tensors(straight), last_tensors(part)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert torch.load(straight / "last" / "training_state.pt", weights_only=False)["samplers"] == \
+        torch.load(part / "last" / "training_state.pt", weights_only=False)["samplers"]
+    assert [json.loads(l)["step"] for l in (part / "metrics.jsonl").read_text().splitlines()] == [0, 2, 4]
+    assert (part / "predictions" / "sst-dev-output.csv").read_bytes() == \
+        (straight / "predictions" / "sst-dev-output.csv").read_bytes()
+
+
+def test_flow_checkpoint_gives_F_x_and_the_flow_is_fine_tuned(tiny_bert_dir, data_dir, tmp_path):
+    # A pretraining run directory: its own config.json, and best/ = encoder + flow.
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    encoder.flow = Glow(encoder.dim, num_blocks=1)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        encoder.flow.train()(torch.randn(16, encoder.dim))  # ActNorm's data-dependent init, as after training
+        for p in encoder.flow.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    run_dir = tmp_path / "joint"
+    encoder.save_pretrained(run_dir / "best")
+    (run_dir / "config.json").write_text(json.dumps({"stage": "joint"}))
+    flow_before = load_file(str(run_dir / "best" / "flow.safetensors"))
+
+    model = mt.MultitaskModel(SentenceEncoder.from_pretrained(mt.resolve_encoder_source(run_dir)))
+    model.eval()
+    ids, mask = torch.tensor([[2, 100, 200, 3]]), torch.ones(1, 4, dtype=torch.long)
+    u = model.encoder.embed(ids, mask)
+    assert torch.allclose(model.sentence_vectors(ids, mask), model.encoder.flow(u)[0])
+
+    out = tmp_path / "ft"
+    run_quiet(argv(tiny_bert_dir, data_dir, out, steps=2, encoder=run_dir, lr=1e-3))
+    after = load_file(str(out / "last" / "flow.safetensors"))
+    assert any(not torch.equal(flow_before[k], after[k]) for k in flow_before if after[k].is_floating_point())
+    frozen = tmp_path / "ft-frozen-flow"
+    run_quiet(argv(tiny_bert_dir, data_dir, frozen, steps=2, encoder=run_dir, lr=1e-3, freeze_flow=True))
+    after = load_file(str(frozen / "last" / "flow.safetensors"))
+    assert all(torch.equal(flow_before[k], after[k]) for k in flow_before)
+    assert (frozen / "predictions" / "sts-dev-output.csv").is_file()
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("case", ["missing_file", "missing_data_dir", "bad_flag", "unknown_flag", "bad_margin",
+                                  "predict_only_no_checkpoint", "predict_only_bad_checkpoint", "bad_encoder"])
+def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = {
+        "missing_file": argv(tiny_bert_dir, data_dir, out, sst_train=tmp_path / "nope.csv"),
+        "missing_data_dir": argv(tiny_bert_dir, tmp_path / "no-data", out),
+        "bad_flag": argv(tiny_bert_dir, data_dir, out, sst_batch_size=0),
+        "unknown_flag": argv(tiny_bert_dir, data_dir, out) + ["--bogus"],
+        "bad_margin": argv(tiny_bert_dir, data_dir, out, para_margin=1.0),
+        "predict_only_no_checkpoint": ["--predict-only"],
+        "predict_only_bad_checkpoint": ["--predict-only", "--checkpoint", str(tmp_path)],
+        "bad_encoder": argv(tmp_path / "no-such-bert", data_dir, out),
+    }[case]
+    if case == "unknown_flag":
+        with pytest.raises(SystemExit) as e:
+            run_main(mt.main, args)
+        assert e.value.code == 2
+    else:
+        assert run_main(mt.main, args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error" in err[0], err
+    assert not out.exists()  # nothing half-written

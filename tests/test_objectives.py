@@ -1,0 +1,429 @@
+"""Tests for bertcf/objectives.py (BSL, Contrastive Tension, TSDAE, MLM): each loss against an
+independent recomputation with plain tensor math on a tiny input, BSL's EMA rule, CT's pair
+labels, TSDAE's deletions, MLM's 80/10/10 split and head initialisation, and a tiny
+end-to-end run of each method through ``bertcf.pretrain.main`` (best/, last/, --resume)."""
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertcf.contrastive import span_mask
+from bertcf.encoder import SentenceEncoder
+from bertcf.objectives import (
+    BSL,
+    IGNORE_INDEX,
+    OBJECTIVES,
+    ContrastiveTension,
+    MaskedLM,
+    TSDAE,
+    build_objective,
+)
+
+SENTENCES = [
+    "The man is playing a guitar in the morning.",
+    "A woman plays the piano.",
+    "The dog is running on the beach with a smile on his face.",
+    "A young girl sings a song near the market.",
+    "The president talks about the election.",
+    "My friend reads a book while the rain keeps falling over the old city.",
+]
+
+#: BertForMaskedLM settings of the MLM checkpoint (the size of conftest's tiny BERT).
+TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+            max_position_embeddings=64, initializer_range=0.1)
+
+
+def args(**kw):
+    return SimpleNamespace(**kw)
+
+
+def load(path, dropout: float = 0.0) -> SentenceEncoder:
+    """A SentenceEncoder (dropout 0 unless asked: deterministic forward passes)."""
+    return SentenceEncoder.from_pretrained(path, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+
+
+def batch(encoder, sentences=SENTENCES):
+    """ids, mask, special as pretrain.step_fn builds them."""
+    tok = encoder.tokenizer(sentences, padding=True, return_tensors="pt")
+    ids, mask = tok["input_ids"], tok["attention_mask"]
+    special = torch.isin(ids, torch.tensor(encoder.tokenizer.all_special_ids)) | (mask == 0)
+    return ids, mask, special
+
+
+def random_batch(vocab_size, b=400, t=40, seed=0):
+    """Random ids with [CLS]=2 / [SEP]=3 around 1..t-2 real tokens per row, right padding (0)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, t + 1, (b,), generator=g)
+    ids = torch.randint(5, vocab_size, (b, t), generator=g)
+    mask = (torch.arange(t)[None] < lengths[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 0)
+    ids[:, 0] = 2
+    ids[torch.arange(b), lengths - 1] = 3
+    special = (ids == 2) | (ids == 3) | (mask == 0)
+    return ids, mask, special
+
+
+@torch.no_grad()
+def perturb(module, scale=0.05, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for p in module.parameters():
+        p.add_(scale * torch.randn(p.shape, generator=g))
+
+
+def mean_pool(h, mask):
+    m = mask[..., None].float()
+    return (h * m).sum(1) / m.sum(1)
+
+
+def regression(a, b):
+    return 2 - 2 * (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory, vocab_path):
+    """A random-weight transformers.BertForMaskedLM (save_pretrained) with a non-trivial head."""
+    import transformers
+
+    vocab_size = sum(1 for line in vocab_path.read_text(encoding="utf-8").splitlines() if line)
+    torch.manual_seed(3)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab_size, **TINY))
+    with torch.no_grad():  # the head's biases and LayerNorm start at 0 / 1: make them recognisable
+        for name, p in model.cls.named_parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    directory = tmp_path_factory.mktemp("tiny-mlm")
+    model.save_pretrained(str(directory))
+    transformers.BertTokenizerFast(vocab=str(vocab_path), do_lower_case=True).save_pretrained(str(directory))
+    return directory
+
+
+# ---- BSL --------------------------------------------------------------------------------------------
+
+def test_bsl_loss_by_hand(tiny_bert_dir):
+    enc = load(tiny_bert_dir)
+    torch.manual_seed(0)
+    obj = BSL(enc, args(momentum=0.9, predictor_hidden=16, span_p=0.5, span_cap=3), torch.Generator().manual_seed(1))
+    perturb(obj.target)  # the target differs from the online encoder, as after some steps
+    with torch.no_grad():
+        obj.predictor[1].weight.uniform_(0.5, 1.5)
+        obj.predictor[1].bias.normal_()
+    ids, mask, special = batch(enc)
+    state = obj.generator.get_state()
+    loss, scalars = obj.loss(ids, mask, special)
+
+    obj.generator.set_state(state)
+    masked = span_mask(ids, mask, special, enc.tokenizer.mask_token_id, 0.5, 3, obj.generator)
+    assert (masked != ids).any() and not (masked != ids)[special].any()
+    with torch.no_grad():
+        o1 = mean_pool(enc.bert(ids, mask)["last_hidden_state"], mask)
+        o2 = mean_pool(enc.bert(masked, mask)["last_hidden_state"], mask)
+        t1 = mean_pool(obj.target(ids, mask)["last_hidden_state"], mask)
+        t2 = mean_pool(obj.target(masked, mask)["last_hidden_state"], mask)
+        lin1, bn, _, lin2 = obj.predictor
+
+        def predict(x):  # Linear - BatchNorm (batch statistics) - ReLU - Linear
+            h = x @ lin1.weight.T + lin1.bias
+            h = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
+            return h.clamp_min(0) @ lin2.weight.T + lin2.bias
+
+        expected = (regression(predict(o1), t2) + regression(predict(o2), t1)).mean()
+    assert loss.shape == () and loss.dtype == torch.float32
+    assert torch.allclose(loss, expected, atol=1e-5), (loss, expected)
+    assert 0 < loss.item() < 8 and set(scalars) == {"prediction_cosine", "view_cosine"}
+
+    loss.backward()  # stop-gradient: nothing reaches the target; the online side learns
+    assert all(p.grad is None for p in obj.target.parameters())
+    assert enc.bert.embeddings.word_embeddings.weight.grad is not None
+    assert all(p.grad is not None for p in obj.predictor.parameters())
+
+
+def test_bsl_ema_update_rule(tiny_bert_dir):
+    enc = load(tiny_bert_dir)
+    obj = BSL(enc, args(momentum=0.9))
+    assert BSL(load(tiny_bert_dir)).momentum == 0.999  # the default
+    target_ids = {id(p) for p in obj.target.parameters()}
+    assert target_ids and not target_ids & {id(p) for p in obj.trainable_parameters()}
+    assert all(not p.requires_grad for p in obj.target.parameters())
+    for a, b in zip(obj.target.parameters(), enc.bert.parameters()):  # starts as a copy, not a view
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+
+    perturb(enc.bert, scale=0.5, seed=1)  # as if the optimiser had moved the online encoder
+    t0 = {k: v.clone() for k, v in obj.target.state_dict().items()}
+    online = {k: v.clone() for k, v in enc.bert.state_dict().items()}
+    obj.after_step()
+    for k, v in obj.target.state_dict().items():
+        assert torch.allclose(v, 0.9 * t0[k] + 0.1 * online[k], atol=1e-6), k
+    obj.after_step()  # twice with a fixed online encoder: xi = m^2 xi0 + (1 - m^2) theta
+    for k, v in obj.target.state_dict().items():
+        assert torch.allclose(v, 0.81 * t0[k] + 0.19 * online[k], atol=1e-6), k
+    assert all(torch.equal(v, online[k]) for k, v in enc.bert.state_dict().items())  # the online side untouched
+
+
+# ---- Contrastive Tension ------------------------------------------------------------------------------
+
+def test_ct_loss_by_hand(tiny_bert_dir):
+    enc = load(tiny_bert_dir)
+    obj = ContrastiveTension(enc, args(ct_negatives=2), torch.Generator().manual_seed(5))
+    for (k, a), b in zip(obj.second.state_dict().items(), enc.bert.state_dict().values()):
+        assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), k  # identical, independent copies
+    perturb(obj.second)
+    ids, mask, special = batch(enc)
+    state = obj.generator.get_state()
+    loss, scalars = obj.loss(ids, mask, special)
+
+    obj.generator.set_state(state)
+    partner, labels = obj.pairs(len(SENTENCES))
+    assert labels.tolist() == [1, 0, 0, 1, 0, 0]
+    with torch.no_grad():
+        a = mean_pool(enc.bert(ids, mask)["last_hidden_state"], mask)
+        b = mean_pool(obj.second(ids[partner], mask[partner])["last_hidden_state"], mask[partner])
+        s = (a.double() * b.double()).sum(-1)
+        p = 1 / (1 + torch.exp(-s))
+        expected = -(labels * torch.log(p) + (1 - labels) * torch.log(1 - p)).mean()
+    assert torch.allclose(loss.double(), expected, rtol=1e-5, atol=1e-5), (loss, expected)
+    assert set(scalars) == {"pos_logit", "neg_logit", "pair_accuracy"}
+    loss.backward()  # both copies learn
+    assert all(p.grad is not None for p in obj.second.encoder.parameters())
+    assert all(p.grad is not None for p in enc.bert.encoder.parameters())
+
+
+def test_ct_pair_labels(tiny_bert_dir):
+    obj = ContrastiveTension(load(tiny_bert_dir), None, torch.Generator().manual_seed(0))
+    assert obj.negatives == 7
+    partner, labels = obj.pairs(16)
+    assert labels.nonzero().flatten().tolist() == [0, 8]  # 1 positive per 8 pairs
+    assert obj.pairs(800)[1].mean() == 1 / 8
+    rows = torch.arange(16)
+    assert torch.equal(partner[labels.bool()], rows[labels.bool()])
+    counts = torch.zeros(16, 16)
+    for _ in range(1500):
+        partner, labels = obj.pairs(16)
+        neg = ~labels.bool()
+        assert (partner[neg] != rows[neg]).all()  # a negative pairs two different sentences
+        counts[rows[neg], partner[neg]] += 1
+    # Each negative partner is uniform over the 15 other sentences of the batch.
+    share = counts[1] / counts[1].sum()
+    assert share[1] == 0 and (share[torch.arange(16) != 1] - 1 / 15).abs().max() < 0.03
+
+
+# ---- TSDAE -------------------------------------------------------------------------------------------
+
+def test_tsdae_deletion_ratio_and_special_tokens(tiny_bert_dir):
+    enc = load(tiny_bert_dir)
+    obj = TSDAE(enc, None, torch.Generator().manual_seed(0))
+    assert obj.deletion_ratio == 0.6
+    ids, mask, special = random_batch(enc.bert.config.vocab_size, b=200, t=30)
+    damaged, dmask = obj.delete(ids, mask, special)
+    maskable = mask.bool() & ~special
+    kept = 0
+    for i in range(ids.shape[0]):
+        original = ids[i][mask[i].bool()].tolist()
+        out = damaged[i][dmask[i].bool()].tolist()
+        assert out[0] == 2 and out[-1] == 3 and 2 not in out[1:-1] and 3 not in out[1:-1]  # [CLS]/[SEP] survive
+        assert len(out) >= 3  # at least one token is kept
+        it = iter(original)
+        assert all(tok in it for tok in out)  # an ordered subsequence of the original
+        kept += len(out) - 2
+    assert (damaged[~dmask.bool()] == 0).all()
+    assert abs(1 - kept / maskable.sum().item() - 0.6) < 0.03  # ~60% deleted
+
+    obj.deletion_ratio = 0.99  # nearly everything deleted: every sentence still keeps one token
+    damaged, dmask = obj.delete(ids, mask, special)
+    assert (dmask.sum(1) == 3).float().mean() > 0.5 and (dmask.sum(1) >= 3).all()
+
+
+def test_tsdae_loss_by_hand(tiny_bert_dir):
+    enc = load(tiny_bert_dir)
+    torch.manual_seed(0)
+    obj = TSDAE(enc, args(deletion_ratio=0.5, decoder_layers=1), torch.Generator().manual_seed(2))
+    perturb(obj.decoder, scale=0.1)
+    vocab, dim = enc.bert.config.vocab_size, enc.dim
+    assert not any(p.shape == (vocab, dim) for p in obj.decoder.parameters())  # embeddings are tied, not copied
+    ids, mask, special = batch(enc)
+    state = obj.generator.get_state()
+    loss, scalars = obj.loss(ids, mask, special)
+
+    obj.generator.set_state(state)
+    damaged, dmask = obj.delete(ids, mask, special)
+    layer = obj.decoder.layers.layers[0]
+    heads, dh = enc.bert.config.num_attention_heads, dim // enc.bert.config.num_attention_heads
+    with torch.no_grad():
+        u = mean_pool(enc.bert(damaged, dmask)["last_hidden_state"], dmask)  # [b, D]
+        inputs, targets, valid = ids[:, :-1], ids[:, 1:], mask[:, 1:].bool()
+        b, t = inputs.shape
+        x = enc.bert.embeddings(inputs, torch.zeros_like(inputs))
+        # causal self-attention
+        W, c = layer.self_attn.in_proj_weight, layer.self_attn.in_proj_bias
+        q, k, v = (x @ W.T + c).split(dim, -1)
+        q, k, v = (z.view(b, t, heads, dh).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
+        scores = scores.masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
+        sa = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, dim)
+        x = layer.norm1(x + sa @ layer.self_attn.out_proj.weight.T + layer.self_attn.out_proj.bias)
+        # cross-attention to one memory vector: its softmax weight is 1, so it adds out(value(u)) everywhere
+        W, c = layer.multihead_attn.in_proj_weight, layer.multihead_attn.in_proj_bias
+        value = u @ W[2 * dim:].T + c[2 * dim:]
+        ca = value @ layer.multihead_attn.out_proj.weight.T + layer.multihead_attn.out_proj.bias
+        x = layer.norm2(x + ca[:, None, :])
+        ff = F.gelu(x @ layer.linear1.weight.T + layer.linear1.bias) @ layer.linear2.weight.T + layer.linear2.bias
+        x = layer.norm3(x + ff)
+        logits = x @ enc.bert.embeddings.word_embeddings.weight.T + obj.decoder.bias
+        logp = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+        expected = -logp[valid].mean()
+    assert torch.allclose(loss, expected, atol=1e-5), (loss, expected)
+    assert set(scalars) == {"token_accuracy", "kept_fraction"}
+    loss.backward()  # the decoder's tied output matrix and the encoder both get gradients
+    assert enc.bert.encoder.layer[-1].output.dense.weight.grad.abs().sum() > 0
+    assert obj.decoder.bias.grad.abs().sum() > 0
+
+
+# ---- MLM ---------------------------------------------------------------------------------------------
+
+def test_mlm_80_10_10(tiny_bert_dir):
+    enc = load(tiny_bert_dir)
+    obj = MaskedLM(enc, None, torch.Generator().manual_seed(0))
+    assert obj.probability == 0.15 and not obj.head_from_checkpoint
+    ids, mask, special = random_batch(enc.bert.config.vocab_size, b=600, t=40)
+    inputs, labels = obj.mask_tokens(ids, mask, special)
+    selected = labels != IGNORE_INDEX
+    assert not selected[special].any()  # [CLS], [SEP] and padding are never chosen
+    assert torch.equal(labels[selected], ids[selected])
+    assert torch.equal(inputs[~selected], ids[~selected])  # only selected tokens change
+    maskable = mask.bool() & ~special
+    assert abs(selected.sum() / maskable.sum() - 0.15) < 0.01
+    n = selected.sum()
+    to_mask = (inputs[selected] == enc.tokenizer.mask_token_id).sum() / n
+    kept = (inputs[selected] == ids[selected]).sum() / n
+    random = 1 - to_mask - kept
+    assert abs(to_mask - 0.8) < 0.025 and abs(kept - 0.1) < 0.02 and abs(random - 0.1) < 0.02, (to_mask, kept, random)
+
+
+def test_mlm_head_from_checkpoint(mlm_dir, tiny_bert_dir):
+    from safetensors.torch import load_file
+
+    enc = load(mlm_dir)
+    obj = MaskedLM(enc, args(model=str(mlm_dir), init=None))
+    assert obj.head_from_checkpoint
+    saved = load_file(str(mlm_dir / "model.safetensors"))
+    head = obj.head.state_dict()
+    assert set(head) == {"transform.dense.weight", "transform.dense.bias", "transform.LayerNorm.weight",
+                         "transform.LayerNorm.bias", "bias"}
+    for k, v in head.items():
+        assert torch.equal(v, saved[f"cls.predictions.{k}"]), k
+    # A checkpoint without an MLM head (a plain BertModel) gives a fresh head.
+    fresh = MaskedLM(load(tiny_bert_dir), args(model=str(tiny_bert_dir), init=None))
+    assert not fresh.head_from_checkpoint
+    assert torch.equal(fresh.head.bias, torch.zeros_like(fresh.head.bias))
+    assert torch.equal(fresh.head.transform.LayerNorm.weight, torch.ones(enc.dim))
+
+
+def test_mlm_loss_matches_transformers(mlm_dir):
+    """The loss equals the cross-entropy of transformers' BertForMaskedLM (same weights, head
+    included) at the selected positions, computed here by hand."""
+    import transformers
+
+    enc = load(mlm_dir)
+    obj = MaskedLM(enc, args(model=str(mlm_dir), init=None, mlm_probability=0.3), torch.Generator().manual_seed(4))
+    ids, mask, special = batch(enc)
+    state = obj.generator.get_state()
+    loss, scalars = obj.loss(ids, mask, special)
+
+    obj.generator.set_state(state)
+    inputs, labels = obj.mask_tokens(ids, mask, special)
+    hf = transformers.BertForMaskedLM.from_pretrained(str(mlm_dir)).eval()
+    with torch.no_grad():
+        logits = hf(input_ids=inputs, attention_mask=mask).logits
+    selected = labels != IGNORE_INDEX
+    logp = logits.log_softmax(-1)[selected]
+    expected = -logp.gather(-1, labels[selected][:, None]).mean()
+    assert torch.allclose(loss, expected, atol=1e-4), (loss, expected)
+    assert set(scalars) == {"mlm_accuracy", "masked_fraction"}
+
+
+# ---- the shared interface -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", sorted(OBJECTIVES))
+def test_interface(method, tiny_bert_dir):
+    """State dicts round-trip (resume), parameters are the trainable ones, the loss is finite."""
+    enc = load(tiny_bert_dir, dropout=0.1)
+    obj = build_objective(method, enc, None, torch.Generator().manual_seed(0))
+    assert obj.encoder is enc
+    params = obj.trainable_parameters()
+    assert {id(p) for p in enc.parameters()} <= {id(p) for p in params}
+    loss, scalars = obj.loss(*batch(enc))
+    assert torch.isfinite(loss) and all(torch.isfinite(torch.as_tensor(v)) for v in scalars.values())
+    other = build_objective(method, load(tiny_bert_dir, dropout=0.1), None)
+    other.load_state_dict(obj.state_dict())
+    for (k, a), b in zip(obj.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+# ---- end to end through run_pretrain's main --------------------------------------------------------
+
+def pretrain(model, data_dir, out_dir, method, *extra):
+    from bertcf.pretrain import main
+
+    return main(["--stage", "mirror", "--method", method, "--model", str(model), "--data-dir", str(data_dir),
+                 "--corpus-from-tasks", "--out-dir", str(out_dir), "--batch-size", "8", "--max-length", "24",
+                 "--eval-every", "2", "--log-every", "1", "--device", "cpu", "--seed", "3", *extra])
+
+
+def objective_state(run_dir):
+    state = torch.load(run_dir / "last" / "training_state.pt", map_location="cpu", weights_only=False)
+    return state["modules"]["objective"]
+
+
+EXTRA_MODULES = {"bsl": ("predictor.", "target."), "ct": ("second.",), "tsdae": ("decoder.",), "mlm": ("head.",)}
+
+
+@pytest.mark.parametrize("method", sorted(OBJECTIVES))
+def test_end_to_end(method, tiny_bert_dir, tiny_data_dir, tmp_path):
+    out = tmp_path / "run"
+    summary = pretrain(tiny_bert_dir, tiny_data_dir, out, method, "--steps", "3")
+    assert summary["step"] == 3 and math.isfinite(summary["best"])
+    assert json.loads((out / "config.json").read_text())["method"] == method
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [0, 2, 3]
+    for kept in ("best", "last"):
+        assert (out / kept / "model.safetensors").is_file()
+        encoder = SentenceEncoder.from_pretrained(out / kept)
+        assert encoder.encode(["A man plays a guitar."]).shape == (1, 32)
+    state = objective_state(out)
+    assert any(k.startswith("encoder.bert.") for k in state)
+    for prefix in EXTRA_MODULES[method]:
+        assert any(k.startswith(prefix) for k in state), prefix
+    # last/ holds the trained encoder (the online / first copy), which moved from the start
+    last = load(out / "last")
+    start = load(tiny_bert_dir)
+    assert not torch.equal(last.bert.encoder.layer[0].output.dense.weight, start.bert.encoder.layer[0].output.dense.weight)
+    assert torch.equal(last.bert.encoder.layer[0].output.dense.weight, state["encoder.bert.encoder.layer.0.output.dense.weight"])
+
+
+@pytest.mark.parametrize("method", sorted(OBJECTIVES))
+def test_resume_is_exact(method, tiny_bert_dir, tiny_data_dir, tmp_path):
+    """2 steps + --resume for 2 more == 4 steps in one go (views, pairs, deletions, masks, EMA)."""
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    pretrain(tiny_bert_dir, tiny_data_dir, straight, method, "--steps", "4")
+    pretrain(tiny_bert_dir, tiny_data_dir, resumed, method, "--steps", "2")
+    pretrain(tiny_bert_dir, tiny_data_dir, resumed, method, "--steps", "4", "--resume")
+    a, b = objective_state(straight), objective_state(resumed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_bad_objective_flags(tiny_bert_dir, tiny_data_dir, tmp_path):
+    from bertcf.training import UsageError
+
+    for flag, value in [("--momentum", "1.0"), ("--ct-negatives", "0"), ("--deletion-ratio", "1"),
+                        ("--decoder-layers", "0"), ("--mlm-probability", "0")]:
+        with pytest.raises(UsageError, match=flag):
+            pretrain(tiny_bert_dir, tiny_data_dir, tmp_path / "bad", "bsl", "--steps", "1", flag, value)
+    with pytest.raises(UsageError, match="not a method of --stage joint"):
+        from bertcf.pretrain import main
+        main(["--stage", "joint", "--method", "bsl", "--model", str(tiny_bert_dir), "--data-dir", str(tiny_data_dir),
+              "--corpus-from-tasks", "--out-dir", str(tmp_path / "bad"), "--device", "cpu"])
