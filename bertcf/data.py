@@ -188,16 +188,17 @@ def _read_table(
             for index, name in enumerate(names):
                 columns.setdefault(name, index)
             found = ", ".join(repr(name) for name in names)
+            where = f"{path} line {reader.line_num}"  # the header line
 
             missing = [name for name in ("id", *text_columns) if name not in columns]
             if missing:
                 listed = ", ".join(repr(name) for name in missing)
-                raise DataError(f"{path}: missing column {listed} (found columns: {found})")
+                raise DataError(f"{where}: missing column {listed} (found columns: {found})")
             if labeled is None:
                 labeled = label_column in columns
             elif labeled and label_column not in columns:
                 raise DataError(
-                    f"{path}: missing label column {label_column!r} (found columns: {found})")
+                    f"{where}: missing label column {label_column!r} (found columns: {found})")
 
             rows: list[tuple[str, list[str], float | int | None]] = []
             blank: dict[str, list[int]] = {}

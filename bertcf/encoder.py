@@ -13,13 +13,15 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from minbert import BertModel, load_tokenizer, tokenize
+from minbert import BertModel, CheckpointError, load_tokenizer, tokenize
+from minbert.model import WEIGHT_FILES
 
 from .training import autocast
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
 FLOW_FILE = "flow.safetensors"
 POOLINGS = ("mean", "cls")
+RUN_ENTRIES = ("last", "metrics.jsonl", "tb")  # what a run directory holds before it has a best/
 
 
 def pool(last_hidden_state, attention_mask, pooling: str = "mean"):
@@ -68,33 +70,37 @@ class SentenceEncoder(nn.Module):
     def tokenize(self, sentences, max_length: int | None = None):
         return tokenize(self.tokenizer, sentences, self._max_length(max_length))
 
-    @torch.no_grad()  # not inference_mode: callers may feed the vectors to autograd (e.g. a flow)
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
                normalize: bool = False, max_length: int | None = None) -> torch.Tensor:
         """Encode sentences to a float32 CPU tensor [n, D] (a single string gives [D]).
 
-        Runs in eval mode; sentences of similar length are batched together (less padding)
-        and the rows come back in input order."""
+        Runs in eval mode under ``torch.inference_mode``; sentences of similar length are
+        batched together (less padding) and the rows come back in input order. The result
+        is an ordinary tensor (not an inference tensor), so it can feed autograd (e.g. a flow
+        fitted on cached embeddings)."""
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
         if not sentences:
             return torch.empty(0, self.dim)
         max_length = self._max_length(max_length)
         lengths = [len(ids) for ids in self.tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
-        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])
+        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])  # longest first
         was_training = self.training
         self.eval()
         device = self.device
         chunks = []
         try:
-            for start in tqdm(range(0, len(order), batch_size), desc="encode", disable=not show_progress_bar,
-                              unit="batch"):
-                batch = self.tokenize([sentences[i] for i in order[start:start + batch_size]], max_length)
-                batch = {k: v.to(device) for k, v in batch.items()}
-                with autocast(device):
-                    chunks.append(self(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).float().cpu())
+            with torch.inference_mode():
+                for start in tqdm(range(0, len(order), batch_size), desc="encode", disable=not show_progress_bar,
+                                  unit="batch"):
+                    batch = self.tokenize([sentences[i] for i in order[start:start + batch_size]], max_length)
+                    batch = {k: v.to(device) for k, v in batch.items()}
+                    with autocast(device):
+                        vectors = self(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+                    chunks.append(vectors.float().cpu())
         finally:
             self.train(was_training)
+        # Outside inference mode, so that the result is a normal tensor.
         vectors = torch.empty(len(sentences), chunks[0].shape[1])
         vectors[torch.tensor(order)] = torch.cat(chunks)
         if normalize:
@@ -137,9 +143,23 @@ class SentenceEncoder(nn.Module):
 
 
 def resolve_encoder_path(path):
-    """A run directory stands for its best checkpoint; anything else is returned as is."""
-    p = Path(path)
-    if p.is_dir() and not (p / "config.json").is_file() and (p / "best" / "config.json").is_file():
-        return p / "best"
-    return path
+    """A path that may be a run directory -> the checkpoint directory to load.
 
+    A run directory (``--out-dir`` of a training run: ``config.json`` with the run's settings,
+    ``metrics.jsonl``, ``tb/``, ``best/``, ``last/``) stands for its ``best/`` checkpoint. It is
+    recognised by having no weights of its own and a ``best/`` (or, for a run that has not
+    written one yet, ``last/``, ``metrics.jsonl`` or ``tb/``), never by its ``config.json``,
+    which a checkpoint directory has too. Anything else (a checkpoint directory, a hub name)
+    is returned unchanged. This is the one place that knows this: SentenceEncoder.from_pretrained,
+    pretrain's ``--init`` and multitask's ``--encoder`` all go through it.
+
+    Raises CheckpointError, naming the directory, for a run directory without ``best/``."""
+    p = Path(path)
+    if not p.is_dir() or any((p / name).is_file() for name in WEIGHT_FILES):
+        return path
+    if (p / "best").is_dir():
+        return p / "best"
+    if any((p / name).exists() for name in RUN_ENTRIES):
+        raise CheckpointError(f"run directory {p} has no best/ checkpoint yet (the run stopped before "
+                              f"its first evaluation?); pass a run that got that far, or a checkpoint directory")
+    return path

@@ -1,15 +1,19 @@
-"""The report's experiments in one command: table 1, the ablations, and the analysis.
+"""The report's experiments in one command: table 1, the ablations, the analysis, and the other objectives.
 
-    python -m bertcf.experiments table1    --model DIR --data-dir DIR --out-dir runs/experiments
-    python -m bertcf.experiments ablations ...
-    python -m bertcf.experiments analysis  ...
-    python -m bertcf.experiments all       ...   (the three, stages trained once)
+    python -m bertcf.experiments table1     --model DIR --data-dir DIR --out-dir runs/experiments
+    python -m bertcf.experiments ablations  ...
+    python -m bertcf.experiments analysis   ...
+    python -m bertcf.experiments all        ...   (the three, stages trained once)
+    python -m bertcf.experiments objectives ...   (not in all: four more pretraining runs)
 
 Encoders (report table 1): MinBERT (``--model`` untouched), MinBERT-SimCSE (mirror stage,
 ``--method simcse``), MinBERT-Mirror (mirror stage), MinBERT-flow (flow stage on ``--model``),
 BERT-CF (joint stage from the Mirror run). Ablations: SimCSE-joint (joint ``--method simcse``
 from the SimCSE run), MinBERT-joint (joint ``--unfreeze-encoder`` from ``--model``), Mirror-flow
-(flow stage from the Mirror run).
+(flow stage from the Mirror run). Objectives (not in the report, so not part of ``all``):
+MinBERT-BSL, -CT, -TSDAE and -MLM (mirror stage, ``--method bsl|ct|tsdae|mlm``, from
+``--model``; see objectives.py), each one more pretraining run, with MinBERT and
+MinBERT-Mirror as reference rows (the latter once table1 or all has trained it in ``OUT``).
 
 Every stage is a run of ``bertcf.pretrain`` (``run_pretrain.py``) in ``OUT/stages/<name>/``,
 every fine-tuning a run of ``bertcf.multitask`` (``run_multitask.py``) in
@@ -20,13 +24,11 @@ on the command line default to the ones ``OUT`` was started with (``OUT/suite.js
 
 Outputs (each written atomically): ``table1.md/json``, ``ablations.md/json``,
 ``analysis.md/json``, ``qualitative.md``, ``figures/*.png`` and ``tb/`` (TensorBoard:
-the cosine histograms and the tables as text).
+the cosine histograms and the tables as text); ``objectives.md/json``.
 """
 from __future__ import annotations
 
 import contextlib
-import csv
-import importlib
 import io
 import json
 import math
@@ -68,7 +70,8 @@ REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 
 
 MARKER = "experiment.json"  # in every stage / fine-tuning directory this command runs
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
-COMMANDS = ("table1", "ablations", "analysis", "all")
+COMMANDS = ("table1", "ablations", "analysis", "objectives", "all")
+ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "seed",
@@ -96,6 +99,10 @@ STAGES = {s.name: s for s in (
     StageSpec("minbert-joint", "joint", "mirror", None, ("--unfreeze-encoder",),
               what="joint flow + 0.3 L_mirror, encoder unfrozen"),
     StageSpec("mirror-flow", "flow", "flow", "mirror", what="flow on L_flow alone (no regulariser)"),
+    StageSpec("bsl", "mirror", "bsl", None, what="BSL: BYOL-style bootstrapping to an EMA target, no negatives"),
+    StageSpec("ct", "mirror", "ct", None, what="Contrastive Tension: two encoder copies, pair dot products, BCE"),
+    StageSpec("tsdae", "mirror", "tsdae", None, what="TSDAE: rebuild the sentence from one vector after token deletion"),
+    StageSpec("mlm", "mirror", "mlm", None, what="masked language modelling"),
 )}
 
 
@@ -112,17 +119,15 @@ TABLE1_ROWS = (Row("MinBERT", "minbert", None), Row("MinBERT-SimCSE", "simcse", 
 ABLATION_ROWS = (Row("SimCSE-joint", "simcse-joint", "simcse-joint"),
                  Row("MinBERT-joint", "minbert-joint", "minbert-joint"),
                  Row("Mirror-flow", "mirror-flow", "mirror-flow"))
-ROW_OF_STAGE = {r.stage: r for r in TABLE1_ROWS + ABLATION_ROWS if r.stage}
+OBJECTIVE_ROWS = (Row("MinBERT-BSL", "bsl", "bsl"), Row("MinBERT-CT", "ct", "ct"),
+                  Row("MinBERT-TSDAE", "tsdae", "tsdae"), Row("MinBERT-MLM", "mlm", "mlm"))
+ROW_OF_STAGE = {r.stage: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS if r.stage}
 HISTOGRAM_ROWS = ("MinBERT", "BERT-CF")  # the report's appendix figures
 
-#: Names of the final dev metrics in the multitask stage's metrics.json (sst_acc, para_acc,
-#: sts_pearson, mean_dev today; a few likely renamings are accepted too), by our key.
-FINETUNE_METRICS = {
-    "sst_accuracy": ("sst_acc", "sst_accuracy", "sentiment_accuracy", "sst"),
-    "qqp_accuracy": ("para_acc", "qqp_accuracy", "para_accuracy", "paraphrase_accuracy", "quora_accuracy", "qqp_acc"),
-    "sts_pearson": ("sts_pearson", "sts_corr", "sts_correlation", "sts_r", "sts"),
-    "mean_dev": ("mean_dev", "dev_mean", "mean", "mean_dev_metric"),
-}
+#: Our key -> its name in the multitask stage's metrics.json (multitask.METRICS and
+#: multitask.SELECTION_METRIC).
+FINETUNE_METRICS = {"sst_accuracy": "sst_acc", "qqp_accuracy": "para_acc", "sts_pearson": "sts_pearson",
+                    "mean_dev": "mean_dev"}
 
 
 class Interrupted(Exception):
@@ -132,7 +137,8 @@ class Interrupted(Exception):
 # ---- command line ------------------------------------------------------------------------------
 def build_parser() -> training.ArgumentParser:
     p = training.ArgumentParser(prog="python -m bertcf.experiments", description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=COMMANDS, help="what to produce (all: the three)")
+    p.add_argument("command", choices=COMMANDS,
+                   help="what to produce (all: table1, ablations and analysis; objectives is run on its own)")
     p.add_argument("--model", default="bert-base-uncased", help="the BERT every encoder starts from (default %(default)s)")
     p.add_argument("--data-dir", default="data", help="CS224N files (default %(default)s)")
     p.add_argument("--out-dir", default="runs/experiments", help="everything goes here (default %(default)s)")
@@ -253,15 +259,9 @@ def _abs_if_path(value):
 
 
 def finetune_metrics(metrics: dict) -> dict:
-    """Our four supervised keys from a multitask metrics.json, whatever it calls them."""
-    sources = [metrics] + [metrics[k] for k in ("dev", "final", "metrics") if isinstance(metrics.get(k), dict)]
-    out = {}
-    for ours, names in FINETUNE_METRICS.items():
-        out[ours] = next((float(s[n]) for s in sources for n in names
-                          if isinstance(s.get(n), (int, float))), None)
-    if out["mean_dev"] is None and None not in (out["sst_accuracy"], out["qqp_accuracy"], out["sts_pearson"]):
-        out["mean_dev"] = (out["sst_accuracy"] + out["qqp_accuracy"] + out["sts_pearson"]) / 3
-    return out
+    """Our four supervised keys from a multitask metrics.json (None where one is missing)."""
+    return {ours: None if metrics.get(name) is None else float(metrics[name])
+            for ours, name in FINETUNE_METRICS.items()}
 
 
 def read_predictions(path) -> dict[str, str]:
@@ -322,10 +322,10 @@ class Suite:
         self.args = args
         self.out = Path(args.out_dir)
         self.data_dir = Path(args.data_dir)
-        self.commands = ["table1", "ablations", "analysis"] if args.command == "all" else [args.command]
+        self.commands = list(ALL) if args.command == "all" else [args.command]
         self.finetune = "table1" in self.commands and not args.no_finetune
         self.ft_scale = args.finetune_steps_scale or args.steps_scale
-        self.table1_rows, self.ablation_rows = self._select_rows()
+        self.table1_rows, self.ablation_rows, self.objective_rows = self._select_rows()
         self.device = None
         self.outputs: list[str] = []
         self.started = time.perf_counter()
@@ -334,9 +334,10 @@ class Suite:
     def _select_rows(self):
         table1 = list(TABLE1_ROWS) if {"table1", "analysis"} & set(self.commands) else []
         ablations = list(ABLATION_ROWS) if "ablations" in self.commands else []
+        objectives = list(OBJECTIVE_ROWS) if "objectives" in self.commands else []
         if self.args.rows:
             wanted = [w.strip().lower() for w in self.args.rows.split(",") if w.strip()]
-            offered = table1 + ablations
+            offered = table1 + ablations + objectives
             known = {r.name.lower(): r for r in offered} | {r.key: r for r in offered}
             unknown = [w for w in wanted if w not in known]
             if unknown:
@@ -345,7 +346,8 @@ class Suite:
             chosen = {known[w] for w in wanted}
             table1 = [r for r in table1 if r in chosen]
             ablations = [r for r in ablations if r in chosen]
-        return table1, ablations
+            objectives = [r for r in objectives if r in chosen]
+        return table1, ablations, objectives
 
     def stage_dir(self, name: str) -> Path:
         return self.out / "stages" / name
@@ -420,7 +422,7 @@ class Suite:
     def plan(self) -> list[Task]:
         """Every stage and fine-tuning as a Task (inspected on disk); returns the ones this
         command runs, dependencies first."""
-        wanted_rows = self.table1_rows + self.ablation_rows
+        wanted_rows = self.table1_rows + self.ablation_rows + self.objective_rows
         self.stage_tasks = {name: self.stage_task(spec, ROW_OF_STAGE[name].name) for name, spec in STAGES.items()}
         self.finetune_tasks = {row.key: self.finetune_task(row) for row in TABLE1_ROWS}
         for t in list(self.stage_tasks.values()) + list(self.finetune_tasks.values()):
@@ -518,8 +520,6 @@ class Suite:
         missing = list(dict.fromkeys(str(p) for p in needed if not Path(p).is_file()))
         if missing:
             raise DataError(f"missing input file(s): {', '.join(missing)} (see data/README.md)")
-        if self.finetune and any(t.kind == "finetune" and t.state != "done" for t in tasks):
-            self._multitask()  # fails early when the multitask stage is not there
         for t in tasks:
             self._check(t)
             if t.state != "done":
@@ -530,14 +530,11 @@ class Suite:
         """Parse a run's command line with its own parser now, so a bad --stage-args fails
         before hours of training instead of after."""
         module = self._pretrain() if task.kind == "stage" else self._multitask()
-        build = getattr(module, "build_parser", None)
-        if build is None:
-            return
         stderr = io.StringIO()
         try:
             with contextlib.redirect_stderr(stderr):
-                ns = build().parse_args(task.argv)
-                if task.kind == "stage" and hasattr(module, "check_args"):
+                ns = module.build_parser().parse_args(task.argv)
+                if task.kind == "stage":
                     module.check_args(ns)
         except SystemExit:
             message = stderr.getvalue().strip().splitlines()
@@ -552,13 +549,8 @@ class Suite:
 
     @staticmethod
     def _multitask():
-        try:
-            return importlib.import_module("bertcf.multitask")
-        except ModuleNotFoundError as e:
-            if e.name != "bertcf.multitask":
-                raise
-            raise UsageError("multitask fine-tuning is not available (bertcf/multitask.py is missing); "
-                             "pass --no-finetune") from None
+        from . import multitask
+        return multitask
 
     # -- running -------------------------------------------------------------------------------------
     def command_line(self, task: Task) -> str:
@@ -608,8 +600,6 @@ class Suite:
             raise
         finally:
             marker["wall_s"] = marker["wall_s"] + time.perf_counter() - tick
-        if isinstance(result, int) and not isinstance(result, bool) and result != 0:
-            raise UsageError(f"{what}: the run returned status {result}")
         summary = result if isinstance(result, dict) else {}
         if summary.get("interrupted"):
             marker["summary"] = summary
@@ -757,27 +747,44 @@ class Suite:
         return obj
 
     def write_ablations(self, results: dict) -> dict:
-        rows_json, md_rows = [], []
-        reference = [TABLE1_ROWS[-1]] if self.usable(self.stage_tasks["bertcf"]) else []
-        ref_results = self.evaluate_rows(reference, analysis=False) if reference and "bertcf" not in results else {}
-        for row in self.ablation_rows:
-            r = results.get(row.key)
-            ours = r["sts"]["sts_spearman"] if r else None
-            spec = STAGES[row.stage]
-            rows_json.append({"name": row.name, "what": spec.what, "ours": {"sts_spearman": ours},
-                              "report": {"sts_spearman": REPORT_ABLATIONS[row.name]}} | self._stage_info(row))
-            md_rows.append([row.name, spec.what, fmt(ours), fmt(REPORT_ABLATIONS[row.name])])
-        for row in reference:
-            r = results.get(row.key) or ref_results.get(row.key)
-            ours = r["sts"]["sts_spearman"] if r else None
-            md_rows.append([f"*{row.name}* (reference)", STAGES["bertcf"].what, fmt(ours),
-                            fmt(REPORT_TABLE1["BERT-CF"]["sts_spearman"])])
-        md = ("# Ablations: unsupervised STS dev Spearman\n\n"
-              + md_table(["Variant", "What", "Unsup. STS ρ", "(report)"], md_rows, "llrr")
+        return self.write_sts_table("ablations", "Ablations: unsupervised STS dev Spearman", "", "Variant",
+                                    self.ablation_rows, REPORT_ABLATIONS, [TABLE1_ROWS[-1]], results)
+
+    def write_objectives(self, results: dict) -> dict:
+        text = ("Other self-supervised objectives in the first pretraining stage (`--stage mirror "
+                "--method bsl|ct|tsdae|mlm`), each from --model with the same corpus, steps and choice "
+                "of the best STS-dev checkpoint as MinBERT-Mirror. The report has no numbers for these "
+                "(it trains Mirror-BERT and SimCSE only), so their (report) cells are empty.\n\n")
+        return self.write_sts_table("objectives", "Pretraining objectives: unsupervised STS dev Spearman", text,
+                                    "Encoder", self.objective_rows, {}, [TABLE1_ROWS[0], TABLE1_ROWS[2]], results)
+
+    def write_sts_table(self, name: str, title: str, text: str, first: str, rows: list[Row], report: dict,
+                        references: list[Row], results: dict) -> dict:
+        """NAME.md/json: each row's unsupervised STS dev Spearman beside the report's (``report``:
+        by row name; a row not in it has none), then those of the ``references`` (table 1 rows,
+        with the report's table 1 number) whose encoder is there."""
+        def entry(row: Row, r: dict | None, report_value) -> dict:
+            return {"name": row.name, "what": STAGES[row.stage].what if row.stage else "--model, untouched",
+                    "ours": {"sts_spearman": r["sts"]["sts_spearman"] if r else None},
+                    "report": {"sts_spearman": report_value}} | self._stage_info(row)
+
+        rows_json = [entry(row, results.get(row.key), report.get(row.name)) for row in rows]
+        present = [r for r in references if r.stage is None or self.usable(self.stage_tasks[r.stage])]
+        ref_results = self.evaluate_rows([r for r in present if r.key not in results], analysis=False)
+        refs_json = [entry(row, results.get(row.key) or ref_results.get(row.key),
+                           REPORT_TABLE1[row.name]["sts_spearman"]) for row in present]
+        labelled = [(r["name"], r) for r in rows_json] + [(f"*{r['name']}* (reference)", r) for r in refs_json]
+        md_rows = [[label, r["what"], fmt(r["ours"]["sts_spearman"]), fmt(r["report"]["sts_spearman"])]
+                   for label, r in labelled]
+        absent = [r.name for r in references if r not in present]
+        note = (f"\n{', '.join(absent)} (reference): not trained in this --out-dir yet (`table1` or `all` "
+                f"with the same --out-dir trains it).\n" if absent else "")
+        md = (f"# {title}\n\n{text}"
+              + md_table([first, "What", "Unsup. STS ρ", "(report)"], md_rows, "llrr") + note
               + "\n## Settings\n\n" + self.settings_md() + "\n" + self.command_md())
-        obj = {"rows": rows_json, "settings": self.settings_json(), "command": self.argv}
-        self.write("ablations.md", md)
-        self.write_json("ablations.json", obj)
+        obj = {"rows": rows_json, "reference": refs_json, "settings": self.settings_json(), "command": self.argv}
+        self.write(f"{name}.md", md)
+        self.write_json(f"{name}.json", obj)
         return obj
 
     def write_analysis(self, results: dict) -> dict:
@@ -894,13 +901,15 @@ class Suite:
         write_json_atomic(self.out / SUITE_FILE, {"settings": {k: getattr(self.args, k) for k in SUITE_KEYS},
                                                   "updated": now()})
         self.execute(tasks)
-        rows = self.table1_rows + self.ablation_rows
+        rows = self.table1_rows + self.ablation_rows + self.objective_rows
         results = self.evaluate_rows(rows, analysis="analysis" in self.commands)
         summary = {}
         if "table1" in self.commands:
             summary["table1"] = self.write_table1(results)
         if "ablations" in self.commands:
             summary["ablations"] = self.write_ablations(results)
+        if "objectives" in self.commands:
+            summary["objectives"] = self.write_objectives(results)
         if "analysis" in self.commands:
             summary["analysis"] = self.write_analysis(results)
         wall = time.perf_counter() - self.started
@@ -915,7 +924,7 @@ class Suite:
             print(f"[{i}/{n}] {task.label}: {task.description} [{state}]")
             if task.state != "done":
                 print(f"    {self.command_line(task)}")
-        rows = ", ".join(r.name for r in self.table1_rows + self.ablation_rows)
+        rows = ", ".join(r.name for r in self.table1_rows + self.ablation_rows + self.objective_rows)
         print(f"then: evaluate {rows} and write the {', '.join(self.commands)} outputs into {self.out}")
         return {"tasks": [{"label": t.label, "kind": t.kind, "dir": str(t.dir), "state": t.state,
                            "command": self.command_line(t)} for t in tasks]}

@@ -51,6 +51,13 @@ class ActNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim))
         self.log_scale = nn.Parameter(torch.zeros(dim))
         self.register_buffer("initialized", torch.tensor(False))
+        # A host-side copy of `initialized`: reading the buffer itself in every forward would
+        # synchronise with the GPU once per step. Reset whenever a state_dict is loaded.
+        self._known_initialized = False
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        super()._load_from_state_dict(*args, **kwargs)
+        self._known_initialized = False
 
     @torch.no_grad()
     def initialize(self, u):
@@ -75,8 +82,10 @@ class ActNorm(nn.Module):
         return self.log_scale.sum().expand(u.shape[0])
 
     def forward(self, u):
-        if self.training and not bool(self.initialized):
-            self.initialize(u)
+        if self.training and not self._known_initialized:
+            if not bool(self.initialized):
+                self.initialize(u)
+            self._known_initialized = True
         z = (u + self.bias) * torch.exp(self.log_scale)
         return z, self.logdet(u)
 

@@ -35,6 +35,7 @@ from minbert import CheckpointError, pad_batch
 from . import training
 from .data import DataError, read_quora, read_sst, read_sts, task_file
 from .encoder import SentenceEncoder
+from .encoder import resolve_encoder_path as resolve_encoder_source  # --encoder: a run directory -> its best/
 from .evaluation import accuracy, pearson
 from .training import UsageError
 
@@ -268,16 +269,6 @@ class MultitaskModel(nn.Module):
 def checkpoint_meta(path) -> dict:
     """The ``multitask.json`` of a checkpoint (head settings and the step it was saved at)."""
     return json.loads((Path(path) / HEADS_CONFIG_FILE).read_text())
-
-
-def resolve_encoder_source(path):
-    """--encoder: a run directory stands for its best/ checkpoint (a run directory has a
-    config.json of its own, its settings, so it is recognised by best/)."""
-    p = Path(path)
-    has_weights = any((p / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
-    if p.is_dir() and not has_weights and (p / "best" / "config.json").is_file():
-        return p / "best"
-    return path
 
 
 def resolve_checkpoint(path) -> Path:

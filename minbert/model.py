@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
 
 
 class CheckpointError(Exception):
@@ -102,13 +105,15 @@ class BertSelfAttention(nn.Module):
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x, attn_mask):
+        """x: [b, t, D]; attn_mask: [b, 1, 1, t] boolean (True = a real token to attend to)."""
         b, t, d = x.shape
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
+        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3D, D]
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        q, k, v = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        qkv = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, d // self.num_heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [b, heads, t, head_dim]
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
                                            dropout_p=self.dropout_p if self.training else 0.0)
-        return y.transpose(1, 2).reshape(b, t, d)
+        return y.transpose(1, 2).reshape(b, t, d)  # heads concatenated again: [b, t, D]
 
 
 class BertSelfOutput(nn.Module):
@@ -228,7 +233,8 @@ class BertModel(nn.Module):
         hidden_states = [x]
         for layer in self.encoder.layer:
             x = layer(x, attn_mask)
-            hidden_states.append(x)
+            if output_hidden_states:  # else hold no reference, so inference can free each layer's output
+                hidden_states.append(x)
         out = {"last_hidden_state": x, "pooler_output": self.pooler(x)}
         if output_hidden_states:
             out["hidden_states"] = tuple(hidden_states)
@@ -242,9 +248,7 @@ class BertModel(nn.Module):
         ``bert-base-uncased`` (through huggingface_hub and its local cache).
         ``config_overrides`` (e.g. ``hidden_dropout_prob=0.1``) replace config values."""
         config_path, weights_path = resolve_checkpoint(name_or_path)
-        config = BertConfig.from_json_file(config_path)
-        for k, v in config_overrides.items():
-            setattr(config, k, v)
+        config = replace(BertConfig.from_json_file(config_path), **config_overrides)  # a misspelt key is a TypeError
         model = cls(config)
         model.load_hf_state_dict(load_state_dict_file(weights_path), source=str(name_or_path))
         return model
@@ -309,10 +313,13 @@ def resolve_checkpoint(name_or_path) -> tuple[Path, Path]:
         config = path / "config.json"
         if not config.is_file():
             raise CheckpointError(f"{path} has no config.json")
-        for weights in ("model.safetensors", "pytorch_model.bin"):
+        for weights in WEIGHT_FILES:
             if (path / weights).is_file():
                 return config, path / weights
         raise CheckpointError(f"{path} has neither model.safetensors nor pytorch_model.bin")
+    if path.is_file():
+        raise CheckpointError(f"{path} is a file; pass the checkpoint directory that holds config.json "
+                              f"and the weights")
     if path.exists() or str(name_or_path).startswith((".", "/")):
         raise CheckpointError(f"checkpoint directory {name_or_path} not found")
     return _from_hub(str(name_or_path))
@@ -328,7 +335,7 @@ def _from_hub(name: str) -> tuple[Path, Path]:
     except Exception as e:
         raise CheckpointError(f"cannot load {name!r}: not a local directory, and the Hugging Face hub "
                               f"(or its local cache) does not have it ({type(e).__name__})") from None
-    for weights in ("model.safetensors", "pytorch_model.bin"):
+    for weights in WEIGHT_FILES:
         try:
             return config, Path(hf_hub_download(name, weights))
         except Exception:

@@ -155,9 +155,8 @@ def test_missing_column_lists_found_columns(tmp_path):
                                         ["0", "a", "x y", "1.0"]])
     with pytest.raises(DataError) as error:
         data.read_sts(path)
-    message = str(error.value)
-    assert str(path) in message and "'sentence2'" in message
-    assert "found columns: '', 'id', 'sentence1', 'similarity'" in message
+    assert str(error.value) == (f"{path} line 1: missing column 'sentence2' "
+                                "(found columns: '', 'id', 'sentence1', 'similarity')")
 
 
 def test_labeled_modes(tmp_path):

@@ -2,6 +2,7 @@
 and without a flow head, run directories, and the real-checkpoint acceptance check."""
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 
@@ -12,7 +13,7 @@ import transformers
 from bertcf import SentenceEncoder
 from bertcf.encoder import FLOW_FILE, resolve_encoder_path
 from bertcf.flow import Glow
-from minbert import tokenize
+from minbert import CheckpointError, tokenize
 
 TOL = 1e-5
 
@@ -42,6 +43,23 @@ def manual_hidden(encoder, sentences):
     with torch.no_grad():
         out = encoder.bert(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     return out["last_hidden_state"], batch["attention_mask"]
+
+
+@contextlib.contextmanager
+def recorded_bert_calls(encoder):
+    """Inside: a list that gets, for every call of encoder.bert, its attention mask, whether
+    it ran in train mode, and whether inference mode was on."""
+    calls = []
+
+    def hook(module, inputs, output):
+        calls.append({"mask": inputs[1].clone(), "training": module.training,
+                      "inference_mode": torch.is_inference_mode_enabled()})
+
+    handle = encoder.bert.register_forward_hook(hook)
+    try:
+        yield calls
+    finally:
+        handle.remove()
 
 
 def trained_flow(dim: int, data: torch.Tensor) -> Glow:
@@ -121,9 +139,41 @@ def test_encode_restores_training_flag(encoder):
         encoder.eval()
 
 
+def test_encode_runs_in_eval_and_inference_mode(encoder):
+    try:
+        encoder.train()
+        with recorded_bert_calls(encoder) as calls:
+            encoder.encode(SENTENCES, batch_size=3)
+        assert len(calls) == 3
+        assert all(c["inference_mode"] and not c["training"] for c in calls), calls
+    finally:
+        encoder.eval()
+
+
+def test_encode_batches_sentences_of_similar_length(encoder):
+    lengths = [len(ids) for ids in encoder.tokenizer(SENTENCES)["input_ids"]]
+    with recorded_bert_calls(encoder) as calls:
+        encoder.encode(SENTENCES, batch_size=3)
+    batches = [c["mask"].sum(1).tolist() for c in calls]
+    # Longest first, three at a time; each batch is padded to its own longest sentence only.
+    by_length = sorted(lengths, reverse=True)
+    assert [sorted(b, reverse=True) for b in batches] == [by_length[i:i + 3] for i in range(0, len(by_length), 3)]
+    assert [c["mask"].shape[1] for c in calls] == [max(b) for b in batches]
+
+
+def test_show_progress_bar(encoder, capsys):
+    capsys.readouterr()
+    encoder.encode(SENTENCES, batch_size=2)
+    assert capsys.readouterr().err == ""
+    encoder.encode(SENTENCES, batch_size=2, show_progress_bar=True)
+    err = capsys.readouterr().err
+    assert "encode" in err and "4/4" in err, err
+
+
 def test_encode_output_is_usable_by_autograd(encoder):
     vectors = encoder.encode(SENTENCES[:3])
     assert not vectors.requires_grad
+    assert not vectors.is_inference() and not encoder.encode(SENTENCES[0]).is_inference()
     head = torch.nn.Linear(encoder.dim, 2)
     head(vectors).square().sum().backward()  # e.g. fitting a flow on cached embeddings
     assert head.weight.grad is not None
@@ -203,13 +253,61 @@ def test_run_directory_resolves_to_best(encoder, tmp_path):
     assert torch.equal(SentenceEncoder.from_pretrained(run).encode(SENTENCES), encoder.encode(SENTENCES))
 
 
+def test_run_directory_with_its_settings_resolves_to_best(encoder, tmp_path):
+    """A run directory has a config.json of its own (the run's settings): it must still stand for best/."""
+    run = tmp_path / "mirror-run"
+    encoder.save_pretrained(run / "best")
+    encoder.save_pretrained(run / "last")
+    (run / "config.json").write_text(json.dumps({"stage": "mirror", "model": "bert-base-uncased", "lr": 1e-4}))
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    (run / "tb").mkdir()
+    assert resolve_encoder_path(run) == run / "best"
+    assert resolve_encoder_path(str(run)) == run / "best"
+    assert torch.equal(SentenceEncoder.from_pretrained(run).encode(SENTENCES), encoder.encode(SENTENCES))
+
+
+@pytest.mark.parametrize("entries", [("config.json", "tb"), ("config.json", "tb", "metrics.jsonl", "last"), ("tb",)])
+def test_run_directory_without_best_is_a_clear_error(tmp_path, entries):
+    run = tmp_path / "stopped-run"
+    run.mkdir()
+    for name in entries:
+        if name == "config.json":
+            (run / name).write_text(json.dumps({"stage": "mirror"}))
+        elif name == "metrics.jsonl":
+            (run / name).write_text("")
+        else:
+            (run / name).mkdir()
+    for call in (resolve_encoder_path, SentenceEncoder.from_pretrained):
+        with pytest.raises(CheckpointError) as e:
+            call(run)
+        message = str(e.value)
+        assert str(run) in message and "best/" in message and "\n" not in message
+
+
+def test_checkpoint_directories_and_hub_names_are_not_run_directories(tiny_bert_dir, tmp_path):
+    assert resolve_encoder_path(tiny_bert_dir) == tiny_bert_dir
+    assert resolve_encoder_path("bert-base-uncased") == "bert-base-uncased"
+    # A checkpoint directory is one even when something beside its weights is called best/ or tb/.
+    checkpoint = tmp_path / "ckpt"
+    shutil.copytree(tiny_bert_dir, checkpoint)
+    (checkpoint / "tb").mkdir()
+    (checkpoint / "best").mkdir()
+    assert resolve_encoder_path(checkpoint) == checkpoint
+
+
+def test_multitask_encoder_flag_uses_the_same_resolver():
+    """One function turns a run directory into its checkpoint: SentenceEncoder.from_pretrained,
+    multitask's --encoder (here) and pretrain's --init (tests/test_pretrain.py) all use it."""
+    from bertcf import multitask
+
+    assert multitask.resolve_encoder_source is resolve_encoder_path
+
+
 def test_vocab_fallback_for_directories_without_tokenizer(tiny_bert_dir, vocab_path, tmp_path):
     bare = tmp_path / "bare"
     bare.mkdir()
     for name in ("config.json", "model.safetensors"):
         shutil.copy(tiny_bert_dir / name, bare / name)
-    from minbert import CheckpointError
-
     with pytest.raises(CheckpointError, match="tokenizer"):
         SentenceEncoder.from_pretrained(bare)
     enc = SentenceEncoder.from_pretrained(bare, vocab=vocab_path)

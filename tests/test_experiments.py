@@ -1,10 +1,9 @@
 """bertcf.experiments: the report's tables in one command. A tiny suite (tiny random BERT, a
 few rows of each CS224N file, 2 steps a stage) writes every output; a second invocation
-reruns nothing; interrupted stages continue; changed settings are refused; alignment and
-uniformity match a direct computation."""
+reruns nothing; interrupted stages continue; changed settings are refused; the objectives
+rows train and rerun nothing; alignment and uniformity match a direct computation."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -14,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertcf import experiments, pretrain
+from bertcf import experiments, multitask, pretrain
 from bertcf.data import PairExample
 from bertcf.evaluation import alignment, uniformity
 from conftest import write_cs224n_files
 
-HAS_MULTITASK = importlib.util.find_spec("bertcf.multitask") is not None
 BEST_DIRS = ["simcse", "mirror", "flow", "bertcf", "simcse-joint", "minbert-joint", "mirror-flow"]
+OBJECTIVES = ["bsl", "ct", "tsdae", "mlm"]
 
 
 # ---- the maths -----------------------------------------------------------------------------------------
@@ -62,9 +61,10 @@ def test_pair_analysis_matches_a_direct_computation():
 
 
 def test_finetune_metric_names_and_prediction_files(tmp_path):
-    m = experiments.finetune_metrics({"sst_accuracy": 0.5, "qqp_accuracy": 0.8, "sts_pearson": 0.7})
-    assert m == {"sst_accuracy": 0.5, "qqp_accuracy": 0.8, "sts_pearson": 0.7, "mean_dev": pytest.approx(2 / 3)}
-    m = experiments.finetune_metrics({"dev": {"sst_acc": 0.4, "para_accuracy": 0.9, "sts_corr": 0.1, "mean_dev": 0.3}})
+    # The names are the ones bertcf.multitask writes to metrics.json.
+    assert set(experiments.FINETUNE_METRICS.values()) == set(multitask.METRICS.values()) | {multitask.SELECTION_METRIC}
+    m = experiments.finetune_metrics({"sst_acc": 0.4, "para_acc": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
+                                      "sst_dev_examples": 12})
     assert m == {"sst_accuracy": 0.4, "qqp_accuracy": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3}
     (tmp_path / "p.csv").write_text("id \t Predicted_Is_Paraphrase \nabc , 1.0\n def , 0\n")
     assert experiments.read_predictions(tmp_path / "p.csv") == {"abc": "1.0", "def": "0"}
@@ -95,8 +95,8 @@ def suite(tiny_bert_dir, suite_data, tmp_path_factory):
     return out, summary
 
 
-def mtimes(out: Path) -> dict:
-    return {name: (out / "stages" / name / "best" / "model.safetensors").stat().st_mtime_ns for name in BEST_DIRS}
+def mtimes(out: Path, names=BEST_DIRS) -> dict:
+    return {name: (out / "stages" / name / "best" / "model.safetensors").stat().st_mtime_ns for name in names}
 
 
 def test_suite_writes_every_output(suite):
@@ -240,8 +240,58 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp
     assert not (out / "stages").exists()
 
 
-# ---- fine-tuning (when the multitask stage exists) -----------------------------------------------------------
-@pytest.mark.skipif(not HAS_MULTITASK, reason="bertcf.multitask is not there yet")
+def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    shutil.copytree(suite[0], out)  # the suite's settings (suite.json) and its MinBERT-Mirror stage
+    experiments.main(["objectives", "--out-dir", str(out)])
+    objectives = json.loads((out / "objectives.json").read_text())
+    names = ["MinBERT-BSL", "MinBERT-CT", "MinBERT-TSDAE", "MinBERT-MLM"]
+    assert [r["name"] for r in objectives["rows"]] == names
+    for row, method in zip(objectives["rows"], OBJECTIVES):
+        assert math.isfinite(row["ours"]["sts_spearman"]) and -1 <= row["ours"]["sts_spearman"] <= 1
+        assert row["report"] == {"sts_spearman": None}  # the report has no numbers for these
+        assert row["encoder"].endswith(os.path.join("stages", method, "best"))
+        config = json.loads((out / "stages" / method / "config.json").read_text())
+        assert (config["stage"], config["method"], config["init"]) == ("mirror", method, None)
+        assert json.loads((out / "stages" / method / experiments.MARKER).read_text())["summary"]["step"] == 2
+    assert [r["name"] for r in objectives["reference"]] == ["MinBERT", "MinBERT-Mirror"]
+    table1 = {r["name"]: r["ours"]["sts_spearman"] for r in json.loads((out / "table1.json").read_text())["rows"]}
+    assert [r["ours"]["sts_spearman"] for r in objectives["reference"]] == [table1["MinBERT"], table1["MinBERT-Mirror"]]
+    md = (out / "objectives.md").read_text()
+    assert all(f"| {n} |" in md for n in names) and "| *MinBERT-Mirror* (reference) |" in md
+    assert "no numbers for these" in md and "0.736" in md
+
+    before = mtimes(out, OBJECTIVES)
+    calls = []
+    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
+    capsys.readouterr()
+    experiments.main(["objectives", "--out-dir", str(out)])
+    assert calls == []
+    assert mtimes(out, OBJECTIVES) == before
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("[1/4] MinBERT-BSL: mirror stage --method bsl from --model")
+    assert sum("finished earlier, reused" in line for line in lines) == 4
+    assert not any(line.startswith("evaluating") for line in lines)  # the STS results are cached too
+
+    # Without a finished MinBERT-Mirror the table says so instead of showing it.
+    (out / "stages" / "mirror" / experiments.MARKER).unlink()
+    experiments.main(["objectives", "--out-dir", str(out)])
+    assert calls == []
+    assert [r["name"] for r in json.loads((out / "objectives.json").read_text())["reference"]] == ["MinBERT"]
+    assert "MinBERT-Mirror (reference): not trained in this --out-dir yet" in (out / "objectives.md").read_text()
+
+
+def test_objectives_rows_filter(tiny_bert_dir, suite_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    experiments.main(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "tsdae", "--dry-run"))
+    heads = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
+    assert [h.split(":")[0] for h in heads] == ["[1/1] MinBERT-TSDAE"]
+    assert not out.exists()
+    assert experiments.cli(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "MinBERT-Mirror")) == 2
+    assert "not a row of objectives (rows: MinBERT-BSL, MinBERT-CT" in capsys.readouterr().err
+
+
+# ---- fine-tuning ----------------------------------------------------------------------------------------------
 def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
     out = tmp_path / "out"
     argv = suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--finetune-steps-scale",

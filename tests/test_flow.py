@@ -302,3 +302,16 @@ def test_float32_under_autocast():
     assert z_bf.dtype == torch.float32
     assert torch.allclose(z, z_ref, atol=1e-6) and torch.allclose(ld, ld_ref, atol=1e-6)
     assert torch.allclose(back, u, atol=1e-4)
+
+
+def test_actnorm_loading_an_uninitialised_state_initialises_again():
+    """The host-side copy of the flag must follow a loaded state, both ways."""
+    torch.manual_seed(2)
+    x = torch.randn(64, 5) * 4 - 1
+    an = ActNorm(5).train()
+    an(x)
+    an.load_state_dict(ActNorm(5).state_dict())  # back to an uninitialised state
+    assert not bool(an.initialized)
+    z, _ = an(x * 3 + 2)
+    assert bool(an.initialized)
+    assert torch.allclose(z.mean(0), torch.zeros(5), atol=1e-4)

@@ -200,6 +200,8 @@ def test_config_overrides(hf_dir):
     directory, _ = hf_dir
     ours = BertModel.from_pretrained(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     assert ours.config.hidden_dropout_prob == 0.0
+    with pytest.raises(TypeError, match="hidden_dropout"):  # a misspelt setting is not silently ignored
+        BertModel.from_pretrained(directory, hidden_dropout=0.0)
     ids, mask, types = padded_batch()
     ours.train()
     with torch.no_grad():
@@ -290,6 +292,38 @@ def test_missing_local_paths_raise(tmp_path, hf_dir):
     shutil.copy(hf_dir[0] / "config.json", no_weights)
     with pytest.raises(CheckpointError, match="model.safetensors"):
         BertModel.from_pretrained(no_weights)
+    with pytest.raises(CheckpointError, match="is a file; pass the checkpoint directory"):
+        BertModel.from_pretrained(hf_dir[0] / "model.safetensors")
+
+
+def offline_hub_cache(monkeypatch, tmp_path, name: str, files_from) -> None:
+    """Put the files of ``files_from`` into a fresh Hugging Face hub cache as repository ``name``
+    (the layout huggingface_hub writes: refs/main -> snapshots/<commit>/) and go offline, so a
+    hub name resolves from the cache alone."""
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub-cache"
+    repo = cache / ("models--" + name.replace("/", "--"))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(files_from, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    # huggingface_hub reads these environment variables when imported, so set its constants too.
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_loads_a_hub_name_from_the_hub_cache(monkeypatch, tmp_path, tiny_bert_dir, capsys):
+    name = "bertcf-test-user/tiny-bert"
+    offline_hub_cache(monkeypatch, tmp_path, name, tiny_bert_dir)
+    from_hub = BertModel.from_pretrained(name)
+    from_dir = BertModel.from_pretrained(tiny_bert_dir)
+    a, b = from_hub.state_dict(), from_dir.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    text = ["The capital of France is [MASK].", "a man plays the guitar"]
+    assert minbert.load_tokenizer(name)(text)["input_ids"] == minbert.load_tokenizer(tiny_bert_dir)(text)["input_ids"]
 
 
 def test_unknown_hub_name_raises_offline(monkeypatch):
