@@ -496,7 +496,7 @@ def main(argv=None) -> dict:
 
     # The tidy table.
     print()
-    head = f"| workload | per step | minBERT ms | transformers ms | minBERT tokens/s | transformers tokens/s | speed-up |"
+    head = "| workload | per step | minBERT ms | transformers ms | minBERT tokens/s | transformers tokens/s | speed-up |"
     mfu_cols = any(results[w]["minbert"]["mfu"] for w in results)
     if mfu_cols:
         head += " minBERT MFU | transformers MFU |"

@@ -44,6 +44,7 @@ class SentenceEncoder(nn.Module):
         self.pooling = pooling
         self.flow = flow
         self.max_length = max_length
+        self.precision = None  # autocast in encode(): bf16|fp16|fp32; None: bf16 on a GPU that has it, else fp32
 
     @property
     def dim(self) -> int:
@@ -95,7 +96,7 @@ class SentenceEncoder(nn.Module):
                                   unit="batch"):
                     batch = self.tokenize([sentences[i] for i in order[start:start + batch_size]], max_length)
                     batch = {k: v.to(device) for k, v in batch.items()}
-                    with autocast(device):
+                    with autocast(device, self.precision):
                         vectors = self(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
                     chunks.append(vectors.float().cpu())
         finally:

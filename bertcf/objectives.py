@@ -10,7 +10,13 @@ an EMA target, a second encoder copy, a decoder, an MLM head), so
 - ``objective.loss(ids, mask, special) -> (loss, scalars)`` is one training step's loss on a
   batch of the corpus; the objective makes its own views of it, drawing every random choice
   from the ``torch.Generator`` it was given (whose state the stage checkpoints, so a resumed
-  run continues exactly),
+  run continues exactly); ``objective(...)`` is the same call (what DistributedDataParallel wraps),
+- under torch.distributed, ``loss(ids, mask, special, rank=r, world=w)`` gets the *global* batch:
+  the views are drawn for all of it (the generator advances alike on every rank, and as in one
+  process), only rank r's rows are encoded, and the loss is scaled so that the mean over ranks
+  (DDP's gradient averaging) is the loss of the whole batch; BSL's predictor normalises with the
+  global batch's statistics (``GatheredBatchNorm1d``). With dropout 0, a data-parallel step is
+  one process's step on the global batch (tests/test_distributed.py),
 - ``objective.after_step()`` runs after each optimiser step (BSL's EMA update).
 
 ``OBJECTIVES`` maps the ``--method`` names to the classes; ``add_args`` and ``check_args``
@@ -19,7 +25,6 @@ hold their flags.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -28,11 +33,10 @@ import torch.nn.functional as F
 from minbert import CheckpointError, pad_batch
 from minbert.model import ACTIVATIONS, load_state_dict_file, resolve_checkpoint
 
-from .contrastive import span_mask
-from .encoder import SentenceEncoder, pool
+from .contrastive import gather_with_grad, span_mask
+from .encoder import SentenceEncoder, pool, resolve_encoder_path
 
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 
 # Defaults of the flags below (also used when an objective is built from a partial ``args``).
 DEFAULTS = {"momentum": 0.999, "predictor_hidden": None, "ct_negatives": 7, "deletion_ratio": 0.6,
@@ -84,6 +88,35 @@ def maskable_positions(mask, special) -> torch.Tensor:
     return mask.bool() & ~special.bool()
 
 
+def local_rows(b: int, rank: int = 0, world: int = 1) -> slice:
+    """Rank ``rank``'s rows of a global batch of ``b`` (contiguous, as ``training.local_slice``)."""
+    if b % world:
+        raise ValueError(f"batch of {b} is not divisible by {world} processes")
+    per = b // world
+    return slice(rank * per, (rank + 1) * per)
+
+
+def _world_size() -> int:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    return 1
+
+
+class GatheredBatchNorm1d(nn.BatchNorm1d):
+    """BatchNorm1d that, in training mode under torch.distributed, normalises with the statistics
+    of the global batch: every rank's rows are gathered (``gather_with_grad``, so the gradient of
+    every rank's loss reaches them), normalised together, and this rank's rows kept. Forward,
+    running statistics and gradients are then one process's on the whole batch (``nn.SyncBatchNorm``
+    does this on GPUs only). The parameters and buffers are BatchNorm1d's (same checkpoint keys).
+    Every rank must pass the same number of rows."""
+
+    def forward(self, x):
+        if not self.training or _world_size() == 1:
+            return super().forward(x)
+        rank, b = torch.distributed.get_rank(), x.shape[0]
+        return super().forward(gather_with_grad(x))[rank * b:(rank + 1) * b]
+
+
 def _ensure_one(selected, maskable, generator) -> torch.Tensor:
     """Rows that have maskable tokens but none selected get one selected at random."""
     empty = (~selected.any(1) & maskable.any(1)).nonzero().flatten().tolist()
@@ -114,13 +147,17 @@ class Objective(nn.Module):
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]
 
-    def loss(self, ids, mask, special) -> tuple[torch.Tensor, dict]:
-        """ids, mask, special: CPU [b, t] (token ids; 1 = real token; 1 = [CLS]/[SEP]/padding).
-        Returns the scalar float32 loss and a dict of detached scalars to log."""
+    def loss(self, ids, mask, special, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, dict]:
+        """ids, mask, special: CPU [B, t] (token ids; 1 = real token; 1 = [CLS]/[SEP]/padding),
+        the global batch. ``rank``, ``world``: this process's share under torch.distributed
+        (rows ``local_rows(B, rank, world)``); every random choice is drawn for all B rows,
+        only this share is encoded, and the loss is scaled so that its mean over the ranks is
+        the whole batch's. Returns the scalar float32 loss and a dict of detached scalars to log
+        (this rank's rows)."""
         raise NotImplementedError
 
-    def forward(self, ids, mask, special):
-        return self.loss(ids, mask, special)
+    def forward(self, ids, mask, special, rank: int = 0, world: int = 1):
+        return self.loss(ids, mask, special, rank, world)
 
     def after_step(self) -> None:
         """Called after every optimiser step."""
@@ -136,7 +173,9 @@ class BSL(Objective):
     the target encoder's embedding of the other view; the target f_xi (``target``) is an
     exponential moving average of f, xi <- m xi + (1 - m) theta after every step (--momentum),
     and gets no gradient. It runs in the same train/eval mode as f (its dropout is part of
-    the views). With g(a, b) = 2 - 2 cos(a, b), per sentence [b]:
+    the views). The predictor's BatchNorm normalises each view over the global batch under
+    torch.distributed (``GatheredBatchNorm1d``; BYOL's cross-replica BatchNorm). With
+    g(a, b) = 2 - 2 cos(a, b), per sentence [b]:
 
         L = g(q(f(v1)), sg f_xi(v2)) + g(q(f(v2)), sg f_xi(v1)),   loss = mean over the batch.
 
@@ -149,7 +188,7 @@ class BSL(Objective):
         hidden = _arg(args, "predictor_hidden") or d
         self.momentum = float(_arg(args, "momentum"))
         self.span_p, self.span_cap = _arg(args, "span_p"), _arg(args, "span_cap")
-        self.predictor = nn.Sequential(nn.Linear(d, hidden), nn.BatchNorm1d(hidden), nn.ReLU(inplace=True),
+        self.predictor = nn.Sequential(nn.Linear(d, hidden), GatheredBatchNorm1d(hidden), nn.ReLU(inplace=True),
                                        nn.Linear(hidden, d))
         self.target = copy.deepcopy(encoder.bert).requires_grad_(False)
 
@@ -162,8 +201,10 @@ class BSL(Objective):
         """2 - 2 cos per row, [b]."""
         return 2 - 2 * F.cosine_similarity(prediction.float(), target.float(), dim=-1)
 
-    def loss(self, ids, mask, special):
+    def loss(self, ids, mask, special, rank=0, world=1):
         masked = self.views(ids, mask, special)
+        rows = local_rows(ids.shape[0], rank, world)
+        ids, masked, mask = ids[rows], masked[rows], mask[rows]
         both = torch.cat([ids, masked]).to(self.device)
         both_mask = torch.cat([mask, mask]).to(self.device)
         o1, o2 = self.encoder.embed(both, both_mask).chunk(2)
@@ -216,9 +257,11 @@ class ContrastiveTension(Objective):
         partner = torch.where(labels.bool() | (b < 2), rows, other)
         return partner, labels
 
-    def loss(self, ids, mask, special):
-        partner, labels = self.pairs(ids.shape[0])
-        a = self.encoder.embed(ids.to(self.device), mask.to(self.device))
+    def loss(self, ids, mask, special, rank=0, world=1):
+        partner, labels = self.pairs(ids.shape[0])  # over the global batch: B_i may be another rank's row
+        rows = local_rows(ids.shape[0], rank, world)
+        partner, labels = partner[rows], labels[rows]
+        a = self.encoder.embed(ids[rows].to(self.device), mask[rows].to(self.device))
         b_ids, b_mask = ids[partner].to(self.device), mask[partner].to(self.device)
         b = pool(self.second(b_ids, b_mask)["last_hidden_state"], b_mask, self.encoder.pooling)
         logits = (a.float() * b.float()).sum(-1)
@@ -299,8 +342,11 @@ class TSDAE(Objective):
         keep |= mask.bool() & special.bool()  # [CLS] and [SEP]
         return pad_batch([row[k].tolist() for row, k in zip(ids, keep)], self.pad_token_id)
 
-    def loss(self, ids, mask, special):
+    def loss(self, ids, mask, special, rank=0, world=1):
         damaged, damaged_mask = self.delete(ids, mask, special)
+        count = max(int(mask[:, 1:].sum()), 1)  # target tokens of the global batch
+        rows = local_rows(ids.shape[0], rank, world)
+        ids, mask, special, damaged, damaged_mask = (x[rows] for x in (ids, mask, special, damaged, damaged_mask))
         u = self.encoder.embed(damaged.to(self.device), damaged_mask.to(self.device))
         original, original_mask = ids.to(self.device), mask.to(self.device)
         inputs = original[:, :-1]
@@ -308,7 +354,9 @@ class TSDAE(Objective):
         embeddings = self.encoder.bert.embeddings
         hidden = embeddings(inputs, torch.zeros_like(inputs))
         logits = self.decoder(hidden, u, embeddings.word_embeddings.weight).float()
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        # The mean over the global batch's target tokens (a rank's share of it under DDP).
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="sum") * (world / count)
         with torch.no_grad():
             valid = labels != IGNORE_INDEX
             scalars = {"token_accuracy": (logits.argmax(-1) == labels)[valid].float().mean(),
@@ -382,13 +430,12 @@ class MaskedLM(Objective):
 
     def init_head(self, checkpoint) -> bool:
         """Initialise the head from ``checkpoint`` (directory, hub name or run directory)."""
-        path = Path(checkpoint)
-        if path.is_dir() and not any((path / f).is_file() for f in WEIGHT_FILES) and (path / "best").is_dir():
-            path = path / "best"  # a run directory stands for its best checkpoint
-        _, weights = resolve_checkpoint(path if path.exists() else checkpoint)
+        _, weights = resolve_checkpoint(resolve_encoder_path(checkpoint))
         loaded = self.head.load_checkpoint_tensors(load_state_dict_file(weights), source=str(checkpoint))
-        print(f"mlm: prediction head {'initialised from' if loaded else 'freshly initialised; no cls.predictions in'} "
-              f"{checkpoint}")
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_rank() != 0):  # one line a run, not one a rank
+            how = "initialised from" if loaded else "freshly initialised; no cls.predictions in"
+            print(f"mlm: prediction head {how} {checkpoint}")
         return loaded
 
     def mask_tokens(self, ids, mask, special) -> tuple[torch.Tensor, torch.Tensor]:
@@ -404,14 +451,16 @@ class MaskedLM(Objective):
         labels = torch.where(selected, ids, IGNORE_INDEX)
         return inputs, labels
 
-    def loss(self, ids, mask, special):
+    def loss(self, ids, mask, special, rank=0, world=1):
         inputs, labels = self.mask_tokens(ids, mask, special)
-        inputs, mask, labels = inputs.to(self.device), mask.to(self.device), labels.to(self.device)
+        count = max(int((labels != IGNORE_INDEX).sum()), 1)  # selected tokens of the global batch
+        rows = local_rows(ids.shape[0], rank, world)
+        inputs, mask, labels = inputs[rows].to(self.device), mask[rows].to(self.device), labels[rows].to(self.device)
         hidden = self.encoder.bert(inputs, mask)["last_hidden_state"]
         selected = labels != IGNORE_INDEX
         logits = self.head(hidden[selected], self.encoder.bert.embeddings.word_embeddings.weight).float()
         targets = labels[selected]
-        loss = F.cross_entropy(logits, targets)
+        loss = F.cross_entropy(logits, targets, reduction="sum") * (world / count)  # the global batch's mean
         with torch.no_grad():
             scalars = {"mlm_accuracy": (logits.argmax(-1) == targets).float().mean(),
                        "masked_fraction": selected.sum() / mask.sum()}

@@ -7,7 +7,9 @@
   L = lambda * L_mirror(F(x)) + L_flow (BERT-CF). ``--method simcse`` gives SimCSE-joint.
 - ``--stage flow``: the flow alone on L_flow (MinBERT-flow / Mirror-flow).
 
-Every stage evaluates unsupervised STS-dev Spearman and keeps the best checkpoint.
+Every stage evaluates unsupervised STS-dev Spearman and keeps the best checkpoint. Every stage
+and method also runs data-parallel under ``torchrun --nproc_per_node N`` (``--batch-size`` stays
+the global batch; see ``train``).
 """
 from __future__ import annotations
 
@@ -21,9 +23,9 @@ from minbert import pad_batch
 from . import objectives, training
 from .contrastive import InfoNCE, span_mask
 from .data import read_corpus, read_sts, task_file, task_sentences
-from .encoder import SentenceEncoder, pool
+from .encoder import SentenceEncoder, pool, resolve_encoder_path
 from .evaluation import evaluate_sts
-from .flow import Glow, gaussian_nll, latent_stats
+from .flow import ActNorm, Glow, gaussian_nll, latent_stats
 from .objectives import OBJECTIVES, build_objective
 from .training import UsageError
 
@@ -129,23 +131,14 @@ def pair_scalars(a, b) -> dict:
     return {"pos_cosine": cos.diagonal().mean(), "neg_cosine": (cos.sum() - cos.diagonal().sum()) / (n * n - n)}
 
 
-def resolve_init(path):
-    """--init: a run directory stands for its best/ checkpoint (a run directory has a
-    config.json of its own, the run's settings, so it must be recognised by best/)."""
-    p = Path(path)
-    has_weights = any((p / f).is_file() for f in ("model.safetensors", "pytorch_model.bin"))
-    if p.is_dir() and not has_weights and (p / "best" / "config.json").is_file():
-        return p / "best"
-    return path
-
-
 def load_encoder(args) -> SentenceEncoder:
     """The encoder to start from: --init (a run directory or checkpoint) or --model."""
-    source = resolve_init(args.init) if args.init else args.model
+    source = resolve_encoder_path(args.init) if args.init else args.model
     encoder = SentenceEncoder.from_pretrained(source, pooling=args.pooling, vocab=args.vocab,
                                               hidden_dropout_prob=args.dropout,
                                               attention_probs_dropout_prob=args.dropout)
     encoder.max_length = args.max_length
+    encoder.precision = args.precision  # evaluation (encode) in the run's precision
     return encoder
 
 
@@ -153,11 +146,33 @@ def main(argv=None) -> dict:
     parser = build_parser()
     args = training.parse_args(parser, argv)
     check_args(args)
+    # Under torchrun: join the process group and take this rank's device (a no-op otherwise).
+    device = training.init_distributed(args.device)
+    try:
+        return train(args, device)
+    finally:
+        training.cleanup_distributed()
+
+
+def train(args, device) -> dict:
+    """The run of ``args`` on ``device``. Under torchrun every rank runs this: each draws the same
+    global batch (and the same views of it), keeps its own rows, and the modules the step calls
+    are DistributedDataParallel, so an update equals one process's on the global batch; rank 0
+    alone evaluates, logs and writes the run directory (training.Trainer)."""
+    rank, world = training.dist_info()
+    if args.batch_size % world:  # every rank stops here, before any collective
+        raise UsageError(f"--batch-size {args.batch_size} (the global batch) is not divisible by the {world} "
+                         f"processes")
+    local = training.local_slice(range(args.batch_size), rank, world)
+    rows = slice(local.start, local.stop)  # this rank's rows of each global batch
+    if world > 1:  # the default --out-dir names the time: every rank takes rank 0's (for its messages)
+        out_dir = [args.out_dir]
+        torch.distributed.broadcast_object_list(out_dir, src=0)
+        args.out_dir = out_dir[0]
     training.set_seed(args.seed)
     sentences = load_corpus(args)
     dev_pairs = read_sts(task_file(args.data_dir, "sts", "dev"))
     encoder = load_encoder(args)
-    device = torch.device(args.device)
 
     use_flow = args.stage in ("joint", "flow")
     train_encoder = args.stage == "mirror" or args.unfreeze_encoder
@@ -178,9 +193,22 @@ def main(argv=None) -> dict:
         objective = build_objective(args.method, encoder, args, span_generator).to(device)
         trainable = objective.trainable_parameters()
     info_nce = InfoNCE(temperature=args.temperature)
-    rank, world = training.dist_info()
     sampler = training.EpochSampler(len(sentences), seed=args.seed)
-    bert = torch.compile(encoder.bert) if args.compile else encoder.bert
+
+    # What the step calls, each called once a step: under torchrun a DistributedDataParallel
+    # wrapper (gradients averaged over ranks); a frozen module, or one process, gets the module
+    # itself. `encoder` and `objective` stay unwrapped: evaluation, checkpoints and the Trainer
+    # use them. --compile compiles the (DDP-wrapped) encoder, as torch recommends for DDP.
+    if objective is not None:
+        step_objective = training.wrap_ddp(objective, device)
+    else:
+        bert = training.wrap_ddp(encoder.bert, device)
+        bert = torch.compile(bert) if args.compile else bert
+        # Every flow parameter takes part in every step's loss: no search for unused ones.
+        flow = training.wrap_ddp(encoder.flow, device, find_unused_parameters=False) if use_flow else None
+    # --unfreeze-encoder: ActNorm's data-dependent initialisation must see the two views only, as
+    # with a frozen encoder, not the three-part batch of the joint call below (set after --resume).
+    init_actnorm = False
 
     def embed(ids, mask):
         """f(x) for a batch; no graph is built through a frozen encoder."""
@@ -188,26 +216,38 @@ def main(argv=None) -> dict:
             return pool(bert(ids, mask)["last_hidden_state"], mask, encoder.pooling)
 
     def step_fn(step):
-        idx = training.local_slice(sampler.next(args.batch_size), rank, world)
-        ids, mask = pad_batch([token_ids[i] for i in idx], tokenizer.pad_token_id)
+        nonlocal init_actnorm
+        # The global batch, padded as one process would pad it; every rank draws the same.
+        ids, mask = pad_batch([token_ids[i] for i in sampler.next(args.batch_size)], tokenizer.pad_token_id)
         if args.stage == "flow":  # L_flow alone needs one view only
-            u = embed(ids.to(device), mask.to(device))
-            z, logdet = encoder.flow(u)
+            u = embed(ids[rows].to(device), mask[rows].to(device))
+            z, logdet = flow(u)
             l_flow = gaussian_nll(z, logdet).mean()
             return l_flow, flow_scalars(l_flow, z, logdet)
         special = torch.isin(ids, special_ids) | (mask == 0)
-        if objective is not None:
-            return objective.loss(ids, mask, special)
+        if objective is not None:  # it draws its views for the global batch and encodes this rank's rows
+            return step_objective(ids, mask, special, rank=rank, world=world)
+        # Spans are drawn for the whole global batch, so the generator advances alike on every
+        # rank (and as in one process); then each rank keeps its rows.
         masked = span_mask(ids, mask, special, tokenizer.mask_token_id, args.span_p, args.span_cap, span_generator)
+        ids, masked, mask = ids[rows], masked[rows], mask[rows]
         # Both views in one forward pass: dropout masks differ per row, so they are independent.
         u, u_masked = embed(torch.cat([ids, masked]).to(device), torch.cat([mask, mask]).to(device)).chunk(2)
         if not use_flow:
             return info_nce(u, u_masked), pair_scalars(u, u_masked)
-        z_both, logdet_both = encoder.flow(torch.cat([u, u_masked]))
-        z, z_masked = z_both.chunk(2)
-        if train_encoder:  # L_flow models the encoder's embeddings; it does not move the encoder
-            z_flow, logdet = encoder.flow(u.detach())
+        if train_encoder:
+            # L_flow models the encoder's embeddings; it does not move the encoder: its rows are
+            # u.detach(). One flow call for all three parts, so DDP sees one forward per step.
+            if init_actnorm:
+                with torch.no_grad():
+                    encoder.flow(torch.cat([u, u_masked]))
+                init_actnorm = False
+            z_all, logdet_all = flow(torch.cat([u, u_masked, u.detach()]))
+            z, z_masked, z_flow = z_all.chunk(3)
+            logdet = logdet_all.chunk(3)[2]
         else:
+            z_both, logdet_both = flow(torch.cat([u, u_masked]))
+            z, z_masked = z_both.chunk(2)
             z_flow, logdet = z, logdet_both.chunk(2)[0]
         l_flow = gaussian_nll(z_flow, logdet).mean()
         l_mirror = info_nce(z, z_masked)
@@ -218,7 +258,7 @@ def main(argv=None) -> dict:
         return {"l_flow_per_dim": l_flow.detach() / encoder.dim, "logdet": logdet.detach().mean(),
                 "latent_norm": z.detach().norm(dim=-1).mean()}
 
-    def evaluate(step):
+    def evaluate(step):  # rank 0 only (the Trainer); the other ranks wait at a barrier
         result = evaluate_sts(encoder, dev_pairs)
         run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
         if encoder.flow is not None:
@@ -236,6 +276,8 @@ def main(argv=None) -> dict:
                                items_per_step=args.batch_size, extra_state={"span": GeneratorState(span_generator)})
     if args.resume:
         trainer.resume()
+    if use_flow and train_encoder:
+        init_actnorm = any(isinstance(m, ActNorm) and not bool(m.initialized) for m in encoder.flow.modules())
     summary = trainer.fit(step_fn, after_step=objective.after_step if objective is not None else None)
     if rank == 0:
         print(final_line(summary, run.dir))

@@ -502,11 +502,17 @@ class Trainer:
 
 
 # ---- distributed training ------------------------------------------------------------------------
-# Every entry point runs unchanged under ``torchrun --nproc_per_node N``: call init_distributed()
-# first (it is a no-op for a plain ``python`` launch), wrap the module whose forward the step
-# calls with wrap_ddp(), and call cleanup_distributed() at the end. The contrastive loss gathers
-# candidates from every rank itself (bertcf.contrastive.gather_with_grad); EpochSampler and
-# local_slice above give each rank its share of the global batch.
+# Every entry point (run_pretrain.py, run_multitask.py) runs unchanged under ``torchrun
+# --nproc_per_node N``: it calls init_distributed() first (a no-op for a plain ``python`` launch),
+# wraps the modules whose forward the step calls with wrap_ddp() (keeping the unwrapped ones for
+# evaluation, checkpoints and the Trainer's ``modules``), and calls cleanup_distributed() at the
+# end. Every rank draws the same global batch from its EpochSampler, draws any random views of it
+# (span masks, an objective's noise) for the whole batch from the same seeded generator, and keeps
+# its rows with local_slice, so --batch-size stays the global batch and the data are one process's;
+# the contrastive losses gather candidates from every rank themselves
+# (bertcf.contrastive.gather_with_grad). Only rank 0 evaluates, logs and writes the run directory
+# (Run, Trainer); the other ranks wait at a barrier meanwhile. Caveat: every rank seeds torch's RNG
+# alike, so rank r's i-th row gets the same dropout mask as every other rank's i-th row.
 def init_distributed(device=None, backend: str | None = None, timeout_s: float = 1800.0) -> torch.device:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
     MASTER_PORT) and return this rank's device.

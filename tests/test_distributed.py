@@ -5,24 +5,30 @@
   loss; DDP averages over ranks) equals the single-process gradient.
 - A DDP-wrapped tiny minBERT + InfoNCE training step (AdamW) gives the same weights as one
   process on the concatenated batch.
+- Every objective of ``--method bsl|ct|tsdae|mlm``, DDP-wrapped and given the global batch with
+  its rank's share (``loss(..., rank=r, world=w)``), gives one process's loss, gradients, weights
+  (two SGD steps, BSL's EMA after each) and BatchNorm statistics on the global batch.
 - The bf16 autocast path of ``bertcf.training.autocast`` runs a minBERT forward + backward.
+- ``run_pretrain``'s main with a --batch-size the ranks cannot share stops on every rank with one
+  UsageError. (``run_pretrain.py`` itself under torchrun: tests/test_pretrain.py, at the end.)
 
 The two processes are spawned once for the module (one process-group start, ~2 s).
 """
 from __future__ import annotations
 
-import copy
 import datetime
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bertcf import training
+from bertcf import pretrain, training
 from bertcf.contrastive import InfoNCE
-from bertcf.encoder import pool
+from bertcf.encoder import SentenceEncoder, pool
+from bertcf.objectives import OBJECTIVES, build_objective
 from minbert import BertConfig, BertModel
 
 WORLD = 2
@@ -79,6 +85,43 @@ def train(model, batches, info_nce, slice_rows=lambda x: x, wrap=lambda m: m):
     return first
 
 
+def objective_batch():
+    """A global batch of B sentences (ids, mask, special) as pretrain builds it: [CLS] = 2 and
+    [SEP] = 3 around 1-7 words, right padding."""
+    g = torch.Generator().manual_seed(2)
+    lengths = torch.randint(3, 10, (B,), generator=g)
+    mask = (torch.arange(10)[None] < lengths[:, None]).long()
+    ids = torch.randint(5, TINY["vocab_size"], (B, 10), generator=g) * mask
+    ids[:, 0] = 2
+    ids[torch.arange(B), lengths - 1] = 3
+    return ids, mask, (ids == 2) | (ids == 3) | (mask == 0)
+
+
+def train_objective(method, rank=0, world=1, wrap=lambda m: m):
+    """Two SGD steps of ``method`` on the global batch (rank ``rank``'s share of it) with a tiny
+    minBERT (dropout 0: deterministic); returns the first step's loss and gradients and the final
+    state dict. (SGD, not Adam: Adam would blow float noise in gradients that are zero in exact
+    arithmetic, e.g. the bias before BSL's BatchNorm, up to steps of ~lr.)"""
+    tokenizer = SimpleNamespace(mask_token_id=4, pad_token_id=0)  # all an objective asks of it
+    encoder = SentenceEncoder(make_model(), tokenizer)
+    torch.manual_seed(0)
+    settings = SimpleNamespace(mlm_probability=0.5)  # uneven counts of predicted tokens per rank
+    objective = build_objective(method, encoder, settings, torch.Generator().manual_seed(0))
+    net = wrap(objective)
+    ids, mask, special = objective_batch()
+    opt = torch.optim.SGD(objective.trainable_parameters(), lr=0.5)
+    first = None
+    for _ in range(2):
+        opt.zero_grad(set_to_none=True)
+        loss, _ = net(ids, mask, special, rank=rank, world=world)
+        loss.backward()
+        if first is None:
+            first = (loss.detach(), {k: p.grad.clone() for k, p in objective.named_parameters() if p.grad is not None})
+        opt.step()
+        objective.after_step()
+    return first, objective.state_dict()
+
+
 def _worker(rank, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
@@ -101,9 +144,19 @@ def _worker(rank, init_file, out_dir):
         result["ddp_first_loss"] = first_loss
         result["ddp_grads"] = grads
         result["ddp_weights"] = model.state_dict()
+
+        # 3. The objectives of --method bsl|ct|tsdae|mlm, DDP-wrapped as run_pretrain wraps them.
+        for method in sorted(OBJECTIVES):
+            result[method] = train_objective(method, rank, WORLD, wrap=lambda m: training.wrap_ddp(m, "cpu"))
+
+        # 4. run_pretrain with a global batch the ranks cannot share: the same error on every rank.
+        try:
+            pretrain.main(["--batch-size", "5", "--device", "cpu", "--out-dir", os.path.join(out_dir, "odd")])
+        except training.UsageError as e:
+            result["odd_batch"] = str(e)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        dist.destroy_process_group()
+        training.cleanup_distributed()  # pretrain.main has left the group already
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +226,30 @@ def test_ddp_step_matches_single_process(ranks):
             # biases) into updates of ~1e-6; a wrong gradient moves weights by ~lr = 1e-3.
             torch.testing.assert_close(rank["ddp_weights"][k], w, rtol=0, atol=2e-5, msg=k)
     assert not any(k.startswith("pooler.") for k in grads)  # unused under mean pooling
+
+
+@pytest.mark.parametrize("method", sorted(OBJECTIVES))
+def test_ddp_objective_matches_single_process(method, ranks):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (loss, grads), state = train_objective(method)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(torch.stack([r[method][0][0] for r in ranks]).mean(), loss, rtol=0, atol=1e-5)
+    for rank in ranks:
+        (_, rank_grads), rank_state = rank[method]
+        assert rank_grads.keys() == grads.keys()
+        for k, g in grads.items():
+            torch.testing.assert_close(rank_grads[k], g, rtol=1e-4, atol=1e-6, msg=k)
+        assert rank_state.keys() == state.keys()
+        for k, v in state.items():  # weights, BSL's EMA target and BatchNorm statistics
+            torch.testing.assert_close(rank_state[k], v, rtol=0, atol=1e-5, msg=k)
+
+
+def test_pretrain_batch_not_divisible_by_ranks_is_a_usage_error(ranks):
+    for rank in ranks:
+        assert rank["odd_batch"] == "--batch-size 5 (the global batch) is not divisible by the 2 processes"
 
 
 def test_wrap_ddp_is_a_no_op_without_distributed():

@@ -170,6 +170,22 @@ def test_show_progress_bar(encoder, capsys):
     assert "encode" in err and "4/4" in err, err
 
 
+def test_encode_precision_follows_the_encoder_setting(encoder):
+    """encode() autocasts to encoder.precision; the default on the CPU is float32."""
+    sentences = ["a man plays the guitar in the park", "two dogs run on the beach"]
+    default = encoder.encode(sentences)
+    try:
+        encoder.precision = "fp32"
+        fp32 = encoder.encode(sentences)
+        encoder.precision = "bf16"
+        bf16 = encoder.encode(sentences)
+    finally:
+        encoder.precision = None
+    assert torch.equal(default, fp32)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, fp32)
+    assert torch.allclose(bf16, fp32, atol=0.1)
+
+
 def test_encode_output_is_usable_by_autograd(encoder):
     vectors = encoder.encode(SENTENCES[:3])
     assert not vectors.requires_grad

@@ -187,12 +187,11 @@ def test_mirror_best_loads_in_sentence_encoder_and_transformers(mirror_run):
     assert evaluate_sts(encoder, pairs)["sts_spearman"] == pytest.approx(summary["best"], abs=1e-6)
 
 
-@pytest.mark.xfail(reason="bertcf.encoder.resolve_encoder_path looks for a config.json that a run "
-                   "directory also has (its settings), so a run directory is not resolved to best/", strict=False)
 def test_sentence_encoder_loads_a_run_directory(mirror_run):
     from bertcf import SentenceEncoder
 
     out = mirror_run[0]
+    assert (out / "config.json").is_file()  # the run's settings: not what makes it a checkpoint
     sentence = ["a man plays the guitar in the park"]
     assert torch.equal(SentenceEncoder.from_pretrained(out).encode(sentence),
                        SentenceEncoder.from_pretrained(out / "best").encode(sentence))
@@ -406,6 +405,21 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
     assert not (out / "last").exists() and not (out / "metrics.jsonl").exists()
 
 
+def test_init_from_a_run_directory_without_best_is_one_clear_line(mirror_run, tiny_bert_dir, data_dir, tmp_path,
+                                                                   capsys):
+    # A run stopped before its first evaluation: settings, TensorBoard and last/, but no best/.
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    for name in ("config.json", "metrics.jsonl"):
+        (stopped / name).write_bytes((mirror_run[0] / name).read_bytes())
+    (stopped / "tb").mkdir()
+    out = tmp_path / "run"
+    argv = base_args(tiny_bert_dir, data_dir, out, steps=1, stage="joint", init=stopped, model=None)
+    assert exit_status(argv) == 2
+    assert_one_error_line(capsys, str(stopped), "best/")
+    assert not (out / "last").exists() and not (out / "metrics.jsonl").exists()
+
+
 def test_span_p_one_is_accepted(tiny_bert_dir, data_dir, tmp_path):
     summary, _ = run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "p1", steps=1, span_p=1.0))
     assert summary["step"] == 1
@@ -485,3 +499,73 @@ def test_final_line_handles_missing_scores(tmp_path):
     assert line == f"STS dev Spearman: step 0 0.1235, best 0.5000 at step 250; best checkpoint: {tmp_path / 'best'}"
     line = pretrain.final_line({"first": float("nan"), "best": float("-inf"), "best_step": None}, tmp_path)
     assert "step 0 n/a" in line and "no best checkpoint" in line
+
+
+# ---- torchrun: a data-parallel run is one process's run on the global batch -------------------------
+def start_torchrun(argv, cwd, log, nproc=2):
+    """Start ``python -m torch.distributed.run --standalone --nproc_per_node N run_pretrain.py ARGV``
+    (gloo on the CPU) in its own process group, stdout and stderr to the file ``log``."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "run_pretrain.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
+           *argv]
+    with open(log, "w") as f:
+        return subprocess.Popen(cmd, cwd=cwd, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir, tmp_path):
+    """run_pretrain.py under torchrun, 2 gloo processes of 4 sentences each, against one process on
+    the same 8-sentence batches (dropout 0), for the mirror stage and the joint stage with
+    --unfreeze-encoder (DDP over encoder and flow): the same weights, one run directory (rank 0's;
+    without --out-dir every rank would name its own), one metrics.jsonl line per evaluation, one
+    final line. The two launches run side by side (most of their time is starting Python)."""
+    flags = dict(steps=4, eval_every=2, batch_size=8, dropout=0, lr=1e-3)
+    stages = {"mirror": {}, "joint": dict(stage="joint", unfreeze_encoder=True)}
+    launched = {}
+    try:
+        for name, extra in stages.items():
+            work = tmp_path / name / "ddp"
+            work.mkdir(parents=True)
+            argv = base_args(tiny_bert_dir, data_dir, None, **flags, **extra)  # no --out-dir
+            launched[name] = (work, start_torchrun(argv, work, tmp_path / name / "log"))
+        for name, extra in stages.items():  # the single-process references meanwhile
+            run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / name / "single", **flags, **extra))
+        for name, (work, proc) in launched.items():
+            proc.wait(timeout=180)
+    finally:
+        for _, proc in launched.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    start = tensors(Path(tiny_bert_dir) / "model.safetensors")
+    for name, (work, proc) in launched.items():
+        log = (tmp_path / name / "log").read_text()
+        assert proc.returncode == 0, log[-4000:]
+        single = tmp_path / name / "single"
+        assert [p.name for p in work.iterdir()] == ["runs"]
+        runs = list((work / "runs").iterdir())
+        assert len(runs) == 1, runs
+        run = runs[0]
+        assert log.count("STS dev Spearman:") == 1 and str(Path("runs") / run.name / "best") in log
+
+        lines, reference = metrics_lines(run), metrics_lines(single)
+        assert [m["step"] for m in lines] == [m["step"] for m in reference] == [0, 2, 4]
+        for ours, theirs in zip(lines, reference):
+            assert ours["sts_pearson"] == pytest.approx(theirs["sts_pearson"], abs=1e-4)
+        assert training_state(run)["step"] == 4
+        for weights in ["model.safetensors"] + (["flow.safetensors"] if name == "joint" else []):
+            ddp, one = tensors(run / "last" / weights), tensors(single / "last" / weights)
+            assert ddp.keys() == one.keys()
+            for k in one:
+                # A key bias gets a zero gradient in exact arithmetic (softmax ignores a shift of
+                # every score): its gradient is float noise, which Adam turns into steps of ~lr.
+                atol = flags["steps"] * flags["lr"] if k.endswith("attention.self.key.bias") else 1e-5
+                torch.testing.assert_close(ddp[k].double(), one[k].double(), rtol=0, atol=atol,
+                                           msg=f"{name} {weights}: {k}")
+        # The encoder moved, so the comparison compares something.
+        key = "encoder.layer.0.output.dense.weight"
+        assert not torch.equal(start[key], tensors(run / "last" / "model.safetensors")[key])
