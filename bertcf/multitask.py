@@ -630,11 +630,7 @@ def main(argv=None) -> dict:
     check_args(args)
     if args.predict_only:
         return predict_only(args)
-    device = training.init_distributed(args.device)
-    try:
-        return train(args, device)
-    finally:
-        training.cleanup_distributed()
+    return training.run_distributed(train, args)
 
 
 def train(args, device) -> dict:

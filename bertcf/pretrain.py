@@ -146,12 +146,7 @@ def main(argv=None) -> dict:
     parser = build_parser()
     args = training.parse_args(parser, argv)
     check_args(args)
-    # Under torchrun: join the process group and take this rank's device (a no-op otherwise).
-    device = training.init_distributed(args.device)
-    try:
-        return train(args, device)
-    finally:
-        training.cleanup_distributed()
+    return training.run_distributed(train, args)
 
 
 def train(args, device) -> dict:

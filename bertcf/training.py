@@ -585,6 +585,16 @@ def unwrap(module: torch.nn.Module) -> torch.nn.Module:
             return module
 
 
+def run_distributed(train, args):
+    """``train(args, device)`` inside the process group torchrun describes (none for a plain
+    ``python`` launch), leaving the group afterwards whatever happens."""
+    device = init_distributed(args.device)
+    try:
+        return train(args, device)
+    finally:
+        cleanup_distributed()
+
+
 def cleanup_distributed() -> None:
     """Leave the process group (safe to call when none was started)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
