@@ -214,12 +214,23 @@ class Workload:
         from .training import autocast
         return autocast(self.device, self.precision)
 
-    def optimizer(self, params, lr):
+    def training_step(self, params, lr, loss_fn):
+        """A step closure: ``loss_fn(inputs)`` under autocast, (scaled) backward, one AdamW step
+        (fused on a GPU, weight decay 0.01) over ``params``."""
         from .training import make_optimizer
-        return make_optimizer(params, lr, 0.01, self.device)  # fused AdamW on a GPU
 
-    def scaler(self):
-        return torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        opt = make_optimizer(params, lr, 0.01, self.device)
+        scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+
+        def step(inputs):
+            opt.zero_grad(set_to_none=True)
+            with self.autocast():
+                loss = loss_fn(inputs)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            return loss
+        return step
 
     # per-step figures, averaged over the input pool
     def sentences(self, inputs) -> int:
@@ -241,20 +252,13 @@ class Mirror(Workload):
         from .encoder import pool
 
         info_nce = InfoNCE(temperature=0.05)
-        opt, scaler = self.optimizer(model.parameters(), 1e-4), self.scaler()
         model.train()
 
-        def step(inputs):
+        def loss(inputs):
             (b,) = inputs
-            opt.zero_grad(set_to_none=True)
-            with self.autocast():
-                u, u_masked = pool(forward(b.ids, b.mask), b.mask).chunk(2)
-                loss = info_nce(u, u_masked)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return loss
-        return step
+            u, u_masked = pool(forward(b.ids, b.mask), b.mask).chunk(2)
+            return info_nce(u, u_masked)
+        return self.training_step(model.parameters(), 1e-4, loss)
 
 
 class Joint(Mirror):
@@ -272,22 +276,15 @@ class Joint(Mirror):
         flow = copy.deepcopy(self.flow).to(self.device).train()  # the same initial flow for both models
         model.requires_grad_(False)
         model.train()  # the stage keeps dropout on in the frozen encoder
-        opt, scaler = self.optimizer(flow.parameters(), 3e-4), self.scaler()
 
-        def step(inputs):
+        def loss(inputs):
             (b,) = inputs
-            opt.zero_grad(set_to_none=True)
-            with self.autocast():
-                with torch.no_grad():
-                    u_both = pool(forward(b.ids, b.mask), b.mask)
-                z_both, logdet_both = flow(u_both)
-                z, z_masked = z_both.chunk(2)
-                loss = 0.3 * info_nce(z, z_masked) + gaussian_nll(z, logdet_both.chunk(2)[0]).mean()
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return loss
-        return step
+            with torch.no_grad():
+                u_both = pool(forward(b.ids, b.mask), b.mask)
+            z_both, logdet_both = flow(u_both)
+            z, z_masked = z_both.chunk(2)
+            return 0.3 * info_nce(z, z_masked) + gaussian_nll(z, logdet_both.chunk(2)[0]).mean()
+        return self.training_step(flow.parameters(), 3e-4, loss)
 
     def flops(self, inputs):
         d = self.config.hidden_size
@@ -301,6 +298,7 @@ class Multitask(Workload):
 
     def build(self, model, forward):
         from .encoder import pool
+        from .multitask import CosineRegressionLoss, HingeCosineLoss, SSTLoss
 
         d = self.config.hidden_size
         if not hasattr(self, "heads"):
@@ -309,33 +307,25 @@ class Multitask(Workload):
         heads = copy.deepcopy(self.heads).to(self.device).train()
         model.requires_grad_(True)
         model.train()
-        opt = self.optimizer(list(model.parameters()) + list(heads.parameters()), 1e-5)
-        scaler = self.scaler()
         g = torch.Generator(device=self.device).manual_seed(0)
         labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
                   "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
                   "sts": torch.rand(32, generator=g, device=self.device) * 5}
 
-        def cosine(head, batch):
-            e1, e2 = head(F.dropout(pool(forward(batch.ids, batch.mask), batch.mask), 0.1)).chunk(2)
-            return F.cosine_similarity(e1.float(), e2.float(), dim=-1)
+        losses = {"sst": SSTLoss(), "qqp": HingeCosineLoss(0.7), "sts": CosineRegressionLoss(0.0)}
 
-        def step(inputs):
+        def projected_pairs(head, batch, dropout):
+            """The head on both halves of a pair batch: (p1, p2)."""
+            return head(F.dropout(pool(forward(batch.ids, batch.mask), batch.mask), dropout)).chunk(2)
+
+        def loss(inputs):
             sst, qqp, sts = inputs
-            opt.zero_grad(set_to_none=True)
-            with self.autocast():
-                logits = heads["sst"](F.dropout(pool(forward(sst.ids, sst.mask), sst.mask), 0.3))
-                l_sst = F.cross_entropy(logits.float(), labels["sst"])
-                cos = cosine(heads["qqp"], qqp)  # hinge 0.7: pull duplicates to 1, push others below 0.7
-                y = labels["qqp"]
-                l_qqp = (y * (1 - cos) + (1 - y) * F.relu(cos - 0.7)).mean()
-                l_sts = F.mse_loss(F.relu(cosine(heads["sts"], sts)) * 5, labels["sts"])
-                loss = 5 * l_sst + 20 * l_qqp + l_sts
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return loss
-        return step
+            logits = heads["sst"](F.dropout(pool(forward(sst.ids, sst.mask), sst.mask), 0.3))
+            l_sst = losses["sst"](logits, labels["sst"])
+            l_qqp = losses["qqp"](*projected_pairs(heads["qqp"], qqp, 0.0), labels["qqp"])
+            l_sts = losses["sts"](*projected_pairs(heads["sts"], sts, 0.1), labels["sts"])
+            return 5 * l_sst + 20 * l_qqp + l_sts
+        return self.training_step(list(model.parameters()) + list(heads.parameters()), 1e-5, loss)
 
     def flops(self, inputs):
         d = self.config.hidden_size
