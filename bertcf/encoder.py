@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 from tqdm.auto import tqdm
 
-from minbert import BertModel, CheckpointError, load_tokenizer, tokenize
+from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 from minbert.model import WEIGHT_FILES
 
 from .training import autocast
@@ -84,8 +84,9 @@ class SentenceEncoder(nn.Module):
         if not sentences:
             return torch.empty(0, self.dim)
         max_length = self._max_length(max_length)
-        lengths = [len(ids) for ids in self.tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]]
-        order = sorted(range(len(sentences)), key=lambda i: -lengths[i])  # longest first
+        # Tokenised once: the lengths order the batches, and each batch is padded from these ids.
+        token_ids = self.tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]
+        order = sorted(range(len(sentences)), key=lambda i: -len(token_ids[i]))  # longest first
         was_training = self.training
         self.eval()
         device = self.device
@@ -94,10 +95,10 @@ class SentenceEncoder(nn.Module):
             with torch.inference_mode():
                 for start in tqdm(range(0, len(order), batch_size), desc="encode", disable=not show_progress_bar,
                                   unit="batch"):
-                    batch = self.tokenize([sentences[i] for i in order[start:start + batch_size]], max_length)
-                    batch = {k: v.to(device) for k, v in batch.items()}
+                    ids, mask = pad_batch([token_ids[i] for i in order[start:start + batch_size]],
+                                          self.tokenizer.pad_token_id)
                     with autocast(device, self.precision):
-                        vectors = self(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+                        vectors = self(ids.to(device), mask.to(device))
                     chunks.append(vectors.float().cpu())
         finally:
             self.train(was_training)

@@ -503,10 +503,10 @@ class Trainer:
 
 # ---- distributed training ------------------------------------------------------------------------
 # Every entry point (run_pretrain.py, run_multitask.py) runs unchanged under ``torchrun
-# --nproc_per_node N``: it calls init_distributed() first (a no-op for a plain ``python`` launch),
-# wraps the modules whose forward the step calls with wrap_ddp() (keeping the unwrapped ones for
-# evaluation, checkpoints and the Trainer's ``modules``), and calls cleanup_distributed() at the
-# end. Every rank draws the same global batch from its EpochSampler, draws any random views of it
+# --nproc_per_node N``: its main() calls run_distributed(train, args), which joins the process group
+# (a no-op for a plain ``python`` launch) and leaves it at the end, and its train() wraps the modules
+# whose forward the step calls with wrap_ddp() (keeping the unwrapped ones for evaluation,
+# checkpoints and the Trainer's ``modules``). Every rank draws the same global batch from its EpochSampler, draws any random views of it
 # (span masks, an objective's noise) for the whole batch from the same seeded generator, and keeps
 # its rows with local_slice, so --batch-size stays the global batch and the data are one process's;
 # the contrastive losses gather candidates from every rank themselves
