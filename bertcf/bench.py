@@ -14,14 +14,15 @@ Workloads (the report's settings):
              backward, AdamW step.
   joint      the encoder frozen (no_grad, dropout on as in the stage), a 3-block Glow on the
              pooled embeddings of both views, 0.3 * InfoNCE(F(x)) + NLL, AdamW on the flow.
-  multitask  32 SST + 96 x 2 QQP + 32 x 2 STS sentences (one forward per task), forward and
-             backward through the encoder and simple heads (SST linear D x 5, QQP and STS
-             linear D x 768 + cosine), 5 / 20 / 1 loss weights, AdamW step.
+  multitask  bertcf.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
+             pass, the heads (SST dropout 0.3 + linear D x 5; QQP linear D x 768; STS dropout
+             0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step.
   encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
              eval mode under torch.inference_mode.
 Inputs are random token ids with realistic variable lengths (a log-normal around each task's
 typical length, clipped to its max length), [CLS] ... [SEP] and dynamic padding, fixed seed.
-Time: median over --steps timed steps after --warmup untimed ones (torch.cuda.synchronize
+minBERT runs unpadded (the real tokens only; ``--no-unpad`` turns that off), transformers
+padded, as each does in training. Time: median over --steps timed steps after --warmup untimed ones (torch.cuda.synchronize
 around each step on a GPU). tokens/s counts real (non-padding) tokens. speed-up is
 transformers' step time / minBERT's (> 1: minBERT is faster). On a GPU with a known peak,
 MFU = model FLOPs / time / peak, with FLOPs = 6 N t (training) or 2 N t (inference) over the
@@ -102,13 +103,30 @@ def load_models(model: str | None, tiny: bool = False, seed: int = 11711):
     return mb, hf, note
 
 
-def hidden_fn(model, compile_: bool = False):
-    """A uniform call: (ids, mask) -> last hidden state, for either implementation."""
-    is_minbert = model.__class__.__module__.startswith("minbert")
-    net = torch.compile(model) if compile_ else model
-    if is_minbert:
-        return lambda ids, mask: net(ids, mask)["last_hidden_state"]
-    return lambda ids, mask: net(input_ids=ids, attention_mask=mask).last_hidden_state
+class Encoder(nn.Module):
+    """Either implementation behind minBERT's call, ``(input_ids, attention_mask,
+    token_type_ids=None, num_tokens=None) -> {'last_hidden_state': [b, t, D]}``, so that every
+    workload (and :class:`bertcf.multitask.MultitaskModel`) runs the same code on both.
+
+    ``compile_``: minBERT compiles layer by layer (:meth:`minbert.BertModel.compile`),
+    transformers as a whole model, both with ``dynamic=True`` (the batch shapes change from
+    step to step). ``unpad=False`` makes minBERT compute the padding too, as transformers does."""
+
+    def __init__(self, model, compile_: bool = False, unpad: bool = True):
+        super().__init__()
+        self.is_minbert = model.__class__.__module__.startswith("minbert")
+        self.model, self.config, self.unpad = model, model.config, unpad
+        self.call = model
+        if compile_ and self.is_minbert:
+            model.compile()
+        elif compile_:
+            self.call = torch.compile(model, dynamic=True)
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens=None):
+        if self.is_minbert:
+            return self.call(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens, unpad=self.unpad)
+        out = self.call(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        return {"last_hidden_state": out.last_hidden_state}
 
 
 # ---- inputs -------------------------------------------------------------------------------------
@@ -121,6 +139,10 @@ class Batch:
     @property
     def tokens(self) -> int:
         return sum(self.lengths)
+
+    def hidden(self, bert):
+        """The last hidden state [b, t, D] of an :class:`Encoder`."""
+        return bert(self.ids, self.mask, num_tokens=self.tokens)["last_hidden_state"]
 
 
 def sample_lengths(n: int, median: int, max_len: int, g: torch.Generator) -> list[int]:
@@ -247,24 +269,25 @@ class Mirror(Workload):
     def make_inputs(self, n):
         return [[two_views(self.batch(16, "mirror"), self.mask_id, self.g)] for _ in range(n)]
 
-    def build(self, model, forward):
+    def build(self, bert):
         from .contrastive import InfoNCE
         from .encoder import pool
 
         info_nce = InfoNCE(temperature=0.05)
-        model.train()
+        bert.requires_grad_(True)
+        bert.train()
 
         def loss(inputs):
             (b,) = inputs
-            u, u_masked = pool(forward(b.ids, b.mask), b.mask).chunk(2)
+            u, u_masked = pool(b.hidden(bert), b.mask).chunk(2)
             return info_nce(u, u_masked)
-        return self.training_step(model.parameters(), 1e-4, loss)
+        return self.training_step(bert.parameters(), 1e-4, loss)
 
 
 class Joint(Mirror):
     training = False  # the encoder only runs forward; the flow's FLOPs are added below
 
-    def build(self, model, forward):
+    def build(self, bert):
         from .contrastive import InfoNCE
         from .encoder import pool
         from .flow import Glow, gaussian_nll
@@ -274,13 +297,13 @@ class Joint(Mirror):
             torch.manual_seed(0)
             self.flow = Glow(self.config.hidden_size, num_blocks=3)
         flow = copy.deepcopy(self.flow).to(self.device).train()  # the same initial flow for both models
-        model.requires_grad_(False)
-        model.train()  # the stage keeps dropout on in the frozen encoder
+        bert.requires_grad_(False)
+        bert.train()  # the stage keeps dropout on in the frozen encoder
 
         def loss(inputs):
             (b,) = inputs
             with torch.no_grad():
-                u_both = pool(forward(b.ids, b.mask), b.mask)
+                u_both = pool(b.hidden(bert), b.mask)
             z_both, logdet_both = flow(u_both)
             z, z_masked = z_both.chunk(2)
             return 0.3 * info_nce(z, z_masked) + gaussian_nll(z, logdet_both.chunk(2)[0]).mean()
@@ -293,43 +316,46 @@ class Joint(Mirror):
 
 
 class Multitask(Workload):
+    """bertcf.multitask's training step itself: MultitaskModel (one encoder pass over all 288
+    sentences, the heads) and MultitaskLoss, around either implementation."""
+
+    sizes = {"sst": 32, "para": 96, "sts": 32}
+
     def make_inputs(self, n):
-        return [[self.batch(32, "sst"), self.batch(192, "qqp"), self.batch(64, "sts")] for _ in range(n)]
+        out = []
+        for _ in range(n):
+            lengths = []
+            for task, kind in (("sst", "sst"), ("para", "qqp"), ("sts", "sts")):
+                median, max_len = LENGTHS[kind]
+                rows = self.sizes[task] * (1 if task == "sst" else 2)
+                lengths += sample_lengths(rows, median, min(max_len, self.config.max_position_embeddings), self.g)
+            out.append([make_batch(lengths, self.config.vocab_size, self.g, self.device, (self.cls, self.sep))])
+        return out
 
-    def build(self, model, forward):
-        from .encoder import pool
-        from .multitask import CosineRegressionLoss, HingeCosineLoss, SSTLoss
+    def build(self, bert):
+        from .encoder import SentenceEncoder
+        from .multitask import MultitaskLoss, MultitaskModel
 
-        d = self.config.hidden_size
-        if not hasattr(self, "heads"):
-            torch.manual_seed(0)
-            self.heads = nn.ModuleDict({"sst": nn.Linear(d, 5), "qqp": nn.Linear(d, 768), "sts": nn.Linear(d, 768)})
-        heads = copy.deepcopy(self.heads).to(self.device).train()
+        torch.manual_seed(0)  # the same initial heads for both implementations
+        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), proj_dim=768, sst_dropout=0.3,
+                               para_dropout=0.0, sts_dropout=0.1).to(self.device)
         model.requires_grad_(True)
         model.train()
         g = torch.Generator(device=self.device).manual_seed(0)
         labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
-                  "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
+                  "para": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
                   "sts": torch.rand(32, generator=g, device=self.device) * 5}
-
-        losses = {"sst": SSTLoss(), "qqp": HingeCosineLoss(0.7), "sts": CosineRegressionLoss(0.0)}
-
-        def projected_pairs(head, batch, dropout):
-            """The head on both halves of a pair batch: (p1, p2)."""
-            return head(F.dropout(pool(forward(batch.ids, batch.mask), batch.mask), dropout)).chunk(2)
+        multitask_loss = MultitaskLoss({"sst": 5.0, "para": 20.0, "sts": 1.0}, para_margin=0.7, sts_margin=0.0)
 
         def loss(inputs):
-            sst, qqp, sts = inputs
-            logits = heads["sst"](F.dropout(pool(forward(sst.ids, sst.mask), sst.mask), 0.3))
-            l_sst = losses["sst"](logits, labels["sst"])
-            l_qqp = losses["qqp"](*projected_pairs(heads["qqp"], qqp, 0.0), labels["qqp"])
-            l_sts = losses["sts"](*projected_pairs(heads["sts"], sts, 0.1), labels["sts"])
-            return 5 * l_sst + 20 * l_qqp + l_sts
-        return self.training_step(list(model.parameters()) + list(heads.parameters()), 1e-5, loss)
+            (b,) = inputs
+            out = model(b.ids, b.mask, self.sizes, num_tokens=b.tokens)
+            return multitask_loss(out, labels)[0]
+        return self.training_step(model.parameters(), 1e-5, loss)
 
     def flops(self, inputs):
         d = self.config.hidden_size
-        heads = sum(6 * d * out * len(b.lengths) for b, out in zip(inputs, (5, 768, 768)))
+        heads = 6 * d * (5 * self.sizes["sst"] + 768 * 2 * (self.sizes["para"] + self.sizes["sts"]))
         return super().flops(inputs) + heads
 
 
@@ -351,17 +377,17 @@ class Encode(Workload):
                                    (self.cls, self.sep)) for i in range(0, len(lengths), self.batch_size)])
         return out
 
-    def build(self, model, forward):
+    def build(self, bert):
         from .encoder import pool
 
-        model.eval()
+        bert.eval()
 
         @torch.inference_mode()
         def step(inputs):
             out = None
             for b in inputs:
                 with self.autocast():
-                    out = pool(forward(b.ids, b.mask), b.mask)
+                    out = pool(b.hidden(bert), b.mask)
             return out
         return step
 
@@ -375,12 +401,12 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_workload(workload: Workload, models: dict, steps: int, warmup: int, compile_: bool = False) -> dict:
-    """Median step time of each model; their steps alternate (order flipped every round)."""
-    steps_fns = {name: workload.build(model, hidden_fn(model, compile_)) for name, model in models.items()}
-    times = {name: [] for name in models}
+def time_workload(workload: Workload, encoders: dict, steps: int, warmup: int) -> dict:
+    """Median step time of each :class:`Encoder`; their steps alternate (order flipped every round)."""
+    steps_fns = {name: workload.build(bert) for name, bert in encoders.items()}
+    times = {name: [] for name in encoders}
     pool = workload.batches
-    names = list(models)
+    names = list(encoders)
     device = workload.device
     for i in range(warmup + steps):
         inputs = pool[i % len(pool)]
@@ -424,7 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default %(default)s)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of %(default)s")
     p.add_argument("--encode-sentences", type=int, default=256, help="sentences per encode step (default %(default)s)")
-    p.add_argument("--compile", action="store_true", help="torch.compile both models' forward")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile both models (minBERT layer by layer, transformers whole; dynamic shapes)")
+    p.add_argument("--no-unpad", action="store_true",
+                   help="minBERT computes the padding too, as transformers does (shows what unpadding gains)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--seed", type=int, default=11711)
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -453,12 +482,13 @@ def main(argv=None) -> dict:
     precision = resolve_precision(args.precision, device)
     wall = time.perf_counter()
     mb, hf, note = load_models(args.model, args.tiny, args.seed)
-    models = {"minbert": mb.to(device), "transformers": hf.to(device)}
+    encoders = {"minbert": Encoder(mb.to(device), args.compile, unpad=not args.no_unpad),
+                "transformers": Encoder(hf.to(device), args.compile)}
     config = mb.config
     info = {"model": "tiny" if args.tiny else args.model, "weights": note, "device": device_name(device),
             "precision": precision, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "steps": args.steps, "warmup": args.warmup,
-            "compile": args.compile, "config": {k: getattr(config, k) for k in
+            "compile": args.compile, "unpad": not args.no_unpad, "config": {k: getattr(config, k) for k in
                                                 ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                  "intermediate_size", "vocab_size")},
             "encoder_params": sum(p.numel() for p in mb.parameters())}
@@ -474,7 +504,7 @@ def main(argv=None) -> dict:
         kwargs = {"sentences": args.encode_sentences} if name == "encode" else {}
         workload = WORKLOAD_CLASSES[name](name, config, device, precision, n_batches, args.seed + i, **kwargs)
         start = time.perf_counter()
-        results[name] = r = time_workload(workload, models, args.steps, args.warmup, args.compile)
+        results[name] = r = time_workload(workload, encoders, args.steps, args.warmup)
         r["wall_s"] = time.perf_counter() - start
         for impl in ("minbert", "transformers"):
             x = r[impl]

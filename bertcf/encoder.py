@@ -54,14 +54,15 @@ class SentenceEncoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.bert.parameters()).device
 
-    def embed(self, input_ids, attention_mask, token_type_ids=None):
-        """f(x): the pooled encoder output [b, D], float32, before any flow."""
-        out = self.bert(input_ids, attention_mask, token_type_ids)
+    def embed(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
+        """f(x): the pooled encoder output [b, D], float32, before any flow. ``num_tokens``:
+        the mask's sum, when known on the host (it spares the unpadded encoder a GPU sync)."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens)
         return pool(out["last_hidden_state"], attention_mask, self.pooling)
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None):
+    def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
         """The sentence vector [b, D]: F(x) when there is a flow, else f(x)."""
-        u = self.embed(input_ids, attention_mask, token_type_ids)
+        u = self.embed(input_ids, attention_mask, token_type_ids, num_tokens)
         return self.flow(u)[0] if self.flow is not None else u
 
     def _max_length(self, max_length: int | None = None) -> int:
@@ -98,7 +99,7 @@ class SentenceEncoder(nn.Module):
                     ids, mask = pad_batch([token_ids[i] for i in order[start:start + batch_size]],
                                           self.tokenizer.pad_token_id)
                     with autocast(device, self.precision):
-                        vectors = self(ids.to(device), mask.to(device))
+                        vectors = self(ids.to(device), mask.to(device), num_tokens=int(mask.sum()))
                     chunks.append(vectors.float().cpu())
         finally:
             self.train(was_training)

@@ -193,12 +193,13 @@ def train(args, device) -> dict:
     # What the step calls, each called once a step: under torchrun a DistributedDataParallel
     # wrapper (gradients averaged over ranks); a frozen module, or one process, gets the module
     # itself. `encoder` and `objective` stay unwrapped: evaluation, checkpoints and the Trainer
-    # use them. --compile compiles the (DDP-wrapped) encoder, as torch recommends for DDP.
+    # use them. --compile compiles minBERT layer by layer (BertModel.compile), in place.
+    if args.compile:
+        encoder.bert.compile()
     if objective is not None:
         step_objective = training.wrap_ddp(objective, device)
     else:
         bert = training.wrap_ddp(encoder.bert, device)
-        bert = torch.compile(bert) if args.compile else bert
         # Every flow parameter takes part in every step's loss: no search for unused ones.
         flow = training.wrap_ddp(encoder.flow, device, find_unused_parameters=False) if use_flow else None
     # --unfreeze-encoder: ActNorm's data-dependent initialisation must see the two views only, as
@@ -206,16 +207,18 @@ def train(args, device) -> dict:
     init_actnorm = False
 
     def embed(ids, mask):
-        """f(x) for a batch; no graph is built through a frozen encoder."""
+        """f(x) for a batch on the host; no graph is built through a frozen encoder."""
+        num_tokens = int(mask.sum())  # counted here, so the unpadded encoder needs no GPU sync
+        ids, mask = ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)
         with torch.set_grad_enabled(train_encoder):
-            return pool(bert(ids, mask)["last_hidden_state"], mask, encoder.pooling)
+            return pool(bert(ids, mask, num_tokens=num_tokens)["last_hidden_state"], mask, encoder.pooling)
 
     def step_fn(step):
         nonlocal init_actnorm
         # The global batch, padded as one process would pad it; every rank draws the same.
         ids, mask = pad_batch([token_ids[i] for i in sampler.next(args.batch_size)], tokenizer.pad_token_id)
         if args.stage == "flow":  # L_flow alone needs one view only
-            u = embed(ids[rows].to(device), mask[rows].to(device))
+            u = embed(ids[rows], mask[rows])
             z, logdet = flow(u)
             l_flow = gaussian_nll(z, logdet).mean()
             return l_flow, flow_scalars(l_flow, z, logdet)
@@ -227,7 +230,7 @@ def train(args, device) -> dict:
         masked = span_mask(ids, mask, special, tokenizer.mask_token_id, args.span_p, args.span_cap, span_generator)
         ids, masked, mask = ids[rows], masked[rows], mask[rows]
         # Both views in one forward pass: dropout masks differ per row, so they are independent.
-        u, u_masked = embed(torch.cat([ids, masked]).to(device), torch.cat([mask, mask]).to(device)).chunk(2)
+        u, u_masked = embed(torch.cat([ids, masked]), torch.cat([mask, mask])).chunk(2)
         if not use_flow:
             return info_nce(u, u_masked), pair_scalars(u, u_masked)
         if train_encoder:

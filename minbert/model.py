@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.nn as nn
@@ -21,6 +22,11 @@ import torch.nn.functional as F
 
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
+
+try:  # flash attention over packed variable-length sentences (torch >= 2.9, CUDA)
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:  # pragma: no cover - older torch: the padded attention below serves
+    varlen_attn = None
 
 
 class CheckpointError(Exception):
@@ -71,6 +77,47 @@ ACTIVATIONS = {
 }
 
 
+class Packing(NamedTuple):
+    """Where the real tokens of a padded [b, t] batch sit, for the unpadded forward.
+
+    The unpadded forward runs every token-wise module (embeddings, projections, feed-forward,
+    LayerNorm, dropout) on the T real tokens only, as a [T, D] tensor: with the report's
+    variable-length sentences, a padded batch is often two thirds padding. Only attention
+    needs the sentence structure: flash attention over ``cu_seqlens`` (varlen) where it
+    can run, else ``pad``/``unpad`` around ``scaled_dot_product_attention``."""
+    indices: torch.Tensor     # [T] positions of the real tokens in the flattened [b * t] batch
+    cu_seqlens: torch.Tensor  # [b + 1] int32: sentence i is packed rows cu_seqlens[i]:cu_seqlens[i + 1]
+    key_mask: torch.Tensor    # [b, 1, 1, t] bool, True at real tokens (for the padded attention)
+
+    @classmethod
+    def from_mask(cls, attention_mask: torch.Tensor, num_tokens: int | None = None) -> "Packing":
+        """``num_tokens`` (the mask's sum, known on the host where the batch was padded) saves
+        a device-to-host synchronisation: without it, ``nonzero`` must wait for the GPU."""
+        flat = attention_mask.flatten().bool()
+        if num_tokens is None:
+            indices = flat.nonzero().squeeze(1)
+        else:
+            indices = torch.nonzero_static(flat, size=num_tokens).squeeze(1)
+        lengths = attention_mask.sum(1, dtype=torch.int32)
+        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        return cls(indices, cu_seqlens, attention_mask.bool()[:, None, None, :])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(b, t) of the padded batch."""
+        return self.key_mask.shape[0], self.key_mask.shape[-1]
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, ...] -> [b, t, ...], zeros at the padding."""
+        b, t = self.shape
+        out = x.new_zeros(b * t, *x.shape[1:])
+        return out.index_copy(0, self.indices, x).view(b, t, *x.shape[1:])
+
+    def unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """[b, t, ...] -> [T, ...]: the real tokens, sentence after sentence."""
+        return x.reshape(-1, *x.shape[2:]).index_select(0, self.indices)
+
+
 class BertEmbeddings(nn.Module):
     """word + position + token-type embeddings, then LayerNorm and dropout."""
 
@@ -82,8 +129,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids, token_type_ids):
+    def forward(self, input_ids, token_type_ids, packing: Packing | None = None):
+        """[b, t] ids -> [b, t, D]; with ``packing``, the real tokens only: [T, D]."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        if packing is not None:
+            input_ids = input_ids.flatten()[packing.indices]
+            token_type_ids = token_type_ids.flatten()[packing.indices]
+            positions = packing.indices % positions.shape[0]  # a token's column is its position
         x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
 
@@ -104,16 +156,36 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x, attn_mask):
-        """x: [b, t, D]; attn_mask: [b, 1, 1, t] boolean (True = a real token to attend to)."""
-        b, t, d = x.shape
+    def forward(self, x, attn):
+        """x: [b, t, D] and attn the [b, 1, 1, t] boolean mask (True = a real token to attend
+        to); or, unpadded, x: [T, D] and attn a :class:`Packing`. Returns x's shape."""
+        d = x.shape[-1]
         weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3D, D]
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(x, weight, bias).view(b, t, 3, self.num_heads, d // self.num_heads)
+        qkv = F.linear(x, weight, bias).unflatten(-1, (3, self.num_heads, d // self.num_heads))
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(attn, Packing):
+            if self._flash_varlen(qkv, dropout_p):
+                q, k, v = qkv.unbind(1)  # each [T, heads, head_dim]
+                t = attn.shape[1]
+                return varlen_attn(q, k, v, attn.cu_seqlens, attn.cu_seqlens, t, t).flatten(1)
+            # varlen_attn has no dropout: with attention dropout on (training), or on the CPU,
+            # pad the packed Q, K, V for scaled_dot_product_attention and pack its output again.
+            return attn.unpad(self._attend(attn.pad(qkv), attn.key_mask, dropout_p))
+        return self._attend(qkv, attn, dropout_p)
+
+    @staticmethod
+    def _attend(qkv, key_mask, dropout_p):
+        """[b, t, 3, heads, head_dim] -> [b, t, D] through scaled_dot_product_attention."""
+        b, t = qkv.shape[:2]
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [b, heads, t, head_dim]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.dropout_p if self.training else 0.0)
-        return y.transpose(1, 2).reshape(b, t, d)  # heads concatenated again: [b, t, D]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
+        return y.transpose(1, 2).reshape(b, t, -1)  # heads concatenated again: [b, t, D]
+
+    @staticmethod
+    def _flash_varlen(qkv, dropout_p) -> bool:
+        return (varlen_attn is not None and dropout_p == 0.0 and qkv.is_cuda
+                and qkv.dtype in (torch.float16, torch.bfloat16) and qkv.shape[-1] <= 256)
 
 
 class BertSelfOutput(nn.Module):
@@ -135,8 +207,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)
         self.output = BertSelfOutput(config)
 
-    def forward(self, x, attn_mask):
-        return self.output(self.self(x, attn_mask), x)
+    def forward(self, x, attn):
+        return self.output(self.self(x, attn), x)
 
 
 class BertIntermediate(nn.Module):
@@ -173,8 +245,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config)
 
-    def forward(self, x, attn_mask):
-        x = self.attention(x, attn_mask)
+    def forward(self, x, attn):
+        x = self.attention(x, attn)
         return self.output(self.intermediate(x), x)
 
 
@@ -217,28 +289,51 @@ class BertModel(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False):
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
+                num_tokens: int | None = None, unpad: bool = True):
         """input_ids, attention_mask, token_type_ids: [b, t] (mask 1 = real token, 0 = padding).
 
         Returns {'last_hidden_state': [b, t, D], 'pooler_output': [b, D]} and, when
         ``output_hidden_states``, 'hidden_states': the embeddings' output and every layer's.
+
+        A batch with padding runs unpadded (see :class:`Packing`): the same values at the
+        real tokens, and zeros at the padding (where a padded forward computes values
+        nothing should read). ``num_tokens``, the mask's sum when the caller knows it, spares
+        a GPU synchronisation; ``unpad=False`` computes the padding too.
         """
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        # [b, 1, 1, t] boolean: every query may attend to the real tokens of its sentence.
-        attn_mask = attention_mask.bool()[:, None, None, :]
-        x = self.embeddings(input_ids, token_type_ids)
+        packing = None
+        if attention_mask is not None and unpad and num_tokens != input_ids.numel():
+            packing = Packing.from_mask(attention_mask, num_tokens)
+            if num_tokens is None and packing.indices.numel() == input_ids.numel():
+                packing = None  # no padding after all
+        if packing is not None:
+            attn = packing
+        elif attention_mask is None:
+            attn = None  # every token attends to every token
+        else:  # [b, 1, 1, t] boolean: every query may attend to the real tokens of its sentence
+            attn = attention_mask.bool()[:, None, None, :]
+        x = self.embeddings(input_ids, token_type_ids, packing)
         hidden_states = [x]
         for layer in self.encoder.layer:
-            x = layer(x, attn_mask)
+            x = layer(x, attn)
             if output_hidden_states:  # else hold no reference, so inference can free each layer's output
                 hidden_states.append(x)
+        if packing is not None:
+            x = packing.pad(x)
+            hidden_states = [packing.pad(h) for h in hidden_states] if output_hidden_states else hidden_states
         out = {"last_hidden_state": x, "pooler_output": self.pooler(x)}
         if output_hidden_states:
             out["hidden_states"] = tuple(hidden_states)
         return out
+
+    def compile(self, **kwargs) -> None:
+        """``torch.compile`` each layer rather than the whole model: the twelve layers share one
+        compiled graph, compiled once for every batch shape (``dynamic=True``: the number of
+        real tokens changes from batch to batch), and the packing stays outside it."""
+        for layer in self.encoder.layer:
+            layer.compile(**({"dynamic": True} | kwargs))
 
     # ---- checkpoints -------------------------------------------------------------------
     @classmethod

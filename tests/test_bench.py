@@ -59,8 +59,8 @@ def test_config_only_dir_gives_identical_models(tmp_path):
     batch = bench.make_batch([7, 12, 5], mb.config.vocab_size, g, "cpu", bench.special_ids(mb.config.vocab_size)[:2])
     mb.eval(), hf.eval()
     with torch.no_grad():
-        a = bench.hidden_fn(mb)(batch.ids, batch.mask)
-        b = bench.hidden_fn(hf)(batch.ids, batch.mask)
+        a = batch.hidden(bench.Encoder(mb))
+        b = batch.hidden(bench.Encoder(hf))
     real = batch.mask.bool()
     torch.testing.assert_close(a[real], b[real], rtol=1e-4, atol=1e-5)
     assert batch.tokens == 24 and batch.ids.shape == (3, 12)

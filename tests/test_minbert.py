@@ -144,6 +144,80 @@ def test_padding_content_is_ignored(hf_dir):
     assert max_diff(a["pooler_output"], c["pooler_output"]) < 1e-5
 
 
+def test_unpadded_forward_equals_padded(hf_dir):
+    """A batch with padding runs unpadded (real tokens only): the same values and gradients as
+    computing the padding too, zeros at the padding; with a mask that has holes too."""
+    directory, hf = hf_dir
+    ours = BertModel.from_pretrained(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ids, mask, types = padded_batch(seed=7, lengths=(11, 7, 1, 4, 11))
+    mask[4, 3:6] = 0  # a hole in the middle of a sentence: positions stay the columns
+    real = mask.bool()
+    outputs, grads = {}, {}
+    for unpad in (True, False):
+        ours.zero_grad()
+        out = ours(ids, mask, types, unpad=unpad)
+        (valid(out["last_hidden_state"], mask).square().mean() + out["pooler_output"].sum()).backward()
+        outputs[unpad], grads[unpad] = out, {n: p.grad.clone() for n, p in ours.named_parameters()}
+    a, b = outputs[True], outputs[False]
+    assert max_diff(valid(a["last_hidden_state"], mask), valid(b["last_hidden_state"], mask)) < 1e-6
+    assert max_diff(a["pooler_output"], b["pooler_output"]) < 1e-6
+    assert (a["last_hidden_state"][~real] == 0).all() and (b["last_hidden_state"][~real] != 0).any()
+    for name, g in grads[False].items():
+        assert max_diff(grads[True][name], g) < 1e-5 * max(1.0, g.abs().max().item()), name
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        counted = ours(ids, mask, types, num_tokens=int(mask.sum()))  # no nonzero(): the count is given
+    assert max_diff(valid(a["last_hidden_state"], mask), valid(ref.last_hidden_state, mask)) < TOL
+    assert torch.equal(counted["last_hidden_state"], a["last_hidden_state"].detach())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_unpadded_on_cuda_flash_varlen_and_compile(hf_dir, monkeypatch):
+    """On a GPU in bf16: flash attention over the packed sentences (varlen) and the padded
+    attention around it (what runs with attention dropout on) give what the padded model gives,
+    forward and backward; BertModel.compile (layer by layer, dynamic shapes) changes no value."""
+    varlen_attn = minbert.model.varlen_attn
+    if varlen_attn is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    directory, hf = hf_dir
+    ours = BertModel.from_pretrained(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).cuda()
+    hf = hf.cuda()
+    ids, mask, types = (x.cuda() for x in padded_batch(seed=8, lengths=(11, 7, 1, 4)))
+    calls = []
+
+    def counted_varlen_attn(*args, **kwargs):
+        calls.append(1)
+        return varlen_attn(*args, **kwargs)
+
+    def run(**kwargs):
+        ours.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = ours(ids, mask, types, **kwargs)
+        (valid(out["last_hidden_state"], mask).float().square().mean() + out["pooler_output"].float().sum()).backward()
+        return out["last_hidden_state"].float(), {n: p.grad.clone() for n, p in ours.named_parameters()}
+
+    ref_hidden, ref_grads = run(unpad=False)
+    for flash in (True, False):
+        monkeypatch.setattr(minbert.model, "varlen_attn", counted_varlen_attn if flash else None)
+        calls.clear()
+        hidden, grads = run(num_tokens=int(mask.sum()))
+        assert len(calls) == (ours.config.num_hidden_layers if flash else 0)
+        assert max_diff(valid(hidden, mask), valid(ref_hidden, mask)) < 0.05
+        for name, g in ref_grads.items():
+            assert max_diff(grads[name], g) < 0.05 * max(1.0, g.abs().max().item()), name
+    monkeypatch.setattr(minbert.model, "varlen_attn", varlen_attn)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state.float()
+        ours.eval()
+        eager = ours(ids, mask, types)["last_hidden_state"].float()
+        ours.compile()
+        compiled = ours(ids, mask, types)["last_hidden_state"].float()
+        shorter = ours(ids[1:, :7], mask[1:, :7], types[1:, :7])["last_hidden_state"].float()  # another shape
+    assert max_diff(valid(eager, mask), valid(expected, mask)) < 0.05
+    assert max_diff(valid(compiled, mask), valid(eager, mask)) < 0.05
+    assert max_diff(valid(shorter, mask[1:, :7]), valid(eager[1:, :7], mask[1:, :7])) < 0.05
+
+
 def test_dropout_only_in_train_mode(hf_dir):
     directory, _ = hf_dir
     ours = BertModel.from_pretrained(directory)

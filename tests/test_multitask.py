@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertcf import multitask as mt
+from minbert import pad_batch
 from bertcf.data import read_quora, read_sst, read_sts
 from bertcf.encoder import SentenceEncoder
 from bertcf.flow import Glow
@@ -132,16 +133,52 @@ def test_tasks_cycle_independently():
 
 
 def test_train_batch_pads_and_wraps():
-    data = mt.TaskData("sts", Path("x"), [f"id{i}" for i in range(3)],
-                       ([[2, 5, 3], [2, 6, 7, 8, 3], [2, 3]], [[2, 9, 3], [2, 3], [2, 4, 4, 3]]), [0.0, 2.5, 5.0])
-    sampler = EpochSampler(len(data), seed=0)
-    rows = sampler.next(4)
-    (ids1, mask1, ids2, mask2), labels = mt.train_batch(data, rows, pad_token_id=0, device="cpu")
-    assert ids1.shape == (4, max(len(data.tokens[0][r]) for r in rows)) and mask1.shape == ids1.shape
-    assert ids2.shape[0] == 4 and labels.dtype == torch.float32
-    for k, r in enumerate(rows):
-        assert ids1[k, :mask1[k].sum()].tolist() == data.tokens[0][r]
-        assert labels[k].item() == data.labels[r]
+    sts = mt.TaskData("sts", Path("x"), [f"id{i}" for i in range(3)],
+                      ([[2, 5, 3], [2, 6, 7, 8, 3], [2, 3]], [[2, 9, 3], [2, 3], [2, 4, 4, 3]]), [0.0, 2.5, 5.0])
+    sst = mt.TaskData("sst", Path("y"), ["a", "b"], ([[2, 7, 7, 7, 7, 7, 3], [2, 8, 3]],), [4, 1])
+    rows = {"sst": [1, 0], "sts": EpochSampler(len(sts), seed=0).next(4)}  # 4 of 3 rows: wraps around
+    inputs, labels = mt.train_batch({"sst": sst, "sts": sts}, rows, pad_token_id=0, device="cpu")
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    # One batch, task by task and column by column: SST, then STS first and second sentences.
+    expected = [sst.tokens[0][r] for r in rows["sst"]] + [sts.tokens[c][r] for c in (0, 1) for r in rows["sts"]]
+    assert ids.shape == (len(expected), 7) and mask.shape == ids.shape
+    for k, tokens in enumerate(expected):
+        assert ids[k, :mask[k].sum()].tolist() == tokens and not ids[k, mask[k].sum():].any()
+    assert inputs["sizes"] == {"sst": 2, "sts": 4} and inputs["num_tokens"] == sum(map(len, expected))
+    assert labels["sst"].tolist() == [1, 4] and labels["sst"].dtype == torch.long
+    assert labels["sts"].tolist() == [sts.labels[r] for r in rows["sts"]] and labels["sts"].dtype == torch.float32
+
+
+def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
+    """MultitaskModel.forward encodes every task's sentences in one pass; without dropout that
+    equals encoding each task's batch (padded on its own) and applying its head."""
+    torch.manual_seed(0)
+    model = mt.MultitaskModel(SentenceEncoder.from_pretrained(tiny_bert_dir), proj_dim=8).eval()
+    g = torch.Generator().manual_seed(1)
+    lists = {task: [[2] + torch.randint(5, 90, (int(n),), generator=g).tolist() + [3]
+                    for n in torch.randint(1, 12, (rows,), generator=g)]
+             for task, rows in (("sst", 3), ("para", 4), ("sts", 2))}
+    sizes = {"sst": 3, "para": 2, "sts": 1}
+    ids, mask = pad_batch([t for task in mt.TASKS for t in lists[task]], 0)
+    out = model(ids, mask, sizes, num_tokens=int(mask.sum()))
+
+    def alone(task):
+        ids, mask = pad_batch(lists[task], 0)
+        return model.head(task)(model.sentence_vectors(ids, mask))
+
+    torch.testing.assert_close(out["sst"], alone("sst"), rtol=1e-5, atol=1e-6)
+    for task in ("para", "sts"):
+        torch.testing.assert_close(torch.cat(out[task]), alone(task), rtol=1e-5, atol=1e-6)
+        assert out[task][0].shape == (sizes[task], 8)
+
+    # MultitaskLoss is the weighted sum of the three losses on those outputs.
+    labels = {"sst": torch.tensor([0, 4, 2]), "para": torch.tensor([1.0, 0.0]), "sts": torch.tensor([3.5])}
+    loss, parts = mt.MultitaskLoss({"sst": 5, "para": 20, "sts": 1}, para_margin=0.7, sts_margin=0.0)(out, labels)
+    expected = {"sst": mt.SSTLoss()(out["sst"], labels["sst"]),
+                "para": mt.HingeCosineLoss(0.7)(*out["para"], labels["para"]),
+                "sts": mt.CosineRegressionLoss(0.0)(*out["sts"], labels["sts"])}
+    assert parts == expected
+    torch.testing.assert_close(loss, 5 * expected["sst"] + 20 * expected["para"] + expected["sts"])
 
 
 # ---- end to end ------------------------------------------------------------------------------------
