@@ -400,7 +400,27 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
-def time_workload(workload: Workload, encoders: dict, steps: int, warmup: int) -> dict:
+def profile_step(step, inputs_list, device) -> dict:
+    """``torch.profiler`` over one ``step`` per input: the operator table (by GPU time on a GPU,
+    else by CPU time) and the GPU kernels launched per step."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    _sync(device)
+    with profile(activities=activities) as prof:
+        for inputs in inputs_list:
+            step(inputs)
+        _sync(device)
+    averages = prof.key_averages()
+    table = averages.table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=20,
+                           max_name_column_width=60)
+    kernels = sum(e.count for e in averages if e.device_type == DeviceType.CUDA) / len(inputs_list)
+    return {"steps": len(inputs_list), "table": table, "gpu_kernels_per_step": kernels if cuda else None}
+
+
+def time_workload(workload: Workload, encoders: dict, steps: int, warmup: int, profile: int = 0) -> dict:
     """Median step time of each :class:`Encoder`; their steps alternate (order flipped every round)."""
     steps_fns = {name: workload.build(bert) for name, bert in encoders.items()}
     times = {name: [] for name in encoders}
@@ -431,6 +451,8 @@ def time_workload(workload: Workload, encoders: dict, steps: int, warmup: int) -
                         "times_ms": [1e3 * t for t in ts]}
     if len(names) == 2:
         result["speedup"] = result[names[1]]["ms_per_step"] / result[names[0]]["ms_per_step"]
+    if profile:
+        result["profile"] = profile_step(steps_fns[names[0]], [pool[i % len(pool)] for i in range(profile)], device)
     return result
 
 
@@ -453,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile both models (minBERT layer by layer, transformers whole; dynamic shapes)")
     p.add_argument("--no-unpad", action="store_true",
                    help="minBERT computes the padding too, as transformers does (shows what unpadding gains)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="after timing, profile N of minBERT's steps of each workload (torch.profiler) and print "
+                        "the operator table (default: off)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--seed", type=int, default=11711)
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -473,8 +498,8 @@ def main(argv=None) -> dict:
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown or not workloads:
         raise UsageError(f"--workloads: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(WORKLOADS)}")
-    if args.steps < 1 or args.warmup < 0:
-        raise UsageError("--steps must be at least 1 and --warmup at least 0")
+    if args.steps < 1 or args.warmup < 0 or args.profile < 0:
+        raise UsageError("--steps must be at least 1, --warmup and --profile at least 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -503,8 +528,12 @@ def main(argv=None) -> dict:
         kwargs = {"sentences": args.encode_sentences} if name == "encode" else {}
         workload = WORKLOAD_CLASSES[name](name, config, device, precision, n_batches, args.seed + i, **kwargs)
         start = time.perf_counter()
-        results[name] = r = time_workload(workload, encoders, args.steps, args.warmup)
+        results[name] = r = time_workload(workload, encoders, args.steps, args.warmup, args.profile)
         r["wall_s"] = time.perf_counter() - start
+        if args.profile:
+            kernels = r["profile"]["gpu_kernels_per_step"]
+            print(f"{name} minBERT, torch.profiler over {args.profile} steps"
+                  + (f" ({kernels:.0f} GPU kernels a step)" if kernels else "") + ":\n" + r["profile"]["table"])
         for impl in ("minbert", "transformers"):
             x = r[impl]
             print(f"{name:9s} {impl:12s} {x['ms_per_step']:10.2f} ms/step {x['tokens_per_s']:12,.0f} tokens/s "

@@ -111,12 +111,13 @@ class SentenceEncoder(nn.Module):
         return vectors[0] if single else vectors
 
     # ---- checkpoints -------------------------------------------------------------------
-    def save_pretrained(self, directory) -> None:
+    def save_pretrained(self, directory, link_weights_from=None) -> None:
         """A Hugging Face BERT directory (config.json, model.safetensors, tokenizer files)
-        plus ``sentence_encoder.json`` and, with a flow, ``flow.safetensors``."""
+        plus ``sentence_encoder.json`` and, with a flow, ``flow.safetensors``.
+        ``link_weights_from``: see :meth:`minbert.BertModel.save_pretrained`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.bert.save_pretrained(directory)
+        self.bert.save_pretrained(directory, link_weights_from)
         self.tokenizer.save_pretrained(str(directory))
         meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None}
         (directory / ENCODER_FILE).write_text(json.dumps(meta, indent=2) + "\n")

@@ -14,6 +14,7 @@ the global batch; see ``train``).
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -173,6 +174,11 @@ def train(args, device) -> dict:
     train_encoder = args.stage == "mirror" or args.unfreeze_encoder
     if use_flow and encoder.flow is None:
         encoder.flow = Glow(encoder.dim, num_blocks=args.flow_blocks, hidden=args.flow_hidden)
+    elif use_flow and rank == 0 and (encoder.flow.num_blocks, encoder.flow.hidden) != (args.flow_blocks,
+                                                                                      args.flow_hidden or encoder.dim):
+        print(f"note: --init already has a flow ({encoder.flow.num_blocks} blocks, coupling width "
+              f"{encoder.flow.hidden}); training it on, so --flow-blocks {args.flow_blocks} and --flow-hidden "
+              f"{args.flow_hidden or encoder.dim} do not apply", file=sys.stderr)
     if args.stage == "mirror":
         encoder.flow = None  # the contrastive stage trains the encoder itself
     encoder.bert.requires_grad_(train_encoder)
@@ -266,11 +272,20 @@ def train(args, device) -> dict:
         return result
 
     run = training.Run(args.out_dir, vars(args), resume=args.resume)
+
+    def save_model(directory):
+        """The encoder (and flow) checkpoint. A frozen encoder never changes during the run, so
+        once a checkpoint of it exists its weights are hard-linked rather than written again at
+        every evaluation (440 MB at bert-base size, twice: last/ and best/)."""
+        written = [d / "model.safetensors" for d in (run.dir / "last", run.dir / "best")]
+        reuse = next((f for f in written if f.is_file()), None) if not train_encoder else None
+        encoder.save_pretrained(directory, link_weights_from=reuse)
+
     optimizer = training.make_optimizer(trainable, args.lr, args.weight_decay, device)
     scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
     modules = {"encoder": encoder} if objective is None else {"objective": objective}  # it holds the encoder
     trainer = training.Trainer(args, run, modules, optimizer, scheduler, {"corpus": sampler},
-                               metric="sts_spearman", save_model=encoder.save_pretrained, evaluate=evaluate,
+                               metric="sts_spearman", save_model=save_model, evaluate=evaluate,
                                items_per_step=args.batch_size, extra_state={"span": GeneratorState(span_generator)})
     if args.resume:
         trainer.resume()

@@ -236,6 +236,30 @@ def dist_info() -> tuple[int, int]:
     return 0, 1
 
 
+def seed_dropout(seed: int, step: int) -> None:
+    """Under torchrun, reseed the global generator (dropout's) for this rank and step. Every rank
+    seeds it alike from --seed, so row i of every rank would draw the same dropout masks; a seed
+    made of (seed, step, rank) gives each rank its own stream and repeats exactly on --resume.
+    In one process this does nothing: its stream stays --seed's, which --resume restores."""
+    rank, world = dist_info()
+    if world > 1:
+        torch.manual_seed(((seed * 1_000_003 + step) * 4099 + rank) % 2**63)
+
+
+def mean_over_ranks(values: dict, device) -> dict:
+    """{name: scalar tensor or number} -> {name: float}, averaged over the ranks of the process
+    group in one all_reduce (each rank's loss is its share of the global batch, so the mean is
+    the global batch's); in one process, the values as they are. A host sync: call it at the
+    logging interval only, and on every rank."""
+    names = list(values)
+    stacked = torch.stack([torch.as_tensor(values[k], dtype=torch.float32, device=device).reshape(()) for k in names])
+    rank, world = dist_info()
+    if world > 1:
+        torch.distributed.all_reduce(stacked)
+        stacked /= world
+    return dict(zip(names, stacked.tolist()))
+
+
 def local_slice(items: list, rank: int, world: int) -> list:
     """This rank's share of a global batch (contiguous, so rank r holds rows r*b/w ...)."""
     if len(items) % world:
@@ -434,6 +458,7 @@ class Trainer:
             while self.step < args.steps:
                 for m in self.modules.values():
                     m.train()
+                seed_dropout(args.seed, self.step)
                 self.optimizer.zero_grad(set_to_none=True)
                 with autocast(args.device, args.precision):
                     loss, scalars = step_fn(self.step)
@@ -464,12 +489,13 @@ class Trainer:
                                                  f"stopped, {kept} (try a lower --lr or --precision fp32)")
                 if log_now:
                     # The only host-device synchronisation of the loop, once per logging interval.
-                    loss_value = float(loss_d)
+                    # Under torchrun the losses are averaged over the ranks: the global batch's.
+                    values = mean_over_ranks({"loss": loss_d, **scalars}, loss_d.device)
+                    loss_value = values["loss"]
                     elapsed = time.perf_counter() - tick
                     rate = (self.step - tick_step) * self.items_per_step / max(elapsed, 1e-9)
                     tick, tick_step = time.perf_counter(), self.step
-                    values = {"loss": loss_value, "lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
-                    values |= {k: float(v) for k, v in scalars.items()}
+                    values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
                     self.run.scalars(self.step, values, prefix="train/")
                     postfix = {"loss": f"{loss_value:.4f}"}
                     if self.metric in self.last_metrics:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import NamedTuple
@@ -377,16 +378,27 @@ class BertModel(nn.Module):
             print(f"minbert: ignored {len(unused)} tensors minBERT does not use ({', '.join(prefixes)})")
         self.load_state_dict({k: v.to(own[k].dtype) for k, v in mapped.items()}, strict=False)
 
-    def save_pretrained(self, directory) -> None:
-        """Write ``config.json`` + ``model.safetensors`` that ``transformers.BertModel`` loads."""
+    def save_pretrained(self, directory, link_weights_from=None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` that ``transformers.BertModel`` loads.
+
+        ``link_weights_from``: a ``model.safetensors`` written earlier from these very weights
+        (a frozen encoder's previous checkpoint); it is hard-linked rather than written again,
+        or copied where the file system has no hard links."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         _atomic_write_text(directory / "config.json", json.dumps(self.config.to_dict(), indent=2) + "\n")
-        tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         tmp = directory / "model.safetensors.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.unlink(missing_ok=True)
+        if link_weights_from is not None:
+            try:
+                os.link(link_weights_from, tmp)
+            except OSError:
+                shutil.copyfile(link_weights_from, tmp)
+        else:
+            tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+            save_file(tensors, str(tmp), metadata={"format": "pt"})
         os.replace(tmp, directory / "model.safetensors")
 
     @property

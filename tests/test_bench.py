@@ -43,6 +43,17 @@ def test_bench_tiny_end_to_end(tmp_path):
     assert data["results"]["mirror"]["per_step"]["sentences"] == 32
 
 
+def test_bench_profile_prints_the_operator_table(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--threads", "1",
+                     "--workloads", "mirror", "--profile", "2", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "mirror minBERT, torch.profiler over 2 steps" in proc.stdout
+    profile = json.loads(out.read_text())["results"]["mirror"]["profile"]
+    assert profile["steps"] == 2 and "aten::" in profile["table"] and profile["table"] in proc.stdout
+    assert profile["gpu_kernels_per_step"] is None  # the CPU
+
+
 def test_bench_rejects_unknown_workload():
     proc = run_bench("--tiny", "--device", "cpu", "--workloads", "mirror,nope")
     assert proc.returncode == 2

@@ -9,6 +9,8 @@
   its rank's share (``loss(..., rank=r, world=w)``), gives one process's loss, gradients, weights
   (two SGD steps, BSL's EMA after each) and BatchNorm statistics on the global batch.
 - The bf16 autocast path of ``bertcf.training.autocast`` runs a minBERT forward + backward.
+- Each rank draws its own dropout masks (``training.seed_dropout``), and logged values are the
+  mean over the ranks (``training.mean_over_ranks``).
 - ``run_pretrain``'s main with a --batch-size the ranks cannot share stops on every rank with one
   UsageError. (``run_pretrain.py`` itself under torchrun: tests/test_pretrain.py, at the end.)
 
@@ -149,7 +151,16 @@ def _worker(rank, init_file, out_dir):
         for method in sorted(OBJECTIVES):
             result[method] = train_objective(method, rank, WORLD, wrap=lambda m: training.wrap_ddp(m, "cpu"))
 
-        # 4. run_pretrain with a global batch the ranks cannot share: the same error on every rank.
+        # 4. The dropout generator under torchrun: seeded per rank and step (Trainer.fit does this).
+        torch.manual_seed(0)
+        draws = []
+        for step in (0, 1, 0):
+            training.seed_dropout(11711, step)
+            draws.append(torch.nn.functional.dropout(torch.ones(64), 0.5))
+        result["dropout"] = draws
+        result["logged"] = training.mean_over_ranks({"loss": torch.tensor(float(rank)), "x": 2.0}, "cpu")
+
+        # 5. run_pretrain with a global batch the ranks cannot share: the same error on every rank.
         try:
             pretrain.main(["--batch-size", "5", "--device", "cpu", "--out-dir", os.path.join(out_dir, "odd")])
         except training.UsageError as e:
@@ -245,6 +256,24 @@ def test_ddp_objective_matches_single_process(method, ranks):
         assert rank_state.keys() == state.keys()
         for k, v in state.items():  # weights, BSL's EMA target and BatchNorm statistics
             torch.testing.assert_close(rank_state[k], v, rtol=0, atol=1e-5, msg=k)
+
+
+def test_each_rank_draws_its_own_dropout_masks_and_repeats_them(ranks):
+    """Without seed_dropout every rank would draw the same masks (all seed alike); with it they
+    differ across ranks and steps, and a step's masks repeat (what --resume relies on)."""
+    (r0_step0, r0_step1, r0_again), (r1_step0, r1_step1, r1_again) = (r["dropout"] for r in ranks)
+    assert not torch.equal(r0_step0, r1_step0) and not torch.equal(r0_step1, r1_step1)
+    assert not torch.equal(r0_step0, r0_step1)
+    assert torch.equal(r0_step0, r0_again) and torch.equal(r1_step0, r1_again)
+    state = torch.get_rng_state()
+    training.seed_dropout(11711, 5)  # one process: the stream is left alone
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_logged_values_are_averaged_over_ranks(ranks):
+    for rank in ranks:
+        assert rank["logged"] == {"loss": 0.5, "x": 2.0}
+    assert training.mean_over_ranks({"loss": torch.tensor(3.0)}, "cpu") == {"loss": 3.0}
 
 
 def test_pretrain_batch_not_divisible_by_ranks_is_a_usage_error(ranks):

@@ -130,6 +130,8 @@ def test_mirror_run_writes_run_directory(mirror_run, tiny_bert_dir):
         assert (out / name).exists(), name
     assert not any(p.name.startswith(".") for p in out.iterdir()), "temporary checkpoint directories left behind"
     assert summary["step"] == 6 and not summary["interrupted"]
+    # A trained encoder is written anew at every checkpoint (no hard link between them).
+    assert (out / "best" / "model.safetensors").stat().st_ino != (out / "last" / "model.safetensors").stat().st_ino
 
     # config.json: every setting used, including the resolved ones.
     config = json.loads((out / "config.json").read_text())
@@ -293,6 +295,9 @@ def test_joint_stage_trains_only_the_flow(mirror_run, tiny_bert_dir, data_dir, t
     for ckpt in ("best", "last"):
         assert_same_tensors(tensors(out / ckpt / "model.safetensors"), mirror_weights)
         assert (out / ckpt / "flow.safetensors").is_file()
+    # The frozen encoder was written once and hard-linked into every later checkpoint.
+    assert (out / "best" / "model.safetensors").stat().st_ino == (out / "last" / "model.safetensors").stat().st_ino
+    assert (out / "last" / "model.safetensors").stat().st_nlink == 2
     flow = tensors(out / "last" / "flow.safetensors")
     flags = flow_flags(flow)
     assert flags and all(flags.values()), flags  # every ActNorm initialised from data
@@ -317,7 +322,7 @@ def test_joint_stage_trains_only_the_flow(mirror_run, tiny_bert_dir, data_dir, t
     assert all("latent_mean_norm" in m and "latent_log10_eig_ratio" in m for m in metrics_lines(out))
 
 
-def test_joint_unfreeze_encoder_changes_encoder(mirror_run, tiny_bert_dir, data_dir, tmp_path):
+def test_joint_unfreeze_encoder_changes_encoder(mirror_run, tiny_bert_dir, data_dir, tmp_path, capsys):
     init = mirror_run[0]
     out = tmp_path / "unfrozen"
     run_quiet(base_args(tiny_bert_dir, data_dir, out, steps=3, stage="joint", init=init, model=None,
@@ -326,6 +331,11 @@ def test_joint_unfreeze_encoder_changes_encoder(mirror_run, tiny_bert_dir, data_
     changed = [k for k in after if not torch.equal(before[k], after[k])]
     assert changed and any("encoder.layer" in k for k in changed)
     assert (out / "last" / "flow.safetensors").is_file()
+    # --init with a flow of its own: that flow trains on, and flags asking for another one say so.
+    capsys.readouterr()
+    run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "again", steps=1, stage="joint", init=out / "last",
+                        model=None, flow_blocks=1))
+    assert "--init already has a flow (3 blocks" in capsys.readouterr().err
 
 
 def test_flow_stage_writes_flow(tiny_bert_dir, data_dir, tmp_path):
@@ -552,6 +562,12 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
         run = runs[0]
         assert log.count("STS dev Spearman:") == 1 and str(Path("runs") / run.name / "best") in log
 
+        # The logged training loss is the global batch's (averaged over the ranks), not rank 0's share.
+        logged = [(e.step, e.value) for e in tb_tags(run).Scalars("train/loss")]
+        expected = [(e.step, e.value) for e in tb_tags(single).Scalars("train/loss")]
+        assert [s for s, _ in logged] == [s for s, _ in expected] == [1, 2, 3, 4]
+        for (_, ours), (_, theirs) in zip(logged, expected):
+            assert ours == pytest.approx(theirs, abs=1e-5)
         lines, reference = metrics_lines(run), metrics_lines(single)
         assert [m["step"] for m in lines] == [m["step"] for m in reference] == [0, 2, 4]
         for ours, theirs in zip(lines, reference):
