@@ -237,7 +237,7 @@ class Workload:
 
     def training_step(self, params, lr, loss_fn):
         """A step closure: ``loss_fn(inputs)`` under autocast, (scaled) backward, one AdamW step
-        (fused on a GPU, weight decay 0.01) over ``params``."""
+        (fused, weight decay 0.01) over ``params``."""
         from .training import make_optimizer
 
         opt = make_optimizer(params, lr, 0.01, self.device)
