@@ -167,10 +167,9 @@ def set_rng_state(state: dict) -> None:
 
 # ---- optimiser ---------------------------------------------------------------------------------
 def make_optimizer(params, lr: float, weight_decay: float, device) -> torch.optim.AdamW:
-    """AdamW, as one fused kernel on a GPU and on the CPU (on the CPU, where torch's default
-    loops over the parameters one by one, fused is about 15x faster: 17 against 246 ms a step
-    for the 22.7M parameters of MiniLM on 2 cores). Biases, LayerNorm/ActNorm and other 1-D
-    parameters get no weight decay, as in BERT."""
+    """AdamW, as one fused kernel on a GPU and on the CPU (where torch's default loops over the
+    parameters one by one: fused is 4x to 8x faster there, see docs/BENCHMARKS.md). Biases,
+    LayerNorm/ActNorm and other 1-D parameters get no weight decay, as in BERT."""
     params = [p for p in params if p.requires_grad]
     if not params:
         raise UsageError("nothing to train: every parameter is frozen")
