@@ -16,12 +16,12 @@ import torch
 from safetensors.torch import load_file
 
 from bertcf import multitask as mt
-from minbert import pad_batch
 from bertcf.data import read_quora, read_sst, read_sts
 from bertcf.encoder import SentenceEncoder
 from bertcf.flow import Glow
 from bertcf.training import EpochSampler, run_main
 from conftest import write_cs224n_files
+from minbert import pad_batch
 
 PREDICTION_FILES = [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")]
 INPUT_FILES = {"sst": ("ids-sst-dev.csv", "ids-sst-test-student.csv", read_sst),
@@ -392,3 +392,37 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error" in err[0], err
     assert not out.exists()  # nothing half-written
+
+
+def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir, tmp_path):
+    """run_multitask.py under torchrun (2 gloo processes, each with half of every task's batch,
+    one encoder pass each) against one process on the whole batches, dropout off everywhere: the
+    same weights after 3 steps, the same logged loss, one run directory."""
+    import os
+    import subprocess
+    import sys
+
+    flags = dict(steps=3, eval_every=3, dropout=0, sst_dropout=0, sts_dropout=0, lr=1e-3)
+    script = Path(__file__).resolve().parents[1] / "run_multitask.py"
+    ddp, single = tmp_path / "ddp", tmp_path / "single"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           *argv(tiny_bert_dir, data_dir, ddp, **flags)]
+    proc = subprocess.Popen(cmd, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    run_quiet(argv(tiny_bert_dir, data_dir, single, **flags))  # meanwhile
+    log = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 0, log[-4000:]
+    assert log.count("mean dev (during training)") == 1
+    a, b = load_file(str(ddp / "last" / "model.safetensors")), load_file(str(single / "last" / "model.safetensors"))
+    for k in b:
+        atol = 3 * 1e-3 if k.endswith("attention.self.key.bias") else 1e-5  # see tests/test_pretrain.py
+        torch.testing.assert_close(a[k].double(), b[k].double(), rtol=0, atol=atol, msg=k)
+    heads_a, heads_b = (load_file(str(d / "last" / mt.HEADS_FILE)) for d in (ddp, single))
+    for k in heads_b:
+        torch.testing.assert_close(heads_a[k], heads_b[k], rtol=0, atol=1e-5, msg=k)
+    logged = [json.loads(line) for line in (ddp / "metrics.jsonl").read_text().splitlines()]
+    reference = [json.loads(line) for line in (single / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in logged] == [m["step"] for m in reference] == [0, 3]
+    assert logged[-1]["mean_dev"] == pytest.approx(reference[-1]["mean_dev"], abs=1e-4)
+    start = load_file(str(Path(tiny_bert_dir) / "model.safetensors"))
+    assert not torch.equal(start["encoder.layer.0.output.dense.weight"], a["encoder.layer.0.output.dense.weight"])
