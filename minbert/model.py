@@ -165,23 +165,25 @@ class BertSelfAttention(nn.Module):
         bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
         qkv = F.linear(x, weight, bias).unflatten(-1, (3, self.num_heads, d // self.num_heads))
         dropout_p = self.dropout_p if self.training else 0.0
-        if isinstance(attn, Packing):
-            if self._flash_varlen(qkv, dropout_p):
-                q, k, v = qkv.unbind(1)  # each [T, heads, head_dim]
-                t = attn.shape[1]
-                return varlen_attn(q, k, v, attn.cu_seqlens, attn.cu_seqlens, t, t).flatten(1)
-            # varlen_attn has no dropout: with attention dropout on (training), or on the CPU,
-            # pad the packed Q, K, V for scaled_dot_product_attention and pack its output again.
-            return attn.unpad(self._attend(attn.pad(qkv), attn.key_mask, dropout_p))
-        return self._attend(qkv, attn, dropout_p)
+        if not isinstance(attn, Packing):
+            return self._attend(*qkv.unbind(2), attn, dropout_p)
+        if self._flash_varlen(qkv, dropout_p):
+            q, k, v = qkv.unbind(1)  # each [T, heads, head_dim]
+            t = attn.shape[1]
+            return varlen_attn(q, k, v, attn.cu_seqlens, attn.cu_seqlens, t, t).flatten(1)
+        # varlen_attn has no dropout: with attention dropout on (training), or on the CPU, pad the
+        # packed Q, K, V for scaled_dot_product_attention and pack its output again. Split before
+        # padding, so that the backward of the split joins gradients of the real tokens only
+        # (3-8% of the CPU multitask step; docs/BENCHMARKS.md).
+        q, k, v = (attn.pad(z) for z in qkv.unbind(1))
+        return attn.unpad(self._attend(q, k, v, attn.key_mask, dropout_p))
 
     @staticmethod
-    def _attend(qkv, key_mask, dropout_p):
-        """[b, t, 3, heads, head_dim] -> [b, t, D] through scaled_dot_product_attention."""
-        b, t = qkv.shape[:2]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [b, heads, t, head_dim]
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=dropout_p)
-        return y.transpose(1, 2).reshape(b, t, -1)  # heads concatenated again: [b, t, D]
+    def _attend(q, k, v, key_mask, dropout_p):
+        """q, k, v [b, t, heads, head_dim] -> [b, t, D] through scaled_dot_product_attention."""
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           attn_mask=key_mask, dropout_p=dropout_p)
+        return y.transpose(1, 2).flatten(2)  # heads concatenated again
 
     @staticmethod
     def _flash_varlen(qkv, dropout_p) -> bool:
