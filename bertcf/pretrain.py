@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from minbert import pad_batch
+from minbert.model import load_state_dict_file
 
 from . import objectives, training
 from .contrastive import InfoNCE, span_mask
@@ -283,11 +284,19 @@ def train(args, device) -> dict:
 
     optimizer = training.make_optimizer(trainable, args.lr, args.weight_decay, device)
     scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
-    modules = {"encoder": encoder} if objective is None else {"objective": objective}  # it holds the encoder
+    # What last/training_state.pt keeps. An objective holds the encoder. A frozen encoder (the
+    # joint and flow stages) is left out: last/model.safetensors holds it already, and --resume
+    # loads it from there.
+    frozen = objective is None and not train_encoder
+    modules = {"objective": objective} if objective is not None else {"flow": encoder.flow} if frozen \
+        else {"encoder": encoder}
     trainer = training.Trainer(args, run, modules, optimizer, scheduler, {"corpus": sampler},
                                metric="sts_spearman", save_model=save_model, evaluate=evaluate,
                                items_per_step=args.batch_size, extra_state={"span": GeneratorState(span_generator)})
     if args.resume:
+        if frozen:  # the encoder as this run used it, whatever --init holds now
+            last = training.recover_dir(run.dir / "last")
+            encoder.bert.load_hf_state_dict(load_state_dict_file(last / "model.safetensors"), source=str(last))
         trainer.resume()
     if use_flow and train_encoder:
         init_actnorm = any(isinstance(m, ActNorm) and not bool(m.initialized) for m in encoder.flow.modules())

@@ -423,7 +423,12 @@ class Trainer:
         last = recover_dir(self.run.dir / "last")
         if not (last / STATE_FILE).is_file():
             raise UsageError(f"--resume: {last} holds no training state to continue from")
-        self.load_state_dict(torch.load(last / STATE_FILE, map_location="cpu", weights_only=False))
+        state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=False)
+        if set(state["modules"]) != set(self.modules):
+            raise UsageError(f"--resume: {last / STATE_FILE} holds {', '.join(sorted(state['modules']))}, not "
+                             f"{', '.join(sorted(self.modules))}: it was written by another version of this "
+                             f"stage; start a new run")
+        self.load_state_dict(state)
 
     # -- evaluation ----------------------------------------------------------------------------------
     def _evaluate_and_keep_best(self) -> None:

@@ -8,12 +8,13 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from bertcf import pretrain, training
 from bertcf.training import run_main
@@ -254,15 +255,34 @@ def test_mirror_resume_is_bit_identical(mirror_reference, tiny_bert_dir, data_di
 
 
 def test_joint_resume_is_bit_identical(mirror_run, tiny_bert_dir, data_dir, tmp_path):
-    init = mirror_run[0]
+    init = tmp_path / "init"
+    shutil.copytree(mirror_run[0] / "best", init)
     joint = dict(stage="joint", init=init, model=None)
     full, part = tmp_path / "full", tmp_path / "part"
     run_quiet(base_args(tiny_bert_dir, data_dir, full, steps=5, **joint))
     run_quiet(base_args(tiny_bert_dir, data_dir, part, steps=2, **joint))
+    # The frozen encoder is not in the training state (last/model.safetensors holds it) ...
+    assert set(training_state(part)["modules"]) == {"flow"}
+    # ... and the resumed run takes it from there, even when --init has changed since.
+    weights = tensors(init / "model.safetensors")
+    save_file({k: v + 1.0 if v.is_floating_point() else v for k, v in weights.items()}, str(init / "model.safetensors"))
     run_quiet(["--resume", "--out-dir", str(part), "--steps", "5"])
     for name in ("model.safetensors", "flow.safetensors"):
         assert_same_tensors(tensors(part / "last" / name), tensors(full / "last" / name))
     assert training_state(part)["step"] == 5
+
+
+def test_resume_of_a_state_from_another_version_is_one_clear_line(mirror_run, tiny_bert_dir, data_dir, tmp_path,
+                                                                  capsys):
+    part = tmp_path / "part"
+    run_quiet(base_args(tiny_bert_dir, data_dir, part, steps=2, stage="joint", init=mirror_run[0], model=None))
+    state = torch.load(part / "last" / "training_state.pt", weights_only=False)
+    state["modules"] = {"encoder": {}}  # what an older version wrote
+    torch.save(state, part / "last" / "training_state.pt")
+    capsys.readouterr()
+    assert run_main(pretrain.main, ["--resume", "--out-dir", str(part), "--steps", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds encoder, not flow" in err[0] and "Traceback" not in err[0]
 
 
 def test_resume_without_a_run_is_an_error(tmp_path, capsys):
