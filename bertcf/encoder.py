@@ -84,10 +84,19 @@ class SentenceEncoder(nn.Module):
         sentences = [sentences] if single else list(sentences)
         if not sentences:
             return torch.empty(0, self.dim)
-        max_length = self._max_length(max_length)
-        # Tokenised once: the lengths order the batches, and each batch is padded from these ids.
-        token_ids = self.tokenizer(sentences, truncation=True, max_length=max_length)["input_ids"]
-        order = sorted(range(len(sentences)), key=lambda i: -len(token_ids[i]))  # longest first
+        token_ids = self.tokenizer(sentences, truncation=True, max_length=self._max_length(max_length))["input_ids"]
+        vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
+        if normalize:
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        return vectors[0] if single else vectors
+
+    def encode_ids(self, token_ids, batch_size: int = 64, precision: str | None = None,
+                   show_progress_bar: bool = False) -> torch.Tensor:
+        """:meth:`encode` for sentences tokenised already (lists of ids): [n, D] float32 on the
+        CPU, in input order. ``precision``: the autocast precision (default: the encoder's)."""
+        if not token_ids:
+            return torch.empty(0, self.dim)
+        order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))  # longest first
         was_training = self.training
         self.eval()
         device = self.device
@@ -98,17 +107,15 @@ class SentenceEncoder(nn.Module):
                                   unit="batch"):
                     ids, mask = pad_batch([token_ids[i] for i in order[start:start + batch_size]],
                                           self.tokenizer.pad_token_id)
-                    with autocast(device, self.precision):
+                    with autocast(device, precision or self.precision):
                         vectors = self(ids.to(device), mask.to(device), num_tokens=int(mask.sum()))
                     chunks.append(vectors.float().cpu())
         finally:
             self.train(was_training)
         # Outside inference mode, so that the result is a normal tensor.
-        vectors = torch.empty(len(sentences), chunks[0].shape[1])
+        vectors = torch.empty(len(token_ids), chunks[0].shape[1])
         vectors[torch.tensor(order)] = torch.cat(chunks)
-        if normalize:
-            vectors = torch.nn.functional.normalize(vectors, dim=-1)
-        return vectors[0] if single else vectors
+        return vectors
 
     # ---- checkpoints -------------------------------------------------------------------
     def save_pretrained(self, directory, link_weights_from=None) -> None:

@@ -441,36 +441,13 @@ def make_samplers(sizes: dict, seed: int) -> dict:
 
 # ---- inference --------------------------------------------------------------------------------------
 @torch.inference_mode()
-def sentence_vectors(model: MultitaskModel, token_lists, batch_size: int, precision: str | None = None) -> torch.Tensor:
-    """[n, D] float32 on the CPU, in input order; batches of similar length, eval mode."""
-    if not token_lists:
-        return torch.empty(0, model.encoder.dim)
-    order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
-    device, pad_id = model.device, model.encoder.tokenizer.pad_token_id
-    was_training = model.training
-    model.eval()
-    chunks = []
-    try:
-        for start in range(0, len(order), batch_size):
-            ids, mask = pad_batch([token_lists[i] for i in order[start:start + batch_size]], pad_id)
-            with training.autocast(device, precision):
-                vectors = model.sentence_vectors(ids.to(device), mask.to(device), int(mask.sum()))
-            chunks.append(vectors.float().cpu())
-    finally:
-        model.train(was_training)
-    vectors = torch.empty(len(token_lists), chunks[0].shape[1])
-    vectors[torch.tensor(order)] = torch.cat(chunks)
-    return vectors
-
-
-@torch.inference_mode()
 def predict(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None) -> torch.Tensor:
     """Predictions for every row: SST class [n] long, QQP 0/1 [n] long, STS score in [0, 5] [n]."""
     was_training = model.training
     model.eval()
     try:
         # Both columns of a pair task in one length-sorted pass, then split again.
-        vectors = sentence_vectors(model, [t for col in data.tokens for t in col], batch_size, precision)
+        vectors = model.encoder.encode_ids([t for col in data.tokens for t in col], batch_size, precision)
         vectors = vectors.to(model.device).split(len(data))
         head = model.head(data.task)
         if data.task == "sst":
