@@ -42,7 +42,11 @@ def evaluate_sts(encoder, pairs, batch_size: int = 64, positive_threshold: float
     """Unsupervised STS: Spearman between cos(f(x1), f(x2)) and the gold scores, plus the
     alignment of the close pairs (gold >= 4, as SimCSE does) and the uniformity of all
     sentences. ``cosines`` is returned for a histogram."""
-    x, y = encode_pairs(encoder, pairs, batch_size)
+    return sts_scores(*encode_pairs(encoder, pairs, batch_size), pairs, positive_threshold)
+
+
+def sts_scores(x: torch.Tensor, y: torch.Tensor, pairs, positive_threshold: float = 4.0) -> dict:
+    """:func:`evaluate_sts` on vectors already encoded: x, y [n, D] of the pairs' sentences."""
     cosines = F.cosine_similarity(x, y, dim=-1)
     gold = torch.tensor([p.label for p in pairs], dtype=torch.float32)
     close = gold >= positive_threshold

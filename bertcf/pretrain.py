@@ -26,7 +26,7 @@ from . import objectives, training
 from .contrastive import InfoNCE, span_mask
 from .data import read_corpus, read_sts, task_file, task_sentences
 from .encoder import SentenceEncoder, pool, resolve_encoder_path
-from .evaluation import evaluate_sts
+from .evaluation import encode_pairs, sts_scores
 from .flow import ActNorm, Glow, gaussian_nll, latent_stats
 from .objectives import OBJECTIVES, build_objective
 from .training import UsageError
@@ -264,10 +264,10 @@ def train(args, device) -> dict:
                 "latent_norm": z.detach().norm(dim=-1).mean()}
 
     def evaluate(step):  # rank 0 only (the Trainer); the other ranks wait at a barrier
-        result = evaluate_sts(encoder, dev_pairs)
+        x, y = encode_pairs(encoder, dev_pairs)
+        result = sts_scores(x, y, dev_pairs)
         run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
-        if encoder.flow is not None:
-            x = encoder.encode([p.sentence1 for p in dev_pairs])
+        if encoder.flow is not None:  # the latents of the first sentences, encoded above
             stats = latent_stats(x)
             result |= {"latent_mean_norm": stats["mean_norm"], "latent_log10_eig_ratio": stats["log10_eig_ratio"]}
         return result
