@@ -114,12 +114,10 @@ class Encoder(nn.Module):
     def __init__(self, model, compile_: bool = False, unpad: bool = True):
         super().__init__()
         self.is_minbert = model.__class__.__module__.startswith("minbert")
-        self.model, self.config, self.unpad = model, model.config, unpad
-        self.call = model
+        self.config, self.unpad = model.config, unpad
         if compile_ and self.is_minbert:
             model.compile()
-        elif compile_:
-            self.call = torch.compile(model, dynamic=True)
+        self.call = torch.compile(model, dynamic=True) if compile_ and not self.is_minbert else model
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens=None):
         if self.is_minbert:
