@@ -455,7 +455,7 @@ class Trainer:
         self.run.start(self.step)
         if self.step == 0 and self.first_score is None:
             self._evaluate_and_keep_best()
-        previous_handler = signal.signal(signal.SIGINT, self._request_stop) if self.rank == 0 else None
+        previous_handler = signal.signal(signal.SIGINT, self._request_stop)
         bar = tqdm(total=args.steps, initial=self.step, desc=self.run.dir.name, disable=self.rank != 0,
                    dynamic_ncols=True)
         tick, tick_step, interrupted = time.perf_counter(), self.step, False
@@ -485,7 +485,11 @@ class Trainer:
                 first = ~torch.isfinite(loss_d) & (bad_step < 0)
                 bad_step, bad_loss = torch.where(first, self.step, bad_step), torch.where(first, loss_d, bad_loss)
                 log_now = self.step % args.log_every == 0 or self.step == args.steps
-                if log_now or self.step % args.eval_every == 0 or self._stop:
+                # Under torchrun every rank gets the Ctrl-C (torchrun forwards it), but not at the
+                # same step: the ranks agree to stop at the logging interval (below), since a rank
+                # that left the loop alone would leave the others waiting in a collective.
+                stop = self._stop and self.world == 1
+                if log_now or self.step % args.eval_every == 0 or stop:
                     # Checked before anything is logged or checkpointed, so last/ never holds
                     # weights updated by a non-finite loss.
                     if int(bad_step) >= 0:
@@ -496,7 +500,8 @@ class Trainer:
                 if log_now:
                     # The only host-device synchronisation of the loop, once per logging interval.
                     # Under torchrun the losses are averaged over the ranks: the global batch's.
-                    values = mean_over_ranks({"loss": loss_d, **scalars}, loss_d.device)
+                    values = mean_over_ranks({"loss": loss_d, **scalars, "stop": float(self._stop)}, loss_d.device)
+                    stop = stop or values.pop("stop") > 0
                     loss_value = values["loss"]
                     elapsed = time.perf_counter() - tick
                     rate = (self.step - tick_step) * self.items_per_step / max(elapsed, 1e-9)
@@ -510,17 +515,17 @@ class Trainer:
                 if self.step % args.eval_every == 0 or self.step == args.steps:
                     self._evaluate_and_keep_best()
                     self.save_last()
-                if self._stop:
+                if stop:
                     interrupted = True
                     break
         finally:
             bar.close()
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
+            signal.signal(signal.SIGINT, previous_handler)
         if interrupted:
             self.save_last()
-            print(f"interrupted at step {self.step}: state saved in {self.run.dir / 'last'}; "
-                  f"continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
+            if self.rank == 0:
+                print(f"interrupted at step {self.step}: state saved in {self.run.dir / 'last'}; "
+                      f"continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
         self.run.close()
         return {"step": self.step, "first": self.first_score, "best": self.best, "best_step": self.best_step,
                 "interrupted": interrupted}
@@ -529,7 +534,9 @@ class Trainer:
         if self._stop:  # a second Ctrl-C stops at once
             raise KeyboardInterrupt
         self._stop = True
-        print("\nCtrl-C: finishing this step and saving last/ (press again to abort)", file=sys.stderr)
+        if self.rank == 0:
+            when = "this step" if self.world == 1 else "the steps up to the next logging interval (--log-every)"
+            print(f"\nCtrl-C: finishing {when} and saving last/ (press again to abort)", file=sys.stderr)
 
 
 
@@ -543,8 +550,8 @@ class Trainer:
 # its rows with local_slice, so --batch-size stays the global batch and the data are one process's;
 # the contrastive losses gather candidates from every rank themselves
 # (bertcf.contrastive.gather_with_grad). Only rank 0 evaluates, logs and writes the run directory
-# (Run, Trainer); the other ranks wait at a barrier meanwhile. Caveat: every rank seeds torch's RNG
-# alike, so rank r's i-th row gets the same dropout mask as every other rank's i-th row.
+# (Run, Trainer); the other ranks wait at a barrier meanwhile. Each rank draws its own dropout masks
+# (seed_dropout). A Ctrl-C, which torchrun forwards to every rank, stops every rank at the same step.
 def init_distributed(device=None, backend: str | None = None, timeout_s: float = 1800.0) -> torch.device:
     """Join the process group torchrun describes (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
     MASTER_PORT) and return this rank's device.

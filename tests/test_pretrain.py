@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import random
 import shutil
 import signal
@@ -605,6 +606,40 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
         # The encoder moved, so the comparison compares something.
         key = "encoder.layer.0.output.dense.weight"
         assert not torch.equal(start[key], tensors(run / "last" / "model.safetensors")[key])
+
+
+def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes(tiny_bert_dir, data_dir, tmp_path):
+    """Ctrl-C on torchrun, which forwards SIGINT to every rank: the ranks agree on the step to stop
+    at (the next logging interval), rank 0 saves last/, every rank exits cleanly, and the run
+    continues with --resume."""
+    import time
+
+    out, log, log_every = tmp_path / "run", tmp_path / "log", 7
+    argv = base_args(tiny_bert_dir, data_dir, out, steps=10**6, eval_every=10**6, log_every=log_every, batch_size=8)
+    proc = start_torchrun(argv, tmp_path, log)
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").is_file():  # the step-0 evaluation is done: training runs
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    text = log.read_text()
+    stopped = [int(m) for m in re.findall(r"interrupted at step (\d+)", text)]
+    assert len(stopped) == 1, text[-4000:]  # rank 0 says it, once
+    step = stopped[0]
+    assert step > 0 and step % log_every == 0
+    assert training_state(out)["step"] == step
+    # Both workers returned normally: neither died in a collective nor stopped on its own.
+    assert "Traceback" not in text.split("interrupted at step")[0], text[-4000:]
+    assert not re.search(r"exitcode\s*:\s*[1-9]|DistBackendError|Connection closed", text), text[-4000:]
+    summary, _ = run_quiet(["--resume", "--out-dir", str(out), "--steps", str(step + 2)])
+    assert summary["step"] == step + 2 and not summary["interrupted"]
 
 
 def test_adamw_is_fused_and_skips_decay_on_1d_parameters():
