@@ -78,6 +78,39 @@ ACTIVATIONS = {
 }
 
 
+class AttentionGroup(NamedTuple):
+    """Sentences that attend together through ``scaled_dot_product_attention``, each padded to
+    the group's longest (``t``): packed tokens go in through ``gather`` and come out through
+    ``real``. A sentence's real tokens sit in its first slots, whatever holes its mask had
+    (attention does not see positions)."""
+    gather: torch.Tensor    # [n * t] the packed row each (sentence, slot) reads; padding slots read row 0
+    key_mask: torch.Tensor  # [n, 1, 1, t] bool, True at the real tokens
+    real: torch.Tensor      # [T_group] the slots of the flattened [n * t] that hold real tokens
+
+    @classmethod
+    def of(cls, starts: torch.Tensor, lengths: torch.Tensor, t: int, num_tokens: int) -> "AttentionGroup":
+        """starts, lengths [n]: the sentences' first packed rows and their lengths; ``num_tokens``
+        is lengths.sum(), given so that finding the real slots needs no GPU synchronisation."""
+        slots = torch.arange(t, device=lengths.device)
+        is_real = slots < lengths[:, None]  # [n, t]
+        gather = torch.where(is_real, starts[:, None] + slots, 0).flatten()
+        real = torch.nonzero_static(is_real.flatten(), size=num_tokens).squeeze(1)
+        return cls(gather, is_real[:, None, None, :], real)
+
+
+def length_groups(lengths: list[int], ratio: float = 0.75) -> list[list[int]]:
+    """Sentence indices grouped by length, longest first: a group takes sentences down to
+    ``ratio`` of its longest, so its padding wastes at most 1 / ratio^2 - 1 (78%) of its
+    attention scores, where one group padded to the batch's longest sentence wastes most of
+    them (a multitask batch of 288 sentences averages 18 tokens, its longest often 60+)."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if not groups or lengths[i] < ratio * lengths[groups[-1][0]]:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
 class Packing(NamedTuple):
     """Where the real tokens of a padded [b, t] batch sit, for the unpadded forward.
 
@@ -85,38 +118,56 @@ class Packing(NamedTuple):
     LayerNorm, dropout) on the T real tokens only, as a [T, D] tensor: with the report's
     variable-length sentences, a padded batch is often two thirds padding. Only attention
     needs the sentence structure: flash attention over ``cu_seqlens`` (varlen) where it
-    can run, else ``pad``/``unpad`` around ``scaled_dot_product_attention``."""
+    can run, else ``scaled_dot_product_attention`` over ``groups`` of sentences, each padded
+    to its own longest sentence."""
     indices: torch.Tensor     # [T] positions of the real tokens in the flattened [b * t] batch
     cu_seqlens: torch.Tensor  # [b + 1] int32: sentence i is packed rows cu_seqlens[i]:cu_seqlens[i + 1]
-    key_mask: torch.Tensor    # [b, 1, 1, t] bool, True at real tokens (for the padded attention)
+    shape: tuple[int, int]    # (b, t) of the padded batch
+    groups: tuple[AttentionGroup, ...]
+    restore: torch.Tensor | None  # [T] packed row -> row of the groups' concatenated outputs (None: same order)
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, num_tokens: int | None = None) -> "Packing":
+    def from_mask(cls, attention_mask: torch.Tensor, num_tokens: int | None = None,
+                  by_length: bool | None = None) -> "Packing":
         """``num_tokens`` (the mask's sum, known on the host where the batch was padded) saves
-        a device-to-host synchronisation: without it, ``nonzero`` must wait for the GPU."""
+        a device-to-host synchronisation: without it, ``nonzero`` must wait for the GPU.
+
+        On the CPU the sentences attend in length groups (:func:`length_groups`): there
+        attention with dropout runs the plain math kernel, whose cost grows with the padded
+        length squared (it was most of a multitask step; docs/BENCHMARKS.md). On a GPU the
+        lengths would have to reach the host (a synchronisation) and every group costs
+        launches, so all sentences form one group, padded to the batch's width. ``by_length``
+        overrides that choice (None: by length on the CPU only)."""
         flat = attention_mask.flatten().bool()
         if num_tokens is None:
             indices = flat.nonzero().squeeze(1)
         else:
             indices = torch.nonzero_static(flat, size=num_tokens).squeeze(1)
-        lengths = attention_mask.sum(1, dtype=torch.int32)
-        cu_seqlens = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        return cls(indices, cu_seqlens, attention_mask.bool()[:, None, None, :])
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        """(b, t) of the padded batch."""
-        return self.key_mask.shape[0], self.key_mask.shape[-1]
+        num_tokens = indices.numel()
+        lengths = attention_mask.sum(1, dtype=torch.long)
+        cu_seqlens = F.pad(lengths.cumsum(0), (1, 0))
+        starts, restore = cu_seqlens[:-1], None
+        if by_length is None:
+            by_length = attention_mask.device.type == "cpu"
+        if not by_length:
+            groups = (AttentionGroup.of(starts, lengths, attention_mask.shape[1], num_tokens),)
+        else:
+            host_lengths = lengths.tolist()
+            members = length_groups(host_lengths)
+            if len(members) == 1:
+                groups = (AttentionGroup.of(starts, lengths, max(host_lengths), num_tokens),)
+            else:
+                groups = tuple(AttentionGroup.of(starts[m], lengths[m], host_lengths[m[0]],
+                                                 sum(host_lengths[i] for i in m)) for m in map(torch.tensor, members))
+                # The groups' outputs come out concatenated, group after group: put each row back.
+                restore = torch.cat([g.gather[g.real] for g in groups]).argsort()
+        return cls(indices, cu_seqlens.int(), tuple(attention_mask.shape), groups, restore)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """[T, ...] -> [b, t, ...], zeros at the padding."""
         b, t = self.shape
         out = x.new_zeros(b * t, *x.shape[1:])
         return out.index_copy(0, self.indices, x).view(b, t, *x.shape[1:])
-
-    def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """[b, t, ...] -> [T, ...]: the real tokens, sentence after sentence."""
-        return x.reshape(-1, *x.shape[2:]).index_select(0, self.indices)
 
 
 class BertEmbeddings(nn.Module):
@@ -172,11 +223,18 @@ class BertSelfAttention(nn.Module):
             t = attn.shape[1]
             return varlen_attn(q, k, v, attn.cu_seqlens, attn.cu_seqlens, t, t).flatten(1)
         # varlen_attn has no dropout: with attention dropout on (training), or on the CPU, pad the
-        # packed Q, K, V for scaled_dot_product_attention and pack its output again. Split before
-        # padding, so that the backward of the split joins gradients of the real tokens only
-        # (3-8% of the CPU multitask step; docs/BENCHMARKS.md).
-        q, k, v = (attn.pad(z) for z in qkv.unbind(1))
-        return attn.unpad(self._attend(q, k, v, attn.key_mask, dropout_p))
+        # packed Q, K, V of each group of sentences for scaled_dot_product_attention and pack its
+        # output again. Split before padding, so that the backward of the split joins gradients
+        # of the real tokens only (3-8% of the CPU multitask step; docs/BENCHMARKS.md).
+        q, k, v = qkv.unbind(1)  # each [T, heads, head_dim]
+        outputs = []
+        for group in attn.groups:
+            n, t = group.key_mask.shape[0], group.key_mask.shape[-1]
+            qg, kg, vg = (z.index_select(0, group.gather).unflatten(0, (n, t)) for z in (q, k, v))
+            y = self._attend(qg, kg, vg, group.key_mask, dropout_p)  # [n, t, D]
+            outputs.append(y.flatten(0, 1).index_select(0, group.real))
+        y = torch.cat(outputs) if len(outputs) > 1 else outputs[0]
+        return y if attn.restore is None else y.index_select(0, attn.restore)
 
     @staticmethod
     def _attend(q, k, v, key_mask, dropout_p):
@@ -278,6 +336,7 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config)
         self.apply(self._init_weights)
+        self.attend_by_length: bool | None = None  # None: on the CPU only (Packing.from_mask)
 
     def _init_weights(self, module):
         # BERT's initialisation: N(0, 0.02) weights, zero biases, LayerNorm at identity.
@@ -308,7 +367,7 @@ class BertModel(nn.Module):
             token_type_ids = torch.zeros_like(input_ids)
         packing = None
         if attention_mask is not None and unpad and num_tokens != input_ids.numel():
-            packing = Packing.from_mask(attention_mask, num_tokens)
+            packing = Packing.from_mask(attention_mask, num_tokens, self.attend_by_length)
             if num_tokens is None and packing.indices.numel() == input_ids.numel():
                 packing = None  # no padding after all
         if packing is not None:
@@ -334,7 +393,10 @@ class BertModel(nn.Module):
     def compile(self, **kwargs) -> None:
         """``torch.compile`` each layer rather than the whole model: the twelve layers share one
         compiled graph, compiled once for every batch shape (``dynamic=True``: the number of
-        real tokens changes from batch to batch), and the packing stays outside it."""
+        real tokens changes from batch to batch), and the packing stays outside it. Attention
+        runs over one group of sentences then: every new number of length groups would compile
+        the layer again."""
+        self.attend_by_length = False
         for layer in self.encoder.layer:
             layer.compile(**({"dynamic": True} | kwargs))
 

@@ -144,11 +144,24 @@ def test_padding_content_is_ignored(hf_dir):
     assert max_diff(a["pooler_output"], c["pooler_output"]) < 1e-5
 
 
-def test_unpadded_forward_equals_padded(hf_dir):
+@pytest.mark.parametrize("by_length", [True, False], ids=["length-groups", "one-group"])
+def test_unpadded_forward_equals_padded(hf_dir, monkeypatch, by_length):
     """A batch with padding runs unpadded (real tokens only): the same values and gradients as
-    computing the padding too, zeros at the padding; with a mask that has holes too."""
+    computing the padding too, zeros at the padding; with a mask that has holes too. Attention
+    runs over length groups of sentences (the CPU's choice) or one group padded to the batch's
+    width (the GPU's when flash varlen cannot run)."""
+    from minbert.model import Packing
+
+    packings = []
+    from_mask = Packing.from_mask
+
+    def kept(cls, *args):
+        packings.append(from_mask(*args))
+        return packings[-1]
+    monkeypatch.setattr(Packing, "from_mask", classmethod(kept))
     directory, hf = hf_dir
     ours = BertModel.from_pretrained(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    ours.attend_by_length = by_length
     ids, mask, types = padded_batch(seed=7, lengths=(11, 7, 1, 4, 11))
     mask[4, 3:6] = 0  # a hole in the middle of a sentence: positions stay the columns
     real = mask.bool()
@@ -158,6 +171,10 @@ def test_unpadded_forward_equals_padded(hf_dir):
         out = ours(ids, mask, types, unpad=unpad)
         (valid(out["last_hidden_state"], mask).square().mean() + out["pooler_output"].sum()).backward()
         outputs[unpad], grads[unpad] = out, {n: p.grad.clone() for n, p in ours.named_parameters()}
+    groups = packings[0].groups
+    # Real lengths 11, 7, 1, 4 and 8 (the hole): groups of 11 | 8, 7 | 4 | 1, or all five at width 11.
+    assert [g.key_mask.shape[0] for g in groups] == ([1, 2, 1, 1] if by_length else [5])
+    assert [g.key_mask.shape[-1] for g in groups] == ([11, 8, 4, 1] if by_length else [11])
     a, b = outputs[True], outputs[False]
     assert max_diff(valid(a["last_hidden_state"], mask), valid(b["last_hidden_state"], mask)) < 1e-6
     assert max_diff(a["pooler_output"], b["pooler_output"]) < 1e-6
@@ -169,6 +186,21 @@ def test_unpadded_forward_equals_padded(hf_dir):
         counted = ours(ids, mask, types, num_tokens=int(mask.sum()))  # no nonzero(): the count is given
     assert max_diff(valid(a["last_hidden_state"], mask), valid(ref.last_hidden_state, mask)) < TOL
     assert torch.equal(counted["last_hidden_state"], a["last_hidden_state"].detach())
+
+
+def test_length_groups():
+    from minbert.model import length_groups
+
+    lengths = [12, 3, 40, 9, 31, 30, 4, 16, 12, 39, 1]
+    groups = length_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))  # each sentence once
+    longest = [lengths[g[0]] for g in groups]
+    assert longest == sorted(longest, reverse=True)
+    for g in groups:
+        assert lengths[g[0]] == max(lengths[i] for i in g)
+        assert all(lengths[i] >= 0.75 * lengths[g[0]] for i in g)
+    assert [[lengths[i] for i in g] for g in groups] == [[40, 39, 31, 30], [16, 12, 12], [9], [4, 3], [1]]
+    assert length_groups([5, 5, 5]) == [[0, 1, 2]] and length_groups([]) == []
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
