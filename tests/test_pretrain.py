@@ -619,10 +619,11 @@ def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes(tiny_bert_dir,
     proc = start_torchrun(argv, tmp_path, log)
     try:
         deadline = time.monotonic() + 120
-        while not (out / "metrics.jsonl").is_file():  # the step-0 evaluation is done: training runs
+        # Wait for rank 0's progress bar to pass step 2: a step needs every rank's gradients, so
+        # every rank is inside the training loop (and has its SIGINT handler) by then.
+        while max(map(int, re.findall(r"(\d+)/1000000", log.read_text())), default=0) < 2:
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.2)
-        time.sleep(1.0)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=120)
     finally:
