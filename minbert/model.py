@@ -127,10 +127,9 @@ class Packing(NamedTuple):
     restore: torch.Tensor | None  # [T] packed row -> row of the groups' concatenated outputs (None: same order)
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, num_tokens: int | None = None,
-                  by_length: bool | None = None) -> "Packing":
-        """``num_tokens`` (the mask's sum, known on the host where the batch was padded) saves
-        a device-to-host synchronisation: without it, ``nonzero`` must wait for the GPU.
+    def from_mask(cls, attention_mask: torch.Tensor, num_tokens: int, by_length: bool | None = None) -> "Packing":
+        """``num_tokens``: the number of real tokens (known on the host where the batch was
+        padded), so that finding them needs no device-to-host synchronisation.
 
         On the CPU the sentences attend in length groups (:func:`length_groups`): there
         attention with dropout runs the plain math kernel, whose cost grows with the padded
@@ -138,12 +137,7 @@ class Packing(NamedTuple):
         lengths would have to reach the host (a synchronisation) and every group costs
         launches, so all sentences form one group, padded to the batch's width. ``by_length``
         overrides that choice (None: by length on the CPU only)."""
-        flat = attention_mask.flatten().bool()
-        if num_tokens is None:
-            indices = flat.nonzero().squeeze(1)
-        else:
-            indices = torch.nonzero_static(flat, size=num_tokens).squeeze(1)
-        num_tokens = indices.numel()
+        indices = torch.nonzero_static(attention_mask.flatten().bool(), size=num_tokens).squeeze(1)
         lengths = attention_mask.sum(1, dtype=torch.long)
         cu_seqlens = F.pad(lengths.cumsum(0), (1, 0))
         starts, restore = cu_seqlens[:-1], None
@@ -366,10 +360,11 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         packing = None
-        if attention_mask is not None and unpad and num_tokens != input_ids.numel():
-            packing = Packing.from_mask(attention_mask, num_tokens, self.attend_by_length)
-            if num_tokens is None and packing.indices.numel() == input_ids.numel():
-                packing = None  # no padding after all
+        if attention_mask is not None and unpad:
+            if num_tokens is None:  # a GPU synchronisation: callers that pad on the host pass the count
+                num_tokens = int(torch.count_nonzero(attention_mask))
+            if num_tokens != input_ids.numel():  # else there is no padding to skip
+                packing = Packing.from_mask(attention_mask, num_tokens, self.attend_by_length)
         if packing is not None:
             attn = packing
         elif attention_mask is None:
