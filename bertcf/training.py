@@ -515,6 +515,8 @@ class Trainer:
                 if self.step % args.eval_every == 0 or self.step == args.steps:
                     self._evaluate_and_keep_best()
                     self.save_last()
+                elif stop:
+                    self.save_last()
                 if stop:
                     interrupted = True
                     break
@@ -522,7 +524,6 @@ class Trainer:
             bar.close()
             signal.signal(signal.SIGINT, previous_handler)
         if interrupted:
-            self.save_last()
             if self.rank == 0:
                 print(f"interrupted at step {self.step}: state saved in {self.run.dir / 'last'}; "
                       f"continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
@@ -545,7 +546,8 @@ class Trainer:
 # --nproc_per_node N``: its main() calls run_distributed(train, args), which joins the process group
 # (a no-op for a plain ``python`` launch) and leaves it at the end, and its train() wraps the modules
 # whose forward the step calls with wrap_ddp() (keeping the unwrapped ones for evaluation,
-# checkpoints and the Trainer's ``modules``). Every rank draws the same global batch from its EpochSampler, draws any random views of it
+# checkpoints and the Trainer's ``modules``). Every rank draws the same global batch from its
+# EpochSampler, draws any random views of it
 # (span masks, an objective's noise) for the whole batch from the same seeded generator, and keeps
 # its rows with local_slice, so --batch-size stays the global batch and the data are one process's;
 # the contrastive losses gather candidates from every rank themselves
