@@ -22,8 +22,8 @@ Workloads (the report's settings):
 Inputs are random token ids with realistic variable lengths (a log-normal around each task's
 typical length, clipped to its max length), [CLS] ... [SEP] and dynamic padding, fixed seed.
 minBERT runs unpadded (the real tokens only; ``--no-unpad`` turns that off), transformers
-padded, as each does in training. Time: median over --steps timed steps after --warmup untimed ones (torch.cuda.synchronize
-around each step on a GPU). tokens/s counts real (non-padding) tokens. speed-up is
+padded, as each does in training. Time: median over --steps timed steps after --warmup untimed
+ones (torch.cuda.synchronize around each step on a GPU). tokens/s counts real (non-padding) tokens. speed-up is
 transformers' step time / minBERT's (> 1: minBERT is faster). On a GPU with a known peak,
 MFU = model FLOPs / time / peak, with FLOPs = 6 N t (training) or 2 N t (inference) over the
 real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus attention

@@ -11,10 +11,11 @@ has a flow, which is then fine-tuned with the encoder unless frozen):
 
 Pairs are encoded as two separate sentences (a bi-encoder). Each step draws one batch of every
 task (32 SST sentences, 96 QQP pairs, 32 STS pairs; each task's data cycles on its own), encodes
-all 288 sentences in one pass and minimises 5 L_sst + 20 L_qqp + 1 L_sts (:class:`MultitaskLoss`). Every --eval-every steps the dev sets are scored (SST
-accuracy, QQP accuracy, STS Pearson r) and the checkpoint with the best mean (``mean_dev``)
-is kept as ``best/`` (the encoder checkpoint plus ``heads.safetensors``); at the end the best
-checkpoint writes the six CS224N prediction files to ``predictions/`` and ``metrics.json``.
+all 288 sentences in one pass and minimises 5 L_sst + 20 L_qqp + 1 L_sts (:class:`MultitaskLoss`).
+Every --eval-every steps the dev sets are scored (SST accuracy, QQP accuracy, STS Pearson r)
+and the checkpoint with the best mean (``mean_dev``) is kept as ``best/`` (the encoder
+checkpoint plus ``heads.safetensors``); at the end the best checkpoint writes the six CS224N
+prediction files to ``predictions/`` and ``metrics.json``.
 """
 from __future__ import annotations
 
