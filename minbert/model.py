@@ -24,10 +24,6 @@ import torch.nn.functional as F
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
 
-try:  # flash attention over packed variable-length sentences (torch >= 2.9, CUDA)
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # pragma: no cover - older torch: the padded attention below serves
-    varlen_attn = None
 
 
 class CheckpointError(Exception):
@@ -78,6 +74,28 @@ ACTIVATIONS = {
 }
 
 
+def flash_attention_runs(device: torch.device, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether :func:`flash_attention` can run: a CUDA GPU of compute capability 8.0 or
+    later (A100, H100, RTX 30xx...; not a T4 or V100), half precision, head_dim <= 256."""
+    return (device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and head_dim <= 256
+            and torch.cuda.get_device_capability(device) >= (8, 0))
+
+
+def flash_attention(q, k, v, cu_seqlens, max_len: int, dropout_p: float) -> torch.Tensor:
+    """Flash attention over packed sentences, attention dropout included.
+
+    q, k, v: [T, heads, head_dim], sentence i in rows cu_seqlens[i]:cu_seqlens[i + 1]
+    (cu_seqlens int32 [b + 1]); max_len: at least the longest sentence. Returns [T, heads,
+    head_dim]. The public ``torch.nn.attention.varlen.varlen_attn`` has no dropout, and the
+    report trains with attention dropout 0.1, so this calls the aten kernel under it, whose
+    autograd formula replays the same dropout mask in the backward (tests/test_minbert.py
+    checks that against an explicit computation). The memory-efficient kernel also takes
+    dropout and spent less GPU time on the report's short sentences, but it made the eager
+    training step slower on an H100 (docs/BENCHMARKS.md)."""
+    return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len,
+                                                   dropout_p, False, False)[0]
+
+
 class AttentionGroup(NamedTuple):
     """Sentences that attend together through ``scaled_dot_product_attention``, each padded to
     the group's longest (``t``): packed tokens go in through ``gather`` and come out through
@@ -117,9 +135,9 @@ class Packing(NamedTuple):
     The unpadded forward runs every token-wise module (embeddings, projections, feed-forward,
     LayerNorm, dropout) on the T real tokens only, as a [T, D] tensor: with the report's
     variable-length sentences, a padded batch is often two thirds padding. Only attention
-    needs the sentence structure: flash attention over ``cu_seqlens`` (varlen) where it
-    can run, else ``scaled_dot_product_attention`` over ``groups`` of sentences, each padded
-    to its own longest sentence."""
+    needs the sentence structure: :func:`flash_attention` over ``cu_seqlens`` where it can
+    run (``groups`` is empty then), else ``scaled_dot_product_attention`` over ``groups`` of
+    sentences, each padded to its own longest sentence."""
     indices: torch.Tensor     # [T] positions of the real tokens in the flattened [b * t] batch
     cu_seqlens: torch.Tensor  # [b + 1] int32: sentence i is packed rows cu_seqlens[i]:cu_seqlens[i + 1]
     shape: tuple[int, int]    # (b, t) of the padded batch
@@ -127,11 +145,13 @@ class Packing(NamedTuple):
     restore: torch.Tensor | None  # [T] packed row -> row of the groups' concatenated outputs (None: same order)
 
     @classmethod
-    def from_mask(cls, attention_mask: torch.Tensor, num_tokens: int, by_length: bool | None = None) -> "Packing":
+    def from_mask(cls, attention_mask: torch.Tensor, num_tokens: int, by_length: bool | None = None,
+                  flash: bool = False) -> "Packing":
         """``num_tokens``: the number of real tokens (known on the host where the batch was
-        padded), so that finding them needs no device-to-host synchronisation.
+        padded), so that finding them needs no device-to-host synchronisation. ``flash``:
+        attention will run as :func:`flash_attention`, which needs no groups.
 
-        On the CPU the sentences attend in length groups (:func:`length_groups`): there
+        Else, on the CPU the sentences attend in length groups (:func:`length_groups`): there
         attention with dropout runs the plain math kernel, whose cost grows with the padded
         length squared (it was most of a multitask step; docs/BENCHMARKS.md). On a GPU the
         lengths would have to reach the host (a synchronisation) and every group costs
@@ -143,7 +163,9 @@ class Packing(NamedTuple):
         starts, restore = cu_seqlens[:-1], None
         if by_length is None:
             by_length = attention_mask.device.type == "cpu"
-        if not by_length:
+        if flash:
+            groups = ()
+        elif not by_length:
             groups = (AttentionGroup.of(starts, lengths, attention_mask.shape[1], num_tokens),)
         else:
             host_lengths = lengths.tolist()
@@ -187,8 +209,8 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention through ``scaled_dot_product_attention`` (flash /
-    memory-efficient kernels on a GPU). Q, K and V keep separate Linear modules so the
+    """Multi-head self-attention: over the packed sentences through :func:`flash_attention`
+    on a GPU, else through ``scaled_dot_product_attention``. Q, K and V keep separate Linear modules so the
     names match Hugging Face, but run as one fused matmul on the concatenated weights."""
 
     def __init__(self, config: BertConfig):
@@ -212,15 +234,13 @@ class BertSelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         if not isinstance(attn, Packing):
             return self._attend(*qkv.unbind(2), attn, dropout_p)
-        if self._flash_varlen(qkv, dropout_p):
-            q, k, v = qkv.unbind(1)  # each [T, heads, head_dim]
-            t = attn.shape[1]
-            return varlen_attn(q, k, v, attn.cu_seqlens, attn.cu_seqlens, t, t).flatten(1)
-        # varlen_attn has no dropout: with attention dropout on (training), or on the CPU, pad the
-        # packed Q, K, V of each group of sentences for scaled_dot_product_attention and pack its
-        # output again. Split before padding, so that the backward of the split joins gradients
-        # of the real tokens only (3-8% of the CPU multitask step; docs/BENCHMARKS.md).
         q, k, v = qkv.unbind(1)  # each [T, heads, head_dim]
+        if not attn.groups:
+            return flash_attention(q, k, v, attn.cu_seqlens, attn.shape[1], dropout_p).flatten(1)
+        # Where flash attention cannot run (the CPU, fp32, older GPUs), pad the packed Q, K, V of
+        # each group of sentences for scaled_dot_product_attention and pack its output again.
+        # Split before padding, so that the backward of the split joins gradients of the real
+        # tokens only (3-8% of the CPU multitask step; docs/BENCHMARKS.md).
         outputs = []
         for group in attn.groups:
             n, t = group.key_mask.shape[0], group.key_mask.shape[-1]
@@ -236,11 +256,6 @@ class BertSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                            attn_mask=key_mask, dropout_p=dropout_p)
         return y.transpose(1, 2).flatten(2)  # heads concatenated again
-
-    @staticmethod
-    def _flash_varlen(qkv, dropout_p) -> bool:
-        return (varlen_attn is not None and dropout_p == 0.0 and qkv.is_cuda
-                and qkv.dtype in (torch.float16, torch.bfloat16) and qkv.shape[-1] <= 256)
 
 
 class BertSelfOutput(nn.Module):
@@ -364,7 +379,8 @@ class BertModel(nn.Module):
             if num_tokens is None:  # a GPU synchronisation: callers that pad on the host pass the count
                 num_tokens = int(torch.count_nonzero(attention_mask))
             if num_tokens != input_ids.numel():  # else there is no padding to skip
-                packing = Packing.from_mask(attention_mask, num_tokens, self.attend_by_length)
+                packing = Packing.from_mask(attention_mask, num_tokens, self.attend_by_length,
+                                            flash=self._flash_attention_runs(input_ids.device))
         if packing is not None:
             attn = packing
         elif attention_mask is None:
@@ -384,6 +400,12 @@ class BertModel(nn.Module):
         if output_hidden_states:
             out["hidden_states"] = tuple(hidden_states)
         return out
+
+    def _flash_attention_runs(self, device: torch.device) -> bool:
+        # Under autocast the layers compute in its dtype, else in the weights'.
+        dtype = (torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type)
+                 else self.embeddings.word_embeddings.weight.dtype)
+        return flash_attention_runs(device, dtype, self.config.hidden_size // self.config.num_attention_heads)
 
     def compile(self, **kwargs) -> None:
         """``torch.compile`` each layer rather than the whole model: the twelve layers share one

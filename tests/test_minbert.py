@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
 
@@ -149,14 +150,14 @@ def test_unpadded_forward_equals_padded(hf_dir, monkeypatch, by_length):
     """A batch with padding runs unpadded (real tokens only): the same values and gradients as
     computing the padding too, zeros at the padding; with a mask that has holes too. Attention
     runs over length groups of sentences (the CPU's choice) or one group padded to the batch's
-    width (the GPU's when flash varlen cannot run)."""
+    width (the GPU's when flash attention cannot run)."""
     from minbert.model import Packing
 
     packings = []
     from_mask = Packing.from_mask
 
-    def kept(cls, *args):
-        packings.append(from_mask(*args))
+    def kept(cls, *args, **kwargs):
+        packings.append(from_mask(*args, **kwargs))
         return packings[-1]
     monkeypatch.setattr(Packing, "from_mask", classmethod(kept))
     directory, hf = hf_dir
@@ -203,51 +204,107 @@ def test_length_groups():
     assert length_groups([5, 5, 5]) == [[0, 1, 2]] and length_groups([]) == []
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_unpadded_on_cuda_flash_varlen_and_compile(hf_dir, monkeypatch):
-    """On a GPU in bf16: flash attention over the packed sentences (varlen) and the padded
-    attention around it (what runs with attention dropout on) give what the padded model gives,
-    forward and backward; BertModel.compile (layer by layer, dynamic shapes) changes no value."""
-    varlen_attn = minbert.model.varlen_attn
-    if varlen_attn is None:
-        pytest.skip("this torch has no torch.nn.attention.varlen")
+needs_flash = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
+    reason="needs a CUDA GPU with flash attention (compute capability 8.0+)")
+
+
+@needs_flash
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_unpadded_on_cuda_flash_attention_and_compile(hf_dir, monkeypatch, dtype):
+    """On a GPU: in bf16, flash attention over the packed sentences, and the padded attention
+    where flash cannot run (one group at the batch's width); in fp32, that padded attention
+    alone. Each gives what the padded model gives, forward and backward; BertModel.compile
+    (layer by layer, dynamic shapes) changes no value."""
+    tol = 0.05 if dtype == torch.bfloat16 else 1e-4
     directory, hf = hf_dir
     ours = BertModel.from_pretrained(directory, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).cuda()
     hf = hf.cuda()
     ids, mask, types = (x.cuda() for x in padded_batch(seed=8, lengths=(11, 7, 1, 4)))
-    calls = []
+    flash_attention, calls = minbert.model.flash_attention, []
 
-    def counted_varlen_attn(*args, **kwargs):
+    def counted_flash_attention(*args):
         calls.append(1)
-        return varlen_attn(*args, **kwargs)
+        return flash_attention(*args)
+    monkeypatch.setattr(minbert.model, "flash_attention", counted_flash_attention)
+
+    def autocast():
+        return torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32)
 
     def run(**kwargs):
         ours.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with autocast():
             out = ours(ids, mask, types, **kwargs)
         (valid(out["last_hidden_state"], mask).float().square().mean() + out["pooler_output"].float().sum()).backward()
         return out["last_hidden_state"].float(), {n: p.grad.clone() for n, p in ours.named_parameters()}
 
     ref_hidden, ref_grads = run(unpad=False)
-    for flash in (True, False):
-        monkeypatch.setattr(minbert.model, "varlen_attn", counted_varlen_attn if flash else None)
+    for flash in ((True, False) if dtype == torch.bfloat16 else (False,)):
+        if not flash:
+            monkeypatch.setattr(minbert.model, "flash_attention_runs", lambda *args: False)
         calls.clear()
         hidden, grads = run(num_tokens=int(mask.sum()))
         assert len(calls) == (ours.config.num_hidden_layers if flash else 0)
-        assert max_diff(valid(hidden, mask), valid(ref_hidden, mask)) < 0.05
+        assert max_diff(valid(hidden, mask), valid(ref_hidden, mask)) < tol
         for name, g in ref_grads.items():
-            assert max_diff(grads[name], g) < 0.05 * max(1.0, g.abs().max().item()), name
-    monkeypatch.setattr(minbert.model, "varlen_attn", varlen_attn)
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            assert max_diff(grads[name], g) < tol * max(1.0, g.abs().max().item()), name
+    monkeypatch.undo()
+    with torch.no_grad(), autocast():
         expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state.float()
         ours.eval()
         eager = ours(ids, mask, types)["last_hidden_state"].float()
         ours.compile()
         compiled = ours(ids, mask, types)["last_hidden_state"].float()
         shorter = ours(ids[1:, :7], mask[1:, :7], types[1:, :7])["last_hidden_state"].float()  # another shape
-    assert max_diff(valid(eager, mask), valid(expected, mask)) < 0.05
-    assert max_diff(valid(compiled, mask), valid(eager, mask)) < 0.05
-    assert max_diff(valid(shorter, mask[1:, :7]), valid(eager[1:, :7], mask[1:, :7])) < 0.05
+    assert max_diff(valid(eager, mask), valid(expected, mask)) < tol
+    assert max_diff(valid(compiled, mask), valid(eager, mask)) < tol
+    assert max_diff(valid(shorter, mask[1:, :7]), valid(eager[1:, :7], mask[1:, :7])) < tol
+    ours.train()  # compiled, with dropout (flash attention's included): runs, finite gradients
+    with autocast():
+        out = ours(ids, mask, types)["pooler_output"]
+    out.float().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in ours.parameters() if p.grad is not None)
+
+
+@needs_flash
+def test_flash_attention_dropout_matches_explicit_attention_with_its_mask():
+    """flash_attention with dropout p is softmax(q k^T / sqrt(d)) * keep / (1 - p) @ v per
+    sentence, and its backward uses the same keep mask. The mask is read out of the kernel:
+    with the same seed, attending over one-hot values returns the dropped, rescaled
+    probabilities themselves."""
+    from minbert.model import flash_attention
+
+    p, heads, d, lengths = 0.3, 2, 64, [37, 5, 64, 20]  # one-hot values need lengths <= d
+    gen = torch.Generator().manual_seed(0)
+    cu = F.pad(torch.tensor(lengths).cumsum(0), (1, 0))
+    total, longest = sum(lengths), max(lengths)
+    q, k, v, grad_out = (torch.randn(total, heads, d, generator=gen).to("cuda", torch.bfloat16) for _ in range(4))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    slot = torch.cat([torch.arange(n) for n in lengths])  # a token's place in its sentence
+    one_hot = F.one_hot(slot, d)[:, None, :].expand(total, heads, d).to("cuda", torch.bfloat16)
+    cu_cuda = cu.int().cuda()
+    torch.cuda.manual_seed(123)
+    with torch.no_grad():
+        probs = flash_attention(q, k, one_hot, cu_cuda, longest, p).float()  # row i, slot j: A[i, j]
+    torch.cuda.manual_seed(123)
+    out = flash_attention(q, k, v, cu_cuda, longest, p)
+    (out.float() * grad_out.float()).sum().backward()
+    kept = total_entries = 0
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        n = b - a
+        dropped = probs[a:b, :, :n].transpose(0, 1)  # [heads, n, n]
+        keep = dropped != 0
+        kept, total_entries = kept + keep.sum().item(), total_entries + keep.numel()
+        qs, ks, vs = (x.detach()[a:b].float().transpose(0, 1).requires_grad_() for x in (q, k, v))
+        attention = torch.softmax(qs @ ks.transpose(1, 2) / d ** 0.5, dim=-1)
+        assert max_diff(dropped, (attention * keep / (1 - p)).detach()) < 0.02
+        ref = (attention * keep / (1 - p)) @ vs  # [heads, n, d]
+        assert max_diff(out[a:b].float().transpose(0, 1), ref) < 0.05
+        ref.backward(grad_out[a:b].float().transpose(0, 1))
+        for x, xs in ((q, qs), (k, ks), (v, vs)):
+            expected = xs.grad.transpose(0, 1)
+            assert max_diff(x.grad[a:b].float(), expected) < 0.05 * max(1.0, expected.abs().max().item())
+    assert abs(kept / total_entries - (1 - p)) < 0.03  # dropout happened, at rate p
 
 
 def test_dropout_only_in_train_mode(hf_dir):
@@ -471,7 +528,8 @@ def test_real_checkpoint_matches_transformers(real_bert_dir, capsys):
     assert (mask == 0).any()  # padding included
     batch["token_type_ids"][0, 3:] = 1  # a second segment too
     batch["token_type_ids"] *= mask
-    hf = transformers.BertModel.from_pretrained(str(real_bert_dir)).eval()
+    # float(): transformers 5 keeps a half-precision checkpoint in half precision; minBERT loads float32
+    hf = transformers.BertModel.from_pretrained(str(real_bert_dir)).float().eval()
     ours = BertModel.from_pretrained(real_bert_dir).eval()
     with torch.no_grad():
         ref = hf(**batch)
