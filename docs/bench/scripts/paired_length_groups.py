@@ -1,10 +1,9 @@
-"""Paired: minBERT's training steps with attention over length groups of sentences
+"""Paired, on the CPU: minBERT's training steps with attention over length groups of sentences
 (``attend_by_length = True``, the CPU's default) against one group padded to the batch's width
-(``False``, what a GPU runs when flash varlen cannot), alternating in one process; median of the
-timed steps of each. fp32 on the CPU, bf16 on a GPU (where length groups cost a host sync per
-forward and launches per group: the open question). Usage:
+(``False``), alternating in one process; median of the timed steps of each; fp32. (On a GPU, see
+paired_attention_gpu.py, which also times these two routes against flash attention.) Usage:
 
-    PYTHONPATH=. python docs/bench/scripts/paired_length_groups.py /tmp/minilm [cpu|cuda]
+    PYTHONPATH=. python docs/bench/scripts/paired_length_groups.py /tmp/minilm
 """
 import statistics
 import sys
@@ -14,11 +13,11 @@ import torch
 
 from bertcf import bench
 
-device = torch.device(sys.argv[2] if len(sys.argv) > 2 else "cpu")
+device = torch.device("cpu")
 mb, _, _ = bench.load_models(sys.argv[1])
 mb.to(device)
 for workload in (bench.Multitask, bench.Mirror):
-    w = workload(workload.__name__.lower(), mb.config, device, "fp32" if device.type == "cpu" else "bf16", 4, 11713)
+    w = workload(workload.__name__.lower(), mb.config, device, "fp32", 4, 11713)
     step = w.build(bench.Encoder(mb))
     times = {True: [], False: []}
     for i in range(10):
