@@ -25,7 +25,6 @@ import torch.nn.functional as F
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")  # in the order they are looked for
 
 
-
 class CheckpointError(Exception):
     """A checkpoint that cannot be found or does not fit the model (one clear line)."""
 
@@ -210,8 +209,9 @@ class BertEmbeddings(nn.Module):
 
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention: over the packed sentences through :func:`flash_attention`
-    on a GPU, else through ``scaled_dot_product_attention``. Q, K and V keep separate Linear modules so the
-    names match Hugging Face, but run as one fused matmul on the concatenated weights."""
+    on a GPU, else through ``scaled_dot_product_attention``. Q, K and V keep separate Linear
+    modules so the names match Hugging Face, but run as one fused matmul on the concatenated
+    weights."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
