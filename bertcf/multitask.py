@@ -220,15 +220,6 @@ class MultitaskModel(nn.Module):
     def head(self, task: str) -> nn.Module:
         return {"sst": self.sst_head, "para": self.para_head, "sts": self.sts_head}[task]
 
-    def sentence_vectors(self, input_ids, attention_mask, num_tokens: int | None = None) -> torch.Tensor:
-        """[b, t] token ids and mask -> [b, D] float32; no graph through a frozen encoder."""
-        bert_trains = torch.is_grad_enabled() and any(p.requires_grad for p in self.encoder.bert.parameters())
-        with torch.set_grad_enabled(bert_trains):
-            u = self.encoder.embed(input_ids, attention_mask, num_tokens=num_tokens)
-        if self.encoder.flow is not None:
-            u = self.encoder.flow(u)[0]
-        return u
-
     def forward(self, input_ids, attention_mask, sizes: dict, num_tokens: int | None = None) -> dict:
         """One training step's outputs, from one encoder pass over all of its sentences.
 
@@ -239,7 +230,7 @@ class MultitaskModel(nn.Module):
         for the tasks in ``sizes``. One pass instead of one per task: a third of the kernel
         launches, and with the unpadded encoder the common padding costs nothing."""
         tasks = [t for t in TASKS if t in sizes]
-        u = self.sentence_vectors(input_ids, attention_mask, num_tokens)
+        u = self.encoder(input_ids, attention_mask, num_tokens=num_tokens)  # [n, D] float32
         parts = u.split([sizes[t] * COLUMNS[t] for t in tasks])
         out = {}
         for task, vectors in zip(tasks, parts):

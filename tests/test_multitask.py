@@ -164,7 +164,7 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
 
     def alone(task):
         ids, mask = pad_batch(lists[task], 0)
-        return model.head(task)(model.sentence_vectors(ids, mask))
+        return model.head(task)(model.encoder(ids, mask))
 
     torch.testing.assert_close(out["sst"], alone("sst"), rtol=1e-5, atol=1e-6)
     for task in ("para", "sts"):
@@ -355,7 +355,7 @@ def test_flow_checkpoint_gives_F_x_and_the_flow_is_fine_tuned(tiny_bert_dir, dat
     model.eval()
     ids, mask = torch.tensor([[2, 100, 200, 3]]), torch.ones(1, 4, dtype=torch.long)
     u = model.encoder.embed(ids, mask)
-    assert torch.allclose(model.sentence_vectors(ids, mask), model.encoder.flow(u)[0])
+    assert torch.allclose(model.encoder(ids, mask), model.encoder.flow(u)[0])
 
     out = tmp_path / "ft"
     run_quiet(argv(tiny_bert_dir, data_dir, out, steps=2, encoder=run_dir, lr=1e-3))
