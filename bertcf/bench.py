@@ -287,7 +287,7 @@ class Joint(Mirror):
     def build(self, bert):
         from .contrastive import InfoNCE
         from .encoder import pool
-        from .flow import Glow, gaussian_nll
+        from .flow import Glow, flow_loss, gaussian_nll
 
         info_nce = InfoNCE(temperature=0.05)
         if not hasattr(self, "flow"):
@@ -303,7 +303,7 @@ class Joint(Mirror):
                 u_both = pool(b.hidden(bert), b.mask)
             z_both, logdet_both = flow(u_both)
             z, z_masked = z_both.chunk(2)
-            return 0.3 * info_nce(z, z_masked) + gaussian_nll(z, logdet_both.chunk(2)[0]).mean()
+            return 0.3 * info_nce(z, z_masked) + flow_loss(gaussian_nll(z, logdet_both.chunk(2)[0]), z.shape[1])
         return self.training_step(flow.parameters(), 3e-4, loss)
 
     def flops(self, inputs):

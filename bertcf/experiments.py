@@ -74,7 +74,7 @@ COMMANDS = ("table1", "ablations", "analysis", "objectives", "all")
 ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
-              "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "seed",
+              "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
               "stage_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs")
 
 
@@ -154,7 +154,11 @@ def build_parser() -> training.ArgumentParser:
     g.add_argument("--eval-every", type=int, default=None, help="passed to every run (default: each stage's own)")
     g.add_argument("--max-train-examples", type=int, default=None, help="passed to every fine-tuning run")
     g.add_argument("--max-length", type=int, default=32,
-                   help="tokens per sentence for the stages and this command's evaluations (default %(default)s)")
+                   help="tokens per sentence in the stages' training (default %(default)s)")
+    g.add_argument("--eval-max-length", type=int, default=None,
+                   help="tokens per sentence in every unsupervised evaluation: the stages' best-checkpoint choice, "
+                        "the unsupervised column, analysis and qualitative tables (default: the model's "
+                        "max_position_embeddings, i.e. whole sentences)")
     g.add_argument("--seed", type=int, default=11711)
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--stage-args", default="", help="more flags for every run_pretrain.py run, e.g. '--batch-size 32'")
@@ -188,7 +192,8 @@ def parse_args(argv=None):
         raise UsageError(f"--steps-scale must be positive, not {args.steps_scale}")
     if args.finetune_steps_scale is not None and not args.finetune_steps_scale > 0:
         raise UsageError(f"--finetune-steps-scale must be positive, not {args.finetune_steps_scale}")
-    for name in ("eval_every", "max_train_examples", "max_sentences", "max_length", "qualitative_pairs"):
+    for name in ("eval_every", "max_train_examples", "max_sentences", "max_length", "eval_max_length",
+                 "qualitative_pairs"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
@@ -389,11 +394,14 @@ class Suite:
             argv += ["--corpus-from-tasks"]
         if a.max_sentences:
             argv += ["--max-sentences", str(a.max_sentences)]
+        if a.eval_max_length:
+            argv += ["--eval-max-length", str(a.eval_max_length)]
         argv += list(spec.flags) + a.stage_args_list
         settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
                     "model": _abs_if_path(a.model), "data_dir": _abs_if_path(a.data_dir), "steps": steps,
                     "eval_every": a.eval_every, "seed": a.seed, "max_length": a.max_length,
-                    "corpus": _abs_if_path(a.corpus), "corpus_from_tasks": a.corpus_from_tasks,
+                    "eval_max_length": a.eval_max_length, "corpus": _abs_if_path(a.corpus),
+                    "corpus_from_tasks": a.corpus_from_tasks,
                     "max_sentences": a.max_sentences, "flags": list(spec.flags), "extra_args": a.stage_args_list}
         start = f"stages/{spec.init}" if spec.init else "--model"
         method = f" --method {spec.method}" if spec.stage != "flow" else ""
@@ -629,7 +637,8 @@ class Suite:
 
     def _load_encoder(self, row: Row):
         from .encoder import SentenceEncoder
-        encoder = SentenceEncoder.from_pretrained(self.encoder_of(row), max_length=self.args.max_length)
+        encoder = SentenceEncoder.from_pretrained(self.encoder_of(row))
+        encoder.max_length = self.args.eval_max_length or encoder.bert.config.max_position_embeddings
         return encoder.to(self.device).eval()
 
     def evaluate_rows(self, rows: list[Row], analysis: bool) -> dict:
@@ -643,7 +652,8 @@ class Suite:
         for row in rows:
             if row.stage and not self.usable(self.stage_tasks[row.stage]):
                 continue
-            stamp = self._stamp(row) | {"max_length": a.max_length, "data_dir": _abs_if_path(a.data_dir)}
+            stamp = self._stamp(row) | {"eval_max_length": a.eval_max_length or "model",
+                                        "data_dir": _abs_if_path(a.data_dir)}
             encoder = None
 
             def load():
@@ -689,7 +699,8 @@ class Suite:
                  + (f", first {a.max_sentences} sentences" if a.max_sentences else "") + " (the report: Wiki1M)",
                  f"- steps: mirror {steps['mirror']}, joint {steps['joint']}, flow {steps['flow']}, "
                  f"multitask {steps_for('multitask', self.ft_scale)} (the report: 10^4, 10^4, 10^4, 5000)",
-                 f"- seed {a.seed}, device {self.device}, max length {a.max_length}"]
+                 f"- seed {a.seed}, device {self.device}, max length {a.max_length} in training, "
+                 f"{a.eval_max_length or 'whole sentences'} in evaluation"]
         if a.stage_args:
             lines.append(f"- extra flags of every stage: `{a.stage_args}`")
         if a.finetune_args:

@@ -15,6 +15,7 @@ embedding u (the encoder's sentence vector, shape [b, D]) is mapped to its laten
     forward(u) -> (z, logdet)    z: [b, D], logdet = log|det dz/du| per row: [b]
     inverse(z) -> u              exact inverse of forward
     Glow.nll(u) -> [b]           -log p(u) = 0.5*||z||^2 + 0.5*D*log(2*pi) - logdet
+    flow_loss(nll, D, unit)      the batch's objective in nats or in bits per dimension
 
 Vectors are rows; a linear layer with matrix W acts as z = u @ W.T (i.e. z_i = W u_i per row).
 """
@@ -154,6 +155,25 @@ def random_rotation(dim):
     return q * torch.sign(torch.diagonal(r))
 
 
+class ReversePermutation(nn.Module):
+    """A fixed reversal of the dimensions, z = u[:, ::-1] (logdet 0): the permutation of the
+    BERT-flow implementations the report cites (RealNVP/Glow's "reverse" option), offered beside the
+    learned 1x1 map to compare with (``Glow(..., permutation="reverse")``)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, u):
+        return u.flip(1), u.new_zeros(u.shape[0])
+
+    def inverse(self, z):
+        return z.flip(1)
+
+
+PERMUTATIONS = {"lu": InvertibleLinear, "reverse": ReversePermutation}
+
+
 class AdditiveCoupling(nn.Module):
     """NICE additive coupling (Dinh et al. 2015), as used in Glow.
 
@@ -200,13 +220,14 @@ class AdditiveCoupling(nn.Module):
 
 
 class FlowBlock(nn.Module):
-    """One step of flow (Glow, figure 2a): ActNorm -> InvertibleLinear -> AdditiveCoupling.
-    forward(u [b, D]) -> (z [b, D], logdet [b]) summing the three logdets; inverse runs backwards."""
+    """One step of flow (Glow, figure 2a): ActNorm -> InvertibleLinear (or ReversePermutation) ->
+    AdditiveCoupling. forward(u [b, D]) -> (z [b, D], logdet [b]) summing the three logdets;
+    inverse runs backwards."""
 
-    def __init__(self, dim, hidden):
+    def __init__(self, dim, hidden, permutation="lu"):
         super().__init__()
         self.actnorm = ActNorm(dim)
-        self.linear = InvertibleLinear(dim)
+        self.linear = PERMUTATIONS[permutation](dim)
         self.coupling = AdditiveCoupling(dim, hidden)
 
     def forward(self, u):
@@ -233,21 +254,25 @@ class Glow(nn.Module):
     surrounding code never reaches the flow. Outputs are in that compute dtype.
     """
 
-    def __init__(self, dim, num_blocks=3, hidden=None):
+    def __init__(self, dim, num_blocks=3, hidden=None, permutation="lu"):
         super().__init__()
+        if permutation not in PERMUTATIONS:
+            raise ValueError(f"permutation must be one of {tuple(PERMUTATIONS)}, not {permutation!r}")
         self.dim = dim
         self.num_blocks = num_blocks
         self.hidden = dim if hidden is None else hidden
-        self.blocks = nn.ModuleList([FlowBlock(dim, self.hidden) for _ in range(num_blocks)])
+        self.permutation = permutation
+        self.blocks = nn.ModuleList([FlowBlock(dim, self.hidden, permutation) for _ in range(num_blocks)])
 
     # --- config / checkpoint -------------------------------------------------------------------
 
     def config(self):
-        return dict(dim=self.dim, num_blocks=self.num_blocks, hidden=self.hidden)
+        return dict(dim=self.dim, num_blocks=self.num_blocks, hidden=self.hidden, permutation=self.permutation)
 
     @classmethod
     def from_config(cls, d):
-        return cls(dim=d["dim"], num_blocks=d.get("num_blocks", 3), hidden=d.get("hidden"))
+        return cls(dim=d["dim"], num_blocks=d.get("num_blocks", 3), hidden=d.get("hidden"),
+                   permutation=d.get("permutation", "lu"))
 
     def save(self, path):
         """Write the state_dict to a safetensors file with the config JSON in metadata['config']."""
@@ -303,6 +328,20 @@ class Glow(nn.Module):
 def gaussian_nll(z, logdet):
     """-log N(z; 0, I) - logdet per row [b]: the flow's NLL from an existing forward pass."""
     return 0.5 * (z**2).sum(dim=1) + 0.5 * z.shape[1] * math.log(2 * math.pi) - logdet
+
+
+FLOW_LOSS_UNITS = ("bits-per-dim", "nats")
+
+
+def flow_loss(nll, dim, unit="bits-per-dim"):
+    """L_flow, the batch mean of the per-row NLL [b] (nats, summed over the D = ``dim`` dimensions):
+    in "nats" as it is, in "bits-per-dim" divided by D * ln 2. Bits per dimension is the unit of
+    the BERT-flow implementations (Li et al. 2020; UKPLab's pytorch-bertflow), so a fixed weight
+    on another loss beside it (BERT-CF's 0.3 * L_mirror) means the same at every D."""
+    if unit not in FLOW_LOSS_UNITS:
+        raise ValueError(f"unit must be one of {FLOW_LOSS_UNITS}, not {unit!r}")
+    mean = nll.mean()
+    return mean / (dim * math.log(2)) if unit == "bits-per-dim" else mean
 
 
 # -----------------------------------------------------------------------------

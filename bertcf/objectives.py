@@ -39,7 +39,7 @@ from .encoder import SentenceEncoder, pool, resolve_encoder_path
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
 
 # Defaults of the flags below (also used when an objective is built from a partial ``args``).
-DEFAULTS = {"momentum": 0.999, "predictor_hidden": None, "ct_negatives": 7, "deletion_ratio": 0.6,
+DEFAULTS = {"momentum": 0.999, "predictor_k": 8, "predictor_hidden": None, "ct_negatives": 7, "deletion_ratio": 0.6,
             "decoder_layers": 2, "mlm_probability": 0.15, "span_p": 0.3, "span_cap": 5}
 
 
@@ -53,8 +53,10 @@ def add_args(parser) -> None:
     g = parser.add_argument_group("bsl, ct, tsdae, mlm (--stage mirror)")
     g.add_argument("--momentum", type=float, default=DEFAULTS["momentum"],
                    help="bsl: EMA momentum of the target encoder (default %(default)s)")
+    g.add_argument("--predictor-k", type=int, default=DEFAULTS["predictor_k"],
+                   help="bsl: the predictor's hidden width is k * D, as in the BSL paper (default %(default)s)")
     g.add_argument("--predictor-hidden", type=int, default=None,
-                   help="bsl: hidden width of the predictor MLP (default: the encoder's D)")
+                   help="bsl: the predictor's hidden width, overriding --predictor-k")
     g.add_argument("--ct-negatives", type=int, default=DEFAULTS["ct_negatives"],
                    help="ct: negative pairs per positive pair (default %(default)s: 1 positive in 8 pairs)")
     g.add_argument("--deletion-ratio", type=float, default=DEFAULTS["deletion_ratio"],
@@ -71,6 +73,8 @@ def check_args(args) -> None:
 
     if not 0 <= args.momentum < 1:
         raise UsageError(f"--momentum must be in [0, 1), not {args.momentum}")
+    if args.predictor_k < 1:
+        raise UsageError(f"--predictor-k must be at least 1, not {args.predictor_k}")
     if args.predictor_hidden is not None and args.predictor_hidden < 1:
         raise UsageError(f"--predictor-hidden must be at least 1, not {args.predictor_hidden}")
     if args.ct_negatives < 1:
@@ -169,7 +173,8 @@ class BSL(Objective):
 
     Two views of each sentence: v1 = the sentence, v2 = one token span replaced by [MASK]
     (``span_mask``, --span-p / --span-cap); both go through dropout. The online encoder f
-    (``encoder``, kept) and a predictor q (Linear-BatchNorm-ReLU-Linear, D -> H -> D) predict
+    (``encoder``, kept) and a predictor q (three linear layers D -> kD -> kD -> D with BatchNorm and
+    ReLU between them, k = 8 as in the BSL paper; --predictor-k, --predictor-hidden) predict
     the target encoder's embedding of the other view; the target f_xi (``target``) is an
     exponential moving average of f, xi <- m xi + (1 - m) theta after every step (--momentum),
     and gets no gradient. It runs in the same train/eval mode as f (its dropout is part of
@@ -179,16 +184,17 @@ class BSL(Objective):
 
         L = g(q(f(v1)), sg f_xi(v2)) + g(q(f(v2)), sg f_xi(v1)),   loss = mean over the batch.
 
-    No negatives. Shapes: f(v) [b, D] (the encoder's pooling), q: [b, D] -> [b, D].
+    No negatives. Shapes: f(v) [b, D] (the encoder's pooling), q: [b, D] -> [b, H] -> [b, H] -> [b, D].
     """
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
         d = encoder.dim
-        hidden = _arg(args, "predictor_hidden") or d
+        hidden = _arg(args, "predictor_hidden") or _arg(args, "predictor_k") * d
         self.momentum = float(_arg(args, "momentum"))
         self.span_p, self.span_cap = _arg(args, "span_p"), _arg(args, "span_cap")
         self.predictor = nn.Sequential(nn.Linear(d, hidden), GatheredBatchNorm1d(hidden), nn.ReLU(inplace=True),
+                                       nn.Linear(hidden, hidden), GatheredBatchNorm1d(hidden), nn.ReLU(inplace=True),
                                        nn.Linear(hidden, d))
         self.target = copy.deepcopy(encoder.bert).requires_grad_(False)
 

@@ -4,10 +4,12 @@
   token-span masking, Mirror-BERT; ``--method simcse``: dropout only; ``--method bsl|ct|tsdae|mlm``:
   the other self-supervised objectives of objectives.py).
 - ``--stage joint``: the encoder frozen (unless ``--unfreeze-encoder``), a Glow flow learned on
-  L = lambda * L_mirror(F(x)) + L_flow (BERT-CF). ``--method simcse`` gives SimCSE-joint.
+  L = lambda * L_mirror(F(x)) + L_flow (BERT-CF), L_flow in bits per dimension by default
+  (``--flow-loss-unit``). ``--method simcse`` gives SimCSE-joint.
 - ``--stage flow``: the flow alone on L_flow (MinBERT-flow / Mirror-flow).
 
-Every stage evaluates unsupervised STS-dev Spearman and keeps the best checkpoint. Every stage
+Every stage evaluates unsupervised STS-dev Spearman on whole sentences (``--eval-max-length``)
+and keeps the best checkpoint. Every stage
 and method also runs data-parallel under ``torchrun --nproc_per_node N`` (``--batch-size`` stays
 the global batch; see ``train``).
 """
@@ -27,7 +29,7 @@ from .contrastive import InfoNCE, span_mask
 from .data import read_corpus, read_sts, task_file, task_sentences
 from .encoder import SentenceEncoder, pool, resolve_encoder_path
 from .evaluation import encode_pairs, sts_scores
-from .flow import ActNorm, Glow, gaussian_nll, latent_stats
+from .flow import FLOW_LOSS_UNITS, PERMUTATIONS, ActNorm, Glow, flow_loss, gaussian_nll, latent_stats
 from .objectives import OBJECTIVES, build_objective
 from .training import UsageError
 
@@ -59,10 +61,22 @@ def build_parser() -> training.ArgumentParser:
     g.add_argument("--lambda-mirror", type=float, default=0.3, help="weight of L_mirror in the joint loss")
     g.add_argument("--flow-blocks", type=int, default=3)
     g.add_argument("--flow-hidden", type=int, default=None, help="coupling network width (default: D)")
+    g.add_argument("--flow-permutation", choices=tuple(PERMUTATIONS), default="lu",
+                   help="the map between couplings: lu, Glow's learned invertible 1x1 (the report's text), or "
+                        "reverse, the fixed reversal of the BERT-flow implementation the report cites")
+    g.add_argument("--flow-loss-unit", choices=FLOW_LOSS_UNITS, default="bits-per-dim",
+                   help="unit of L_flow in the loss: bits-per-dim, NLL / (D ln 2), as in the BERT-flow "
+                        "implementations the report uses (default), or nats, the NLL summed over D")
     g.add_argument("--unfreeze-encoder", action="store_true", help="joint: train the encoder by L_mirror too")
+    g.add_argument("--encoder-lr", type=float, default=1e-4,
+                   help="joint --unfreeze-encoder: the encoder's learning rate (default %(default)s, the mirror "
+                        "stage's); the flow keeps --lr")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     objectives.add_args(p)
     training.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32)
+    p.add_argument("--eval-max-length", type=int, default=None,
+                   help="tokens per sentence in the STS-dev evaluation (default: the model's "
+                        "max_position_embeddings, i.e. whole sentences, as SentEval); --max-length is for training")
     return p
 
 
@@ -89,6 +103,10 @@ def check_args(args) -> None:
         raise UsageError("--unfreeze-encoder is for --stage joint")
     if args.flow_blocks < 1:
         raise UsageError(f"--flow-blocks must be at least 1, not {args.flow_blocks}")
+    if not args.encoder_lr > 0:
+        raise UsageError(f"--encoder-lr must be positive, not {args.encoder_lr}")
+    if args.eval_max_length is not None and args.eval_max_length < 2:
+        raise UsageError(f"--eval-max-length must be at least 2, not {args.eval_max_length}")
     objectives.check_args(args)
     if args.out_dir is None:
         args.out_dir = training.default_out_dir(args.stage, args.method)
@@ -134,12 +152,16 @@ def pair_scalars(a, b) -> dict:
 
 
 def load_encoder(args) -> SentenceEncoder:
-    """The encoder to start from: --init (a run directory or checkpoint) or --model."""
+    """The encoder to start from: --init (a run directory or checkpoint) or --model. Its
+    ``max_length`` (what evaluation and a later ``encode`` of the checkpoint use) is
+    --eval-max-length, resolved here to the model's limit when not given, so config.json records it."""
     source = resolve_encoder_path(args.init) if args.init else args.model
     encoder = SentenceEncoder.from_pretrained(source, pooling=args.pooling, vocab=args.vocab,
                                               hidden_dropout_prob=args.dropout,
                                               attention_probs_dropout_prob=args.dropout)
-    encoder.max_length = args.max_length
+    limit = encoder.bert.config.max_position_embeddings
+    args.eval_max_length = min(args.eval_max_length or limit, limit)
+    encoder.max_length = args.eval_max_length
     encoder.precision = args.precision  # evaluation (encode) in the run's precision
     return encoder
 
@@ -174,12 +196,14 @@ def train(args, device) -> dict:
     use_flow = args.stage in ("joint", "flow")
     train_encoder = args.stage == "mirror" or args.unfreeze_encoder
     if use_flow and encoder.flow is None:
-        encoder.flow = Glow(encoder.dim, num_blocks=args.flow_blocks, hidden=args.flow_hidden)
-    elif use_flow and rank == 0 and (encoder.flow.num_blocks, encoder.flow.hidden) != (args.flow_blocks,
-                                                                                      args.flow_hidden or encoder.dim):
+        encoder.flow = Glow(encoder.dim, num_blocks=args.flow_blocks, hidden=args.flow_hidden,
+                            permutation=args.flow_permutation)
+    elif use_flow and rank == 0 and (encoder.flow.num_blocks, encoder.flow.hidden, encoder.flow.permutation) != (
+            args.flow_blocks, args.flow_hidden or encoder.dim, args.flow_permutation):
         print(f"note: --init already has a flow ({encoder.flow.num_blocks} blocks, coupling width "
-              f"{encoder.flow.hidden}); training it on, so --flow-blocks {args.flow_blocks} and --flow-hidden "
-              f"{args.flow_hidden or encoder.dim} do not apply", file=sys.stderr)
+              f"{encoder.flow.hidden}, {encoder.flow.permutation} permutation); training it on, so --flow-blocks "
+              f"{args.flow_blocks}, --flow-hidden {args.flow_hidden or encoder.dim} and --flow-permutation "
+              f"{args.flow_permutation} do not apply", file=sys.stderr)
     if args.stage == "mirror":
         encoder.flow = None  # the contrastive stage trains the encoder itself
     encoder.bert.requires_grad_(train_encoder)
@@ -227,8 +251,8 @@ def train(args, device) -> dict:
         if args.stage == "flow":  # L_flow alone needs one view only
             u = embed(ids[rows], mask[rows])
             z, logdet = flow(u)
-            l_flow = gaussian_nll(z, logdet).mean()
-            return l_flow, flow_scalars(l_flow, z, logdet)
+            nll = gaussian_nll(z, logdet)
+            return flow_loss(nll, encoder.dim, args.flow_loss_unit), flow_scalars(nll, z, logdet)
         special = torch.isin(ids, special_ids) | (mask == 0)
         if objective is not None:  # it draws its views for the global batch and encodes this rank's rows
             return step_objective(ids, mask, special, rank=rank, world=world)
@@ -254,14 +278,17 @@ def train(args, device) -> dict:
             z_both, logdet_both = flow(torch.cat([u, u_masked]))
             z, z_masked = z_both.chunk(2)
             z_flow, logdet = z, logdet_both.chunk(2)[0]
-        l_flow = gaussian_nll(z_flow, logdet).mean()
+        nll = gaussian_nll(z_flow, logdet)
         l_mirror = info_nce(z, z_masked)
-        scalars = flow_scalars(l_flow, z, logdet) | pair_scalars(z, z_masked) | {"l_mirror": l_mirror.detach()}
-        return args.lambda_mirror * l_mirror + l_flow, scalars
+        scalars = flow_scalars(nll, z, logdet) | pair_scalars(z, z_masked) | {"l_mirror": l_mirror.detach()}
+        return args.lambda_mirror * l_mirror + flow_loss(nll, encoder.dim, args.flow_loss_unit), scalars
 
-    def flow_scalars(l_flow, z, logdet):
-        return {"l_flow_per_dim": l_flow.detach() / encoder.dim, "logdet": logdet.detach().mean(),
-                "latent_norm": z.detach().norm(dim=-1).mean()}
+    def flow_scalars(nll, z, logdet):
+        """L_flow in both units, whichever one trains, and the latents' scale."""
+        nll = nll.detach()
+        return {"l_flow_nats": flow_loss(nll, encoder.dim, "nats"),
+                "l_flow_bits_per_dim": flow_loss(nll, encoder.dim, "bits-per-dim"),
+                "logdet": logdet.detach().mean(), "latent_norm": z.detach().norm(dim=-1).mean()}
 
     def evaluate(step):  # rank 0 only (the Trainer); the other ranks wait at a barrier
         x, y = encode_pairs(encoder, dev_pairs)
@@ -282,6 +309,9 @@ def train(args, device) -> dict:
         reuse = next((f for f in written if f.is_file()), None) if not train_encoder else None
         encoder.save_pretrained(directory, link_weights_from=reuse)
 
+    if use_flow and train_encoder:  # MinBERT-joint: the encoder at the mirror stage's step size
+        trainable = [{"params": list(encoder.flow.parameters())},
+                     {"params": list(encoder.bert.parameters()), "lr": args.encoder_lr}]
     optimizer = training.make_optimizer(trainable, args.lr, args.weight_decay, device)
     scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
     # What last/training_state.pt keeps. An objective holds the encoder. A frozen encoder (the

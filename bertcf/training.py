@@ -169,14 +169,22 @@ def set_rng_state(state: dict) -> None:
 def make_optimizer(params, lr: float, weight_decay: float, device) -> torch.optim.AdamW:
     """AdamW, as one fused kernel on a GPU and on the CPU (where torch's default loops over the
     parameters one by one: fused is 4x to 8x faster there, see docs/BENCHMARKS.md). Biases,
-    LayerNorm/ActNorm and other 1-D parameters get no weight decay, as in BERT."""
-    params = [p for p in params if p.requires_grad]
-    if not params:
+    LayerNorm/ActNorm and other 1-D parameters get no weight decay, as in BERT. ``params``: the
+    parameters, or parameter groups ({"params": [...], "lr": x}) for parts with their own
+    learning rate (a group without "lr" gets ``lr``)."""
+    params = list(params)
+    parts = params if params and isinstance(params[0], dict) else [{"params": params}]
+    groups = []
+    for part in parts:
+        trained = [p for p in part["params"] if p.requires_grad]
+        part_lr = part.get("lr", lr)
+        groups += [{"params": [p for p in trained if p.ndim >= 2], "weight_decay": weight_decay, "lr": part_lr},
+                   {"params": [p for p in trained if p.ndim < 2], "weight_decay": 0.0, "lr": part_lr}]
+    groups = [g for g in groups if g["params"]]
+    if not groups:
         raise UsageError("nothing to train: every parameter is frozen")
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     fused = torch.device(device).type in ("cuda", "cpu")
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, fused=fused)
+    return torch.optim.AdamW(groups, lr=lr, fused=fused)
 
 
 def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):

@@ -107,7 +107,9 @@ def train_objective(method, rank=0, world=1, wrap=lambda m: m):
     tokenizer = SimpleNamespace(mask_token_id=4, pad_token_id=0)  # all an objective asks of it
     encoder = SentenceEncoder(make_model(), tokenizer)
     torch.manual_seed(0)
-    settings = SimpleNamespace(mlm_probability=0.5)  # uneven counts of predicted tokens per rank
+    # Uneven counts of predicted tokens per rank; BSL's predictor at width D (k = 1): the published
+    # 8D sums 8 times more float noise into the gradients than this test's tolerance allows.
+    settings = SimpleNamespace(mlm_probability=0.5, predictor_k=1)
     objective = build_objective(method, encoder, settings, torch.Generator().manual_seed(0))
     net = wrap(objective)
     ids, mask, special = objective_batch()

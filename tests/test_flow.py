@@ -13,11 +13,13 @@ from bertcf.flow import (
     FlowBlock,
     Glow,
     InvertibleLinear,
+    ReversePermutation,
+    flow_loss,
     latent_stats,
     random_rotation,
 )
 
-BLOCKS = ["actnorm", "linear", "coupling", "block", "glow"]
+BLOCKS = ["actnorm", "linear", "reverse", "coupling", "block", "glow", "glow-reverse"]
 
 
 def build(kind, dim):
@@ -25,12 +27,16 @@ def build(kind, dim):
         return ActNorm(dim)
     if kind == "linear":
         return InvertibleLinear(dim)
+    if kind == "reverse":
+        return ReversePermutation(dim)
     if kind == "coupling":
         return AdditiveCoupling(dim, hidden=7)
     if kind == "block":
         return FlowBlock(dim, hidden=7)
     if kind == "glow":
         return Glow(dim, num_blocks=3, hidden=9)
+    if kind == "glow-reverse":
+        return Glow(dim, num_blocks=3, hidden=9, permutation="reverse")
     raise ValueError(kind)
 
 
@@ -80,7 +86,7 @@ def test_logdet_matches_jacobian(kind, dim):
         sign, logabsdet = torch.linalg.slogdet(J)
         assert sign != 0
         assert torch.allclose(logdet[i], logabsdet, atol=1e-8), (kind, dim, i)
-    if kind == "coupling":
+    if kind in ("coupling", "reverse"):  # volume preserving
         assert torch.all(logdet == 0)
     else:
         assert logdet.abs().max() > 1e-3, "perturbed parameters should give a non-zero logdet"
@@ -179,7 +185,7 @@ def test_glow_save_load(tmp_path):
     path = tmp_path / "flow.safetensors"
     g.save(path)
     loaded = Glow.load(path, map_location="cpu")
-    assert loaded.config() == g.config() == dict(dim=6, num_blocks=2, hidden=5)
+    assert loaded.config() == g.config() == dict(dim=6, num_blocks=2, hidden=5, permutation="lu")
     actnorms = [m for m in loaded.modules() if isinstance(m, ActNorm)]
     assert len(actnorms) == 2 * 3 and all(bool(a.initialized) for a in actnorms)
     loaded.train()
@@ -192,6 +198,23 @@ def test_glow_save_load(tmp_path):
     assert torch.equal(loaded.inverse(z), g.inverse(z))
     # from_config rebuilds the same architecture
     assert Glow.from_config(g.config()).state_dict().keys() == g.state_dict().keys()
+    reverse = Glow(6, num_blocks=2, hidden=5, permutation="reverse")
+    reverse.save(tmp_path / "reverse.safetensors")
+    assert Glow.load(tmp_path / "reverse.safetensors").config()["permutation"] == "reverse"
+    assert not any(isinstance(m, InvertibleLinear) for m in reverse.modules())
+
+
+def test_flow_loss_units_by_hand():
+    """nats: the batch mean of the NLL; bits per dimension: that / (D ln 2)."""
+    nll = torch.tensor([10.0, 20.0, 60.0])
+    assert flow_loss(nll, 4, "nats").item() == pytest.approx(30.0)
+    assert flow_loss(nll, 4, "bits-per-dim").item() == pytest.approx(30.0 / (4 * 0.6931471805599453))
+    g = nontrivial("glow", 5, seed=7)
+    u = torch.randn(9, 5, dtype=torch.float64)
+    nats = flow_loss(g.nll(u), 5, "nats")
+    assert torch.allclose(flow_loss(g.nll(u), 5, "bits-per-dim"), nats / (5 * math.log(2)), rtol=1e-12)
+    with pytest.raises(ValueError):
+        flow_loss(nll, 4, "bits")
 
 
 # --- init behaviour, NLL ------------------------------------------------------------------------

@@ -109,8 +109,9 @@ def test_bsl_loss_by_hand(tiny_bert_dir):
     obj = BSL(enc, args(momentum=0.9, predictor_hidden=16, span_p=0.5, span_cap=3), torch.Generator().manual_seed(1))
     perturb(obj.target)  # the target differs from the online encoder, as after some steps
     with torch.no_grad():
-        obj.predictor[1].weight.uniform_(0.5, 1.5)
-        obj.predictor[1].bias.normal_()
+        for bn in (obj.predictor[1], obj.predictor[4]):
+            bn.weight.uniform_(0.5, 1.5)
+            bn.bias.normal_()
     ids, mask, special = batch(enc)
     state = obj.generator.get_state()
     loss, scalars = obj.loss(ids, mask, special)
@@ -123,12 +124,15 @@ def test_bsl_loss_by_hand(tiny_bert_dir):
         o2 = mean_pool(enc.bert(masked, mask)["last_hidden_state"], mask)
         t1 = mean_pool(obj.target(ids, mask)["last_hidden_state"], mask)
         t2 = mean_pool(obj.target(masked, mask)["last_hidden_state"], mask)
-        lin1, bn, _, lin2 = obj.predictor
+        lin1, bn1, _, lin2, bn2, _, lin3 = obj.predictor
 
-        def predict(x):  # Linear - BatchNorm (batch statistics) - ReLU - Linear
-            h = x @ lin1.weight.T + lin1.bias
-            h = (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
-            return h.clamp_min(0) @ lin2.weight.T + lin2.bias
+        def normalise(h, bn):  # BatchNorm with the batch's statistics
+            return (h - h.mean(0)) / torch.sqrt(h.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias
+
+        def predict(x):  # (Linear - BatchNorm - ReLU) x 2 - Linear
+            h = normalise(x @ lin1.weight.T + lin1.bias, bn1).clamp_min(0)
+            h = normalise(h @ lin2.weight.T + lin2.bias, bn2).clamp_min(0)
+            return h @ lin3.weight.T + lin3.bias
 
         expected = (regression(predict(o1), t2) + regression(predict(o2), t1)).mean()
     assert loss.shape == () and loss.dtype == torch.float32
@@ -139,6 +143,25 @@ def test_bsl_loss_by_hand(tiny_bert_dir):
     assert all(p.grad is None for p in obj.target.parameters())
     assert enc.bert.embeddings.word_embeddings.weight.grad is not None
     assert all(p.grad is not None for p in obj.predictor.parameters())
+
+
+def test_bsl_predictor_has_the_published_shape(tiny_bert_dir):
+    """BSL (Zhang et al. 2021): three linear layers D -> kD -> kD -> D, k = 8, BatchNorm and ReLU
+    between them; --predictor-k and --predictor-hidden set the hidden width."""
+    enc = load(tiny_bert_dir)
+    d = enc.dim
+
+    def layout(obj):
+        return [(type(m).__name__, tuple(m.weight.shape) if isinstance(m, torch.nn.Linear) else None)
+                for m in obj.predictor]
+
+    def expected(h):
+        return [("Linear", (h, d)), ("GatheredBatchNorm1d", None), ("ReLU", None), ("Linear", (h, h)),
+                ("GatheredBatchNorm1d", None), ("ReLU", None), ("Linear", (d, h))]
+
+    assert layout(BSL(enc)) == expected(8 * d)
+    assert layout(BSL(enc, args(predictor_k=2))) == expected(2 * d)
+    assert layout(BSL(enc, args(predictor_k=2, predictor_hidden=5))) == expected(5)
 
 
 def test_bsl_ema_update_rule(tiny_bert_dir):

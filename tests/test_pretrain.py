@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import re
 import random
@@ -27,7 +28,7 @@ WORDS = ("the a man woman dog cat child band girl boy plays runs eats sits walks
 
 MIRROR_SCALARS = ["train/loss", "train/lr", "train/pos_cosine", "train/neg_cosine", "train/sentences_per_second",
                   "eval/sts_spearman", "eval/alignment", "eval/uniformity"]
-FLOW_SCALARS = ["train/l_flow_per_dim", "train/l_mirror", "train/logdet", "train/latent_norm",
+FLOW_SCALARS = ["train/l_flow_nats", "train/l_flow_bits_per_dim", "train/l_mirror", "train/logdet", "train/latent_norm",
                 "eval/latent_mean_norm", "eval/latent_log10_eig_ratio"]
 
 
@@ -173,7 +174,7 @@ def test_mirror_best_loads_in_sentence_encoder_and_transformers(mirror_run):
 
     out, summary, _ = mirror_run
     encoder = SentenceEncoder.from_pretrained(out / "best")
-    assert encoder.flow is None and encoder.max_length == 24
+    assert encoder.flow is None and encoder.max_length == 64  # whole sentences: the model's limit
     vectors = encoder.encode(["a man plays the guitar in the park", "two dogs run"])
     assert vectors.shape == (2, 32) and torch.isfinite(vectors).all()
 
@@ -328,6 +329,8 @@ def test_joint_stage_trains_only_the_flow(mirror_run, tiny_bert_dir, data_dir, t
     assert all(flow[k].abs().sum() > 0 for k in flow if k.endswith("net.6.weight"))
     config = json.loads((out / "config.json").read_text())
     assert config["lr"] == 3e-4 and config["lambda_mirror"] == 0.3 and not config["unfreeze_encoder"]
+    assert config["flow_loss_unit"] == "bits-per-dim" and config["encoder_lr"] == 1e-4
+    assert config["eval_max_length"] == 64  # the tiny model's max_position_embeddings
 
     encoder = SentenceEncoder.from_pretrained(out / "best")
     assert encoder.flow is not None and bool(encoder.flow.blocks[0].actnorm.initialized) == (summary["best_step"] > 0)
@@ -339,6 +342,12 @@ def test_joint_stage_trains_only_the_flow(mirror_run, tiny_bert_dir, data_dir, t
     assert not missing, f"missing scalars {missing}"
     assert "eval/sts_dev_cosines" in acc.Tags()["histograms"]
     assert all(e.value > 0 for e in acc.Scalars("train/l_mirror"))
+    # L_flow is logged in both units; the loss is 0.3 L_mirror + L_flow in bits per dimension.
+    ln2_d = math.log(2) * 32
+    for nats, bpd, mirror, loss in zip(*(acc.Scalars(f"train/{t}") for t in
+                                         ("l_flow_nats", "l_flow_bits_per_dim", "l_mirror", "loss"))):
+        assert bpd.value == pytest.approx(nats.value / ln2_d, rel=1e-5)
+        assert loss.value == pytest.approx(0.3 * mirror.value + bpd.value, rel=1e-4, abs=1e-5)
     assert [m["step"] for m in metrics_lines(out)] == [0, 2, 4]
     assert all("latent_mean_norm" in m and "latent_log10_eig_ratio" in m for m in metrics_lines(out))
 
@@ -347,11 +356,18 @@ def test_joint_unfreeze_encoder_changes_encoder(mirror_run, tiny_bert_dir, data_
     init = mirror_run[0]
     out = tmp_path / "unfrozen"
     run_quiet(base_args(tiny_bert_dir, data_dir, out, steps=3, stage="joint", init=init, model=None,
-                        unfreeze_encoder=True, lr=1e-3))
+                        unfreeze_encoder=True, lr=1e-3, encoder_lr=2e-3))
     before, after = tensors(init / "best" / "model.safetensors"), tensors(out / "last" / "model.safetensors")
     changed = [k for k in after if not torch.equal(before[k], after[k])]
     assert changed and any("encoder.layer" in k for k in changed)
     assert (out / "last" / "flow.safetensors").is_file()
+    # The encoder's parameters are an optimiser group of their own at --encoder-lr; the flow keeps --lr.
+    groups = training_state(out)["optimizer"]["param_groups"]
+    sizes = {lr: sum(len(g["params"]) for g in groups if g["lr"] == lr) for lr in {g["lr"] for g in groups}}
+    from bertcf import SentenceEncoder
+    encoder = SentenceEncoder.from_pretrained(out / "last")
+    assert sizes == {1e-3: len(list(encoder.flow.parameters())), 2e-3: len(list(encoder.bert.parameters()))}
+    assert json.loads((out / "config.json").read_text())["encoder_lr"] == 2e-3
     # --init with a flow of its own: that flow trains on, and flags asking for another one say so.
     capsys.readouterr()
     run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "again", steps=1, stage="joint", init=out / "last",
@@ -374,7 +390,33 @@ def test_flow_stage_writes_flow(tiny_bert_dir, data_dir, tmp_path):
     assert set(saved) <= set(original)
     assert all(torch.equal(saved[k], original[k]) for k in saved)
     scalars = set(tb_tags(out).Tags()["scalars"])
-    assert {"train/l_flow_per_dim", "train/logdet", "eval/latent_mean_norm", "eval/latent_log10_eig_ratio"} <= scalars
+    assert {"train/l_flow_nats", "train/l_flow_bits_per_dim", "train/logdet", "eval/latent_mean_norm",
+            "eval/latent_log10_eig_ratio"} <= scalars
+    # --flow-loss-unit nats trains the NLL itself; the logged nats equal the loss.
+    out = tmp_path / "flow-nats"
+    run_quiet(base_args(tiny_bert_dir, data_dir, out, steps=2, stage="flow", flow_loss_unit="nats"))
+    acc = tb_tags(out)
+    assert [e.value for e in acc.Scalars("train/loss")] == pytest.approx(
+        [e.value for e in acc.Scalars("train/l_flow_nats")], rel=1e-6)
+    assert json.loads((out / "config.json").read_text())["flow_loss_unit"] == "nats"
+
+
+def test_evaluation_encodes_whole_sentences(tiny_bert_dir, data_dir, tmp_path):
+    """Training truncates to --max-length; the STS-dev evaluation (and the checkpoint's encode)
+    reads whole sentences: the best/ encoder keeps the model's limit, and a sentence longer than
+    --max-length gets another vector than its truncation."""
+    from bertcf import SentenceEncoder
+
+    out = tmp_path / "mirror"
+    run_quiet(base_args(tiny_bert_dir, data_dir, out, steps=1, eval_every=1, max_length=8))
+    encoder = SentenceEncoder.from_pretrained(out / "best")
+    assert encoder.max_length == 64 and json.loads((out / "config.json").read_text())["eval_max_length"] == 64
+    long = " ".join(WORDS[:30])
+    assert encoder.tokenize([long])["input_ids"].shape[1] > 8
+    assert not torch.allclose(encoder.encode(long), encoder.encode(long, max_length=8))
+    # --eval-max-length caps it.
+    run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "capped", steps=1, eval_every=1, eval_max_length=16))
+    assert SentenceEncoder.from_pretrained(tmp_path / "capped" / "best").max_length == 16
 
 
 # ---- bad input ------------------------------------------------------------------------------------
