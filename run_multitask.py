@@ -3,7 +3,7 @@
 import sys
 
 from bertcf.multitask import main
-from bertcf.training import run_main
+from bertcf.cli import run_main
 
 if __name__ == "__main__":
     sys.exit(run_main(main))

@@ -10,10 +10,11 @@ directory (or file) with only a ``config.json`` (random weights: fine for timing
 name; ``--tiny`` is a 2-layer, hidden-32 config for tests.
 
 Workloads (the report's settings):
-  mirror     16 sentences x 2 views (one forward of 32), max length 32, mean pooling, InfoNCE,
-             backward, AdamW step.
-  joint      the encoder frozen (no_grad, dropout on as in the stage), a 3-block Glow on the
-             pooled embeddings of both views, 0.3 * InfoNCE(F(x)) + NLL, AdamW on the flow.
+  mirror     the pretraining stage's objective (bertcf.objectives.Mirror): 16 sentences, their
+             span-masked views drawn on the host, one forward of 32, max length 32, mean
+             pooling, InfoNCE, backward, AdamW step at the stage's lr.
+  joint      bertcf.objectives.Joint: the encoder frozen (no_grad, dropout on as in the stage),
+             a 3-block Glow on both views, 0.3 * InfoNCE(F(x)) + L_flow, AdamW on the flow.
   multitask  bertcf.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
              pass, the heads (SST dropout 0.3 + linear D x 5; QQP linear D x 768; STS dropout
              0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step.
@@ -32,7 +33,6 @@ real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import platform
@@ -116,7 +116,7 @@ class Encoder(nn.Module):
         self.is_minbert = model.__class__.__module__.startswith("minbert")
         self.config, self.unpad = model.config, unpad
         if compile_ and self.is_minbert:
-            model.compile()
+            model.compile_layers()
         self.call = torch.compile(model, dynamic=True) if compile_ and not self.is_minbert else model
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens=None):
@@ -132,6 +132,7 @@ class Batch:
     ids: torch.Tensor
     mask: torch.Tensor
     lengths: list = field(default_factory=list)
+    special: torch.Tensor | None = None  # [CLS]/[SEP]/padding, for a pretraining objective
 
     @property
     def tokens(self) -> int:
@@ -164,19 +165,6 @@ def make_batch(lengths, vocab_size: int, g: torch.Generator, device, special=(10
 def special_ids(vocab_size: int):
     """([CLS], [SEP], [MASK]) of the uncased vocabulary, or of the test vocabulary when small."""
     return (101, 102, 103) if vocab_size > 2000 else (2, 3, 4)
-
-
-def two_views(batch: Batch, mask_id: int, g: torch.Generator) -> Batch:
-    """Mirror-BERT's input: the sentences and a span-masked copy, concatenated (2b rows)."""
-    from .contrastive import span_mask
-
-    ids, mask = batch.ids.cpu(), batch.mask.cpu()
-    special = torch.zeros_like(ids)
-    for i, n in enumerate(batch.lengths):
-        special[i, 0] = special[i, n - 1] = 1
-    masked = span_mask(ids, mask, special | (mask == 0), mask_id, p=0.3, cap=5, generator=g)
-    device = batch.ids.device
-    return Batch(torch.cat([ids, masked]).to(device), torch.cat([mask, mask]).to(device), batch.lengths * 2)
 
 
 # ---- FLOPs and peaks --------------------------------------------------------------------------
@@ -230,25 +218,19 @@ class Workload:
                           (self.cls, self.sep))
 
     def autocast(self):
-        from .training import autocast
+        from .precision import autocast
         return autocast(self.device, self.precision)
 
     def training_step(self, params, lr, loss_fn):
-        """A step closure: ``loss_fn(inputs)`` under autocast, (scaled) backward, one AdamW step
-        (fused, weight decay 0.01) over ``params``."""
-        from .training import make_optimizer
+        """A step closure: ``loss_fn(inputs)`` through ``training.update`` (autocast, scaled
+        backward) with AdamW (fused, weight decay 0.01) over ``params`` (or parameter groups)."""
+        from .training import make_optimizer, update
 
         opt = make_optimizer(params, lr, 0.01, self.device)
         scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
 
         def step(inputs):
-            opt.zero_grad(set_to_none=True)
-            with self.autocast():
-                loss = loss_fn(inputs)
-            scaler.scale(loss).backward()
-            scaler.step(opt)
-            scaler.update()
-            return loss
+            return update(opt, scaler, lambda: (loss_fn(inputs), {}), self.device, self.precision)[0]
         return step
 
     # per-step figures, averaged over the input pool
@@ -263,53 +245,59 @@ class Workload:
 
 
 class Mirror(Workload):
+    """Pretraining's own objective (``bertcf.objectives``) on batches of 16 corpus sentences on the
+    host, as the stage hands them over: it draws the views, copies them to the device, encodes."""
+
+    stage = "mirror"
+
     def make_inputs(self, n):
-        return [[two_views(self.batch(16, "mirror"), self.mask_id, self.g)] for _ in range(n)]
+        inputs = []
+        for _ in range(n):
+            b = self.batch(16, "mirror")
+            b.ids, b.mask = b.ids.cpu(), b.mask.cpu()
+            b.special = (b.ids == self.cls) | (b.ids == self.sep) | (b.mask == 0)
+            inputs.append([b])
+        return inputs
 
     def build(self, bert):
-        from .contrastive import InfoNCE
-        from .encoder import pool
+        from types import SimpleNamespace
 
-        info_nce = InfoNCE(temperature=0.05)
-        bert.requires_grad_(True)
-        bert.train()
+        from .encoder import SentenceEncoder
+        from .objectives import build_objective
+        from .pretrain import STAGE_LR
+
+        bert.requires_grad_(True)  # a joint workload before may have frozen it
+        torch.manual_seed(0)  # the same initial flow for both implementations
+        tokenizer = SimpleNamespace(mask_token_id=self.mask_id, pad_token_id=0)
+        objective = build_objective(self.stage, "mirror", SentenceEncoder(bert, tokenizer), None,
+                                    torch.Generator().manual_seed(0)).to(self.device).train()
 
         def loss(inputs):
             (b,) = inputs
-            u, u_masked = pool(b.hidden(bert), b.mask).chunk(2)
-            return info_nce(u, u_masked)
-        return self.training_step(bert.parameters(), 1e-4, loss)
+            return objective(b.ids, b.mask, b.special)[0]
+        return self.training_step(objective.parameter_groups(), STAGE_LR[self.stage], loss)
+
+    # The encoder sees two views of each sentence.
+    def sentences(self, inputs) -> int:
+        return 2 * super().sentences(inputs)
+
+    def real_tokens(self, inputs) -> int:
+        return 2 * super().real_tokens(inputs)
+
+    def flops(self, inputs):
+        return sum(encoder_flops(self.config, b.lengths * 2, self.training) for b in inputs)
 
 
 class Joint(Mirror):
+    """BERT-CF's objective: the frozen encoder (forward only, dropout on as in the stage) and the flow."""
+
+    stage = "joint"
     training = False  # the encoder only runs forward; the flow's FLOPs are added below
-
-    def build(self, bert):
-        from .contrastive import InfoNCE
-        from .encoder import pool
-        from .flow import Glow, flow_loss, gaussian_nll
-
-        info_nce = InfoNCE(temperature=0.05)
-        if not hasattr(self, "flow"):
-            torch.manual_seed(0)
-            self.flow = Glow(self.config.hidden_size, num_blocks=3)
-        flow = copy.deepcopy(self.flow).to(self.device).train()  # the same initial flow for both models
-        bert.requires_grad_(False)
-        bert.train()  # the stage keeps dropout on in the frozen encoder
-
-        def loss(inputs):
-            (b,) = inputs
-            with torch.no_grad():
-                u_both = pool(b.hidden(bert), b.mask)
-            z_both, logdet_both = flow(u_both)
-            z, z_masked = z_both.chunk(2)
-            return 0.3 * info_nce(z, z_masked) + flow_loss(gaussian_nll(z, logdet_both.chunk(2)[0]), z.shape[1])
-        return self.training_step(flow.parameters(), 3e-4, loss)
 
     def flops(self, inputs):
         d = self.config.hidden_size
         flow_params = 3 * (d * d + (d // 2) * d + d * (d - d // 2))  # 1x1 + coupling MLP, roughly
-        return super().flops(inputs) + sum(6 * flow_params * len(b.lengths) for b in inputs)
+        return super().flops(inputs) + sum(6 * flow_params * 2 * len(b.lengths) for b in inputs)
 
 
 class Multitask(Workload):
@@ -456,7 +444,7 @@ def time_workload(workload: Workload, encoders: dict, steps: int, warmup: int, p
 
 # ---- command line -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from .training import ArgumentParser
+    from .cli import ArgumentParser
 
     p = ArgumentParser(prog="python -m bertcf.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="bert-base-uncased",
@@ -489,7 +477,8 @@ def fmt(x, spec):
 def main(argv=None) -> dict:
     import transformers
 
-    from .training import UsageError, resolve_device, resolve_precision
+    from .errors import UsageError
+    from .precision import resolve_device, resolve_precision
 
     args = build_parser().parse_args(argv)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -568,7 +557,7 @@ def main(argv=None) -> dict:
 def cli(argv=None) -> int:
     from minbert import CheckpointError
 
-    from .training import UsageError
+    from .errors import UsageError
     try:
         main(argv)
         return 0

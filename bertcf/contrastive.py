@@ -10,6 +10,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .distributed import gather_with_grad
+
 
 def sample_span_lengths(n: int, p: float, cap: int, generator=None) -> torch.Tensor:
     """n span lengths ~ Geometric(p) on {1, 2, ...}, capped at ``cap`` (cap 0: no span)."""
@@ -42,44 +44,6 @@ def span_mask(input_ids, attention_mask, special_tokens_mask, mask_token_id: int
     return out
 
 
-class _GatherWithGrad(torch.autograd.Function):
-    """all_gather along dim 0 whose backward sums the incoming gradient over every rank and
-    returns this rank's slice, so each rank's rows receive the gradient of *every* rank's loss."""
-
-    @staticmethod
-    def forward(ctx, x):
-        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
-        ctx.rows = slice(rank * x.shape[0], (rank + 1) * x.shape[0])
-        parts = [torch.empty_like(x) for _ in range(world)]
-        torch.distributed.all_gather(parts, x.contiguous())
-        return torch.cat(parts)
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous().clone()  # all_reduce works in place; the incoming buffer is not ours
-        torch.distributed.all_reduce(grad)
-        return grad[ctx.rows]
-
-
-def gather_with_grad(x: torch.Tensor) -> torch.Tensor:
-    """Concatenate x [b, ...] from every rank along dim 0 (rank order), differentiably.
-
-    The backward all-reduces (sums) the gradient of the gathered tensor and hands each rank the
-    slice of its own rows: rank r's rows get d(sum over ranks of the rank losses)/d(rows). Under
-    DDP, which averages parameter gradients over ranks, every rank's loss being the mean over its
-    local slice, this is exactly the gradient of one process on the global batch. (Keeping only
-    the local copy's gradient, i.e. ``all_gather`` of detached tensors with the local part put
-    back, drops the gradient that the other ranks' anchors send to this rank's candidates, and
-    is wrong by more than the usual world-size factor.) Every rank must pass the same shape and
-    call it the same number of times in the same order (it is a collective, forward and
-    backward)."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return x
-    if torch.distributed.get_world_size() == 1:
-        return x
-    return _GatherWithGrad.apply(x)
-
-
 class InfoNCE(nn.Module):
     """InfoNCE with cosine similarity and temperature (Mirror-BERT / SimCSE, unsupervised).
 
@@ -95,8 +59,9 @@ class InfoNCE(nn.Module):
         self.temperature = temperature
         self.gather = gather
 
-    def logits(self, anchors, positives):
-        """[b, 2B] scores of each anchor against [all positives | all anchors]; self masked."""
+    def logits_and_targets(self, anchors, positives):
+        """([b, 2B] scores of each anchor against [all positives | all anchors], self masked;
+        [b] the column of each anchor's positive)."""
         a = F.normalize(anchors.float(), dim=-1)
         p = F.normalize(positives.float(), dim=-1)
         all_a, all_p, offset = a, p, 0
@@ -114,5 +79,5 @@ class InfoNCE(nn.Module):
         return torch.cat([to_positives, to_anchors], dim=1) / self.temperature, rows + offset
 
     def forward(self, anchors, positives):
-        logits, targets = self.logits(anchors, positives)
+        logits, targets = self.logits_and_targets(anchors, positives)
         return F.cross_entropy(logits, targets)

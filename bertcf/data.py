@@ -290,19 +290,15 @@ def read_task(data_dir: str | os.PathLike, task: str, split: str,
 # Plain-text corpora
 # --------------------------------------------------------------------------------------
 
-def read_corpus(path: str | os.PathLike, min_words: int = 6,
-                max_sentences: int | None = None) -> list[str]:
+def read_corpus(path: str | os.PathLike, min_words: int = 6) -> list[str]:
     """Read a plain-text corpus with one sentence per line (e.g. Wiki1M).
 
     Lines are stripped; blank lines are skipped (reported in one warning); sentences with
     fewer than ``min_words`` whitespace-separated words are dropped (the report drops
-    sentences of 5 words or fewer, hence the default 6; ``min_words=0`` keeps all).  At most
-    ``max_sentences`` sentences are returned (the first ones), or all when None.
+    sentences of 5 words or fewer, hence the default 6; ``min_words=0`` keeps all).
     """
     if min_words < 0:
         raise ValueError(f"min_words must be >= 0, got {min_words}")
-    if max_sentences is not None and max_sentences < 1:
-        raise ValueError(f"max_sentences must be >= 1 or None, got {max_sentences}")
     path = Path(path)
     sentences: list[str] = []
     blank = short = line_no = 0
@@ -316,8 +312,6 @@ def read_corpus(path: str | os.PathLike, min_words: int = 6,
                     short += 1
                 else:
                     sentences.append(sentence)
-                    if max_sentences is not None and len(sentences) >= max_sentences:
-                        break
         except UnicodeDecodeError:
             raise DataError(f"corpus {path} is not valid UTF-8 text "
                             f"(after line {line_no})") from None
@@ -383,7 +377,7 @@ CS224N_REPO = "gpoesia/minbert-default-final-project"
 CS224N_COMMIT = "7ac8260577fc12a86c7aaf38918056c30054ef39"
 CS224N_BASE_URL = f"https://raw.githubusercontent.com/{CS224N_REPO}/{CS224N_COMMIT}/data/"
 
-#: Checksums of the CS224N files at CS224N_COMMIT (shared/data/SOURCES.md, DESIGN.md).
+#: Checksums of the CS224N files at CS224N_COMMIT (data/README.md).
 CS224N_CHECKSUMS: dict[str, str] = {
     "ids-sst-train.csv": "sha256:03b2b625c090f94a6afd59f114cde5282e2053aab0b101e87ed695d8a0c5b1df",
     "ids-sst-dev.csv": "sha256:a186ce94577635fbe10beaaddd50f16cccf6c30973221cefdf90deed2a584bfe",

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 from minbert.model import WEIGHT_FILES
 
-from .training import autocast
+from .precision import autocast
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
 FLOW_FILE = "flow.safetensors"

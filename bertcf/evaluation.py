@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from .flow import latent_stats
+
 
 def encode_pairs(encoder, pairs, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """(f(x1), f(x2)) for a list of PairExample, each [n, D] float32, in one encode call."""
@@ -43,6 +45,27 @@ def evaluate_sts(encoder, pairs, batch_size: int = 64, positive_threshold: float
     alignment of the close pairs (gold >= 4, as SimCSE does) and the uniformity of all
     sentences. ``cosines`` is returned for a histogram."""
     return sts_scores(*encode_pairs(encoder, pairs, batch_size), pairs, positive_threshold)
+
+
+class STSEvaluator:
+    """Unsupervised STS on ``pairs`` (PairExample with gold scores): ``evaluator(encoder)`` encodes
+    both sides once (whole sentences up to the encoder's ``max_length``) and returns
+    :func:`sts_scores` (with ``cosines`` for a histogram), plus, when the encoder has a flow, the
+    latents' ``latent_mean_norm`` and ``latent_log10_eig_ratio``. The main metric, which picks a
+    pretraining run's best checkpoint, is the Spearman correlation."""
+
+    primary_metric = "sts_spearman"
+
+    def __init__(self, pairs, batch_size: int = 64):
+        self.pairs, self.batch_size = pairs, batch_size
+
+    def __call__(self, encoder) -> dict:
+        x, y = encode_pairs(encoder, self.pairs, self.batch_size)
+        result = sts_scores(x, y, self.pairs)
+        if encoder.flow is not None:  # x holds latents F(x) then
+            stats = latent_stats(x)
+            result |= {"latent_mean_norm": stats["mean_norm"], "latent_log10_eig_ratio": stats["log10_eig_ratio"]}
+        return result
 
 
 def sts_scores(x: torch.Tensor, y: torch.Tensor, pairs, positive_threshold: float = 4.0) -> dict:

@@ -12,7 +12,7 @@ BERT-CF (joint stage from the Mirror run). Ablations: SimCSE-joint (joint ``--me
 from the SimCSE run), MinBERT-joint (joint ``--unfreeze-encoder`` from ``--model``), Mirror-flow
 (flow stage from the Mirror run). Objectives (not in the report, so not part of ``all``):
 MinBERT-BSL, -CT, -TSDAE and -MLM (mirror stage, ``--method bsl|ct|tsdae|mlm``, from
-``--model``; see objectives.py), each one more pretraining run, with MinBERT and
+``--model``; see bertcf/objectives/), each one more pretraining run, with MinBERT and
 MinBERT-Mirror as reference rows (the latter once table1 or all has trained it in ``OUT``).
 
 Every stage is a run of ``bertcf.pretrain`` (``run_pretrain.py``) in ``OUT/stages/<name>/``,
@@ -32,7 +32,6 @@ import contextlib
 import io
 import json
 import math
-import os
 import random
 import shlex
 import shutil
@@ -43,11 +42,14 @@ from datetime import datetime
 from pathlib import Path
 
 from . import training
+from .cli import ArgumentParser, run_main
 from .data import DataError, read_quora, read_sst, read_sts, task_file
-from .training import UsageError
+from .errors import NonFiniteLossError, UsageError
+from .files import atomic_path, recover_dir, save_dir_atomic, write_json_atomic, write_text_atomic
+from .precision import resolve_device
 
 # ---- the report ------------------------------------------------------------------------------
-#: Report table 1 (bert-base-uncased, dev sets; DESIGN.md "Reference numbers").
+#: Report table 1 (bert-base-uncased, dev sets).
 REPORT_TABLE1 = {
     "MinBERT": {"sts_spearman": 0.514, "sst_accuracy": 0.512, "qqp_accuracy": 0.821, "sts_pearson": 0.848},
     "MinBERT-SimCSE": {"sts_spearman": 0.745, "sst_accuracy": 0.511, "qqp_accuracy": 0.825, "sts_pearson": 0.852},
@@ -135,8 +137,8 @@ class Interrupted(Exception):
 
 
 # ---- command line ------------------------------------------------------------------------------
-def build_parser() -> training.ArgumentParser:
-    p = training.ArgumentParser(prog="python -m bertcf.experiments", description=__doc__.split("\n\n")[0])
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m bertcf.experiments", description=__doc__.split("\n\n")[0])
     p.add_argument("command", choices=COMMANDS,
                    help="what to produce (all: table1, ablations and analysis; objectives is run on its own)")
     p.add_argument("--model", default="bert-base-uncased", help="the BERT every encoder starts from (default %(default)s)")
@@ -210,19 +212,6 @@ def parse_args(argv=None):
 
 
 # ---- small helpers -------------------------------------------------------------------------------
-def write_text_atomic(path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def write_json_atomic(path, obj) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    training.write_json_atomic(path, obj)
-
-
 def read_json(path):
     try:
         return json.loads(Path(path).read_text())
@@ -466,7 +455,7 @@ class Suite:
         if task.marker.get("status") == "done":
             task.state = "done"
             return
-        last = training.recover_dir(d / "last") if d.exists() else d / "last"
+        last = recover_dir(d / "last") if d.exists() else d / "last"
         if (last / training.STATE_FILE).is_file():
             task.state = "resume"
         elif d.exists() and any(d.iterdir()):
@@ -532,7 +521,7 @@ class Suite:
             self._check(t)
             if t.state != "done":
                 self._validate_flags(t)
-        self.device = training.resolve_device(a.device)
+        self.device = resolve_device(a.device)
 
     def _validate_flags(self, task: Task) -> None:
         """Parse a run's command line with its own parser now, so a bad --stage-args fails
@@ -599,7 +588,7 @@ class Suite:
             if e.code not in (0, None):
                 raise UsageError(f"{what}: the run stopped with exit status {e.code}") from None
             result = None
-        except (UsageError, DataError, training.NonFiniteLossError) as e:
+        except (UsageError, DataError, NonFiniteLossError) as e:
             raise type(e)(f"{what}: {e}") from None
         except Exception as e:
             from minbert import CheckpointError
@@ -889,7 +878,7 @@ class Suite:
             for name, text in texts.items():
                 writer.add_text(name, text, 0)
             writer.close()
-        training.save_dir_atomic(self.out / "tb", write)
+        save_dir_atomic(self.out / "tb", write)
         self.outputs.append(str(self.out / "tb"))
 
     def settings_json(self) -> dict:
@@ -970,11 +959,8 @@ def write_histogram_png(path, cosines, gold, title: str) -> None:
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png")
 
 
 def main(argv=None) -> dict:
@@ -985,7 +971,7 @@ def main(argv=None) -> dict:
 
 def cli(argv=None) -> int:
     try:
-        return training.run_main(main, argv)
+        return run_main(main, argv)
     except (Interrupted, KeyboardInterrupt) as e:
         what = f"{e}; " if isinstance(e, Interrupted) else ""
         print(f"\ninterrupted: {what}run the same command again to continue where it stopped", file=sys.stderr)

@@ -26,11 +26,9 @@ import math
 import torch
 import torch.nn as nn
 
+from .distributed import is_distributed
+
 # -----------------------------------------------------------------------------
-
-
-def _distributed():
-    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 class ActNorm(nn.Module):
@@ -66,12 +64,12 @@ class ActNorm(nn.Module):
         u = u.detach().to(self.bias.dtype)
         n = torch.tensor([float(u.shape[0])], dtype=u.dtype, device=u.device)
         total = u.sum(dim=0)
-        if _distributed():
+        if is_distributed():
             torch.distributed.all_reduce(n)
             torch.distributed.all_reduce(total)
         mean = total / n
         sq = ((u - mean) ** 2).sum(dim=0)
-        if _distributed():
+        if is_distributed():
             torch.distributed.all_reduce(sq)
         std = (sq / n).sqrt()
         self.bias.copy_(-mean)

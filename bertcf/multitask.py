@@ -33,12 +33,14 @@ import torch.nn.functional as F
 
 from minbert import CheckpointError, pad_batch
 
-from . import training
+from . import cli, training
 from .data import DataError, read_quora, read_sst, read_sts, task_file
+from .distributed import dist_info, local_rows, run_distributed, wrap_ddp
 from .encoder import SentenceEncoder
 from .encoder import resolve_encoder_path as resolve_encoder_source  # --encoder: a run directory -> its best/
 from .evaluation import accuracy, pearson
-from .training import UsageError
+from .errors import UsageError
+from .files import save_dir_atomic, write_json_atomic
 
 logger = logging.getLogger("bertcf.multitask")
 
@@ -496,14 +498,14 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
         for name, text in files.items():
             (tmp / name).write_text(text)
     out_dir.mkdir(parents=True, exist_ok=True)
-    training.save_dir_atomic(out_dir / "predictions", write)
-    training.write_json_atomic(out_dir / "metrics.json", metrics)
+    save_dir_atomic(out_dir / "predictions", write)
+    write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
 
 
 # ---- command line -----------------------------------------------------------------------------------
-def build_parser() -> training.ArgumentParser:
-    p = training.ArgumentParser(prog="run_multitask.py", description=__doc__.split("\n\n")[0])
+def build_parser() -> cli.ArgumentParser:
+    p = cli.ArgumentParser(prog="run_multitask.py", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("model")
     g.add_argument("--encoder", default=None,
                    help="a pretraining run directory or checkpoint (flow included when it has one), or a "
@@ -541,7 +543,7 @@ def build_parser() -> training.ArgumentParser:
                    help="--predict-only: a finished run directory (its best/) or a checkpoint directory; "
                         "its run's data settings are used unless given, and the files go to that run "
                         "directory unless --out-dir is given")
-    training.add_common_args(p, steps=5000, lr=1e-5, batch_size=128, eval_every=500, max_length=128)
+    cli.add_common_args(p, steps=5000, lr=1e-5, batch_size=128, eval_every=500, max_length=128)
     for action in p._actions:
         if action.dest == "batch_size":
             action.help = "sentences per batch in evaluation and prediction (training: --sst/para/sts-batch-size)"
@@ -567,7 +569,7 @@ def parse(argv=None):
                 parser.set_defaults(**{k: saved[k] for k in _PREDICT_SETTINGS if k in saved})
     elif args.checkpoint:
         raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
-    return training.parse_args(parser, argv)
+    return cli.parse_args(parser, argv)
 
 
 def check_args(args) -> None:
@@ -626,7 +628,7 @@ def main(argv=None) -> dict:
     check_args(args)
     if args.predict_only:
         return predict_only(args)
-    return training.run_distributed(train, args)
+    return run_distributed(train, args)
 
 
 def train(args, device) -> dict:
@@ -645,7 +647,7 @@ def train(args, device) -> dict:
         encoder.flow.requires_grad_(False)
     model.to(device)
     if args.compile:
-        encoder.bert.compile()
+        encoder.bert.compile_layers()
 
     train_sets = {t: data[t, "train"] for t in TASKS}
     dev_sets = {t: data[t, "dev"] for t in TASKS}
@@ -653,12 +655,12 @@ def train(args, device) -> dict:
     weights = {"sst": args.sst_weight, "para": args.para_weight, "sts": args.sts_weight}
     multitask_loss = MultitaskLoss(weights, args.para_margin, args.sts_margin)
     samplers = make_samplers({t: len(d) for t, d in train_sets.items()}, args.seed)
-    rank, world = training.dist_info()
+    rank, world = dist_info()
     pad_id = encoder.tokenizer.pad_token_id
-    step_model = training.wrap_ddp(model, device)
+    step_model = wrap_ddp(model, device)
 
     def step_fn(step):
-        rows = {task: training.local_slice(samplers[task].next(batch_sizes[task]), rank, world) for task in TASKS}
+        rows = {task: samplers[task].next(batch_sizes[task])[local_rows(batch_sizes[task], rank, world)] for task in TASKS}
         inputs, labels = train_batch(train_sets, rows, pad_id, device)
         loss, parts = multitask_loss(step_model(**inputs), labels)
         return loss, {f"loss_{t}": parts[t].detach() for t in TASKS}

@@ -407,7 +407,7 @@ class BertModel(nn.Module):
                  else self.embeddings.word_embeddings.weight.dtype)
         return flash_attention_runs(device, dtype, self.config.hidden_size // self.config.num_attention_heads)
 
-    def compile(self, **kwargs) -> None:
+    def compile_layers(self, **kwargs) -> None:
         """``torch.compile`` each layer rather than the whole model: the twelve layers share one
         compiled graph, compiled once for every batch shape (``dynamic=True``: the number of
         real tokens changes from batch to batch), and the packing stays outside it. Attention
@@ -481,10 +481,6 @@ class BertModel(nn.Module):
             tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(tensors, str(tmp), metadata={"format": "pt"})
         os.replace(tmp, directory / "model.safetensors")
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def _to_minbert_key(key: str) -> str:

@@ -206,7 +206,7 @@ def test_info_nce_candidate_count_and_logits():
     b, d, tau = 6, 10, 0.05
     g = torch.Generator().manual_seed(0)
     a, p = torch.randn(b, d, generator=g), torch.randn(b, d, generator=g)
-    logits, targets = InfoNCE(temperature=tau).logits(a, p)
+    logits, targets = InfoNCE(temperature=tau).logits_and_targets(a, p)
     assert logits.shape == (b, 2 * b)
     assert torch.isfinite(logits).sum(1).tolist() == [2 * b - 1] * b  # the anchor itself is excluded
     assert torch.equal(targets, torch.arange(b))
@@ -248,7 +248,7 @@ def test_info_nce_is_float32_under_autocast():
     loss = InfoNCE(0.05)
     expected = loss(a, p)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        logits, _ = loss.logits(a.bfloat16().float(), p)
+        logits, _ = loss.logits_and_targets(a.bfloat16().float(), p)
         got = loss(a, p)
     assert logits.dtype == torch.float32 and got.dtype == torch.float32
     assert float(got) == pytest.approx(float(expected), rel=1e-6)

@@ -284,8 +284,6 @@ def test_read_corpus_filters_short_and_blank(tmp_path, caplog):
     assert data.read_corpus(path, min_words=0) == [
         "one two three four five six", "only five words here ok", "a b c d e f g",
         "last line without newline but long enough"]
-    assert data.read_corpus(path, min_words=0, max_sentences=2) == [
-        "one two three four five six", "only five words here ok"]
 
 
 def test_read_corpus_errors(tmp_path):

@@ -8,9 +8,9 @@
 - Every objective of ``--method bsl|ct|tsdae|mlm``, DDP-wrapped and given the global batch with
   its rank's share (``loss(..., rank=r, world=w)``), gives one process's loss, gradients, weights
   (two SGD steps, BSL's EMA after each) and BatchNorm statistics on the global batch.
-- The bf16 autocast path of ``bertcf.training.autocast`` runs a minBERT forward + backward.
-- Each rank draws its own dropout masks (``training.seed_dropout``), and logged values are the
-  mean over the ranks (``training.mean_over_ranks``).
+- The bf16 autocast path of ``bertcf.autocast`` runs a minBERT forward + backward.
+- Each rank draws its own dropout masks (``distributed.seed_dropout``), and logged values are the
+  mean over the ranks (``distributed.mean_over_ranks``).
 - ``run_pretrain``'s main with a --batch-size the ranks cannot share stops on every rank with one
   UsageError. (``run_pretrain.py`` itself under torchrun: tests/test_pretrain.py, at the end.)
 
@@ -27,10 +27,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bertcf import pretrain, training
+from bertcf import distributed, pretrain
 from bertcf.contrastive import InfoNCE
 from bertcf.encoder import SentenceEncoder, pool
+from bertcf.errors import UsageError
 from bertcf.objectives import OBJECTIVES, build_objective
+from bertcf.precision import autocast
 from minbert import BertConfig, BertModel
 
 WORLD = 2
@@ -110,7 +112,7 @@ def train_objective(method, rank=0, world=1, wrap=lambda m: m):
     # Uneven counts of predicted tokens per rank; BSL's predictor at width D (k = 1): the published
     # 8D sums 8 times more float noise into the gradients than this test's tolerance allows.
     settings = SimpleNamespace(mlm_probability=0.5, predictor_k=1)
-    objective = build_objective(method, encoder, settings, torch.Generator().manual_seed(0))
+    objective = build_objective("mirror", method, encoder, settings, torch.Generator().manual_seed(0))
     net = wrap(objective)
     ids, mask, special = objective_batch()
     opt = torch.optim.SGD(objective.trainable_parameters(), lr=0.5)
@@ -144,32 +146,32 @@ def _worker(rank, init_file, out_dir):
         # 2. DDP steps of a tiny minBERT (its pooler takes no part in the loss).
         model = make_model()
         first_loss, grads = train(model, token_batches(), InfoNCE(temperature=0.05),
-                                  slice_rows=lambda x: x[rows], wrap=lambda m: training.wrap_ddp(m, "cpu"))
+                                  slice_rows=lambda x: x[rows], wrap=lambda m: distributed.wrap_ddp(m, "cpu"))
         result["ddp_first_loss"] = first_loss
         result["ddp_grads"] = grads
         result["ddp_weights"] = model.state_dict()
 
-        # 3. The objectives of --method bsl|ct|tsdae|mlm, DDP-wrapped as run_pretrain wraps them.
+        # 3. The objectives of --stage mirror, DDP-wrapped as run_pretrain wraps them.
         for method in sorted(OBJECTIVES):
-            result[method] = train_objective(method, rank, WORLD, wrap=lambda m: training.wrap_ddp(m, "cpu"))
+            result[method] = train_objective(method, rank, WORLD, wrap=lambda m: distributed.wrap_ddp(m, "cpu"))
 
         # 4. The dropout generator under torchrun: seeded per rank and step (Trainer.fit does this).
         torch.manual_seed(0)
         draws = []
         for step in (0, 1, 0):
-            training.seed_dropout(11711, step)
+            distributed.seed_dropout(11711, step)
             draws.append(torch.nn.functional.dropout(torch.ones(64), 0.5))
         result["dropout"] = draws
-        result["logged"] = training.mean_over_ranks({"loss": torch.tensor(float(rank)), "x": 2.0}, "cpu")
+        result["logged"] = distributed.mean_over_ranks({"loss": torch.tensor(float(rank)), "x": 2.0}, "cpu")
 
         # 5. run_pretrain with a global batch the ranks cannot share: the same error on every rank.
         try:
             pretrain.main(["--batch-size", "5", "--device", "cpu", "--out-dir", os.path.join(out_dir, "odd")])
-        except training.UsageError as e:
+        except UsageError as e:
             result["odd_batch"] = str(e)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        training.cleanup_distributed()  # pretrain.main has left the group already
+        distributed.cleanup_distributed()  # pretrain.main has left the group already
 
 
 @pytest.fixture(scope="module")
@@ -268,14 +270,14 @@ def test_each_rank_draws_its_own_dropout_masks_and_repeats_them(ranks):
     assert not torch.equal(r0_step0, r0_step1)
     assert torch.equal(r0_step0, r0_again) and torch.equal(r1_step0, r1_again)
     state = torch.get_rng_state()
-    training.seed_dropout(11711, 5)  # one process: the stream is left alone
+    distributed.seed_dropout(11711, 5)  # one process: the stream is left alone
     assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_logged_values_are_averaged_over_ranks(ranks):
     for rank in ranks:
         assert rank["logged"] == {"loss": 0.5, "x": 2.0}
-    assert training.mean_over_ranks({"loss": torch.tensor(3.0)}, "cpu") == {"loss": 3.0}
+    assert distributed.mean_over_ranks({"loss": torch.tensor(3.0)}, "cpu") == {"loss": 3.0}
 
 
 def test_pretrain_batch_not_divisible_by_ranks_is_a_usage_error(ranks):
@@ -285,12 +287,12 @@ def test_pretrain_batch_not_divisible_by_ranks_is_a_usage_error(ranks):
 
 def test_wrap_ddp_is_a_no_op_without_distributed():
     model = make_model()
-    assert training.wrap_ddp(model, "cpu") is model
-    assert training.unwrap(model) is model
-    assert training.is_main_process()
-    assert training.init_distributed("cpu") == torch.device("cpu")  # no WORLD_SIZE: nothing started
+    assert distributed.wrap_ddp(model, "cpu") is model
+    assert distributed.unwrap(model) is model
+    assert distributed.is_main_process()
+    assert distributed.init_distributed("cpu") == torch.device("cpu")  # no WORLD_SIZE: nothing started
     assert not dist.is_initialized()
-    training.cleanup_distributed()
+    distributed.cleanup_distributed()
 
 
 def test_bf16_autocast_forward_backward_on_cpu():
@@ -298,7 +300,7 @@ def test_bf16_autocast_forward_backward_on_cpu():
     ids, masked, mask = token_batches()[0]
     seen = []
     model.encoder.layer[0].intermediate.dense.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    with training.autocast("cpu", "bf16"):
+    with autocast("cpu", "bf16"):
         out = model(ids, mask)["last_hidden_state"]
         u = pool(out, mask)
         loss = InfoNCE()(u, pool(model(masked, mask)["last_hidden_state"], mask))
@@ -308,8 +310,8 @@ def test_bf16_autocast_forward_backward_on_cpu():
     assert torch.isfinite(loss)
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
-    with training.autocast("cpu", "fp32"):
+    with autocast("cpu", "fp32"):
         model(ids, mask)
     assert seen[-1] == torch.float32
-    with pytest.raises(training.UsageError):
-        training.autocast("cpu", "fp16")
+    with pytest.raises(UsageError):
+        autocast("cpu", "fp16")

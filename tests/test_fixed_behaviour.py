@@ -10,7 +10,6 @@ import hashlib
 import io
 import random
 
-import pytest
 import torch
 import transformers
 from safetensors.torch import load_file, save_file

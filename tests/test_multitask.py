@@ -19,7 +19,8 @@ from bertcf import multitask as mt
 from bertcf.data import read_quora, read_sst, read_sts
 from bertcf.encoder import SentenceEncoder
 from bertcf.flow import Glow
-from bertcf.training import EpochSampler, run_main
+from bertcf.cli import run_main
+from bertcf.training import EpochSampler
 from conftest import write_cs224n_files
 from minbert import pad_batch
 

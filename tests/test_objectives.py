@@ -14,15 +14,8 @@ import torch.nn.functional as F
 
 from bertcf.contrastive import span_mask
 from bertcf.encoder import SentenceEncoder
-from bertcf.objectives import (
-    BSL,
-    IGNORE_INDEX,
-    OBJECTIVES,
-    ContrastiveTension,
-    MaskedLM,
-    TSDAE,
-    build_objective,
-)
+from bertcf.objectives import BSL, METHODS, TSDAE, ContrastiveTension, MaskedLM, build_objective
+from bertcf.objectives.base import IGNORE_INDEX
 
 SENTENCES = [
     "The man is playing a guitar in the morning.",
@@ -369,20 +362,26 @@ def test_mlm_loss_matches_transformers(mlm_dir):
 
 # ---- the shared interface -----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("method", sorted(OBJECTIVES))
-def test_interface(method, tiny_bert_dir):
-    """State dicts round-trip (resume), parameters are the trainable ones, the loss is finite."""
+@pytest.mark.parametrize("stage,method", [(stage, m) for stage, methods in METHODS.items() for m in methods])
+def test_interface(stage, method, tiny_bert_dir):
+    """Every --method has one shape: the optimiser's groups hold exactly the trainable parameters
+    (the encoder's unless the stage freezes it), the loss is finite, and what a checkpoint keeps
+    round-trips (resume)."""
     enc = load(tiny_bert_dir, dropout=0.1)
-    obj = build_objective(method, enc, None, torch.Generator().manual_seed(0))
-    assert obj.encoder is enc
-    params = obj.trainable_parameters()
-    assert {id(p) for p in enc.parameters()} <= {id(p) for p in params}
+    obj = build_objective(stage, method, enc, None, torch.Generator().manual_seed(0))
+    assert obj.encoder is enc and (enc.flow is not None) == (stage != "mirror")
+    grouped = [p for g in obj.parameter_groups() for p in g["params"]]
+    assert len(grouped) == len({id(p) for p in grouped})
+    assert {id(p) for p in grouped} == {id(p) for p in obj.parameters() if p.requires_grad}
+    assert ({id(p) for p in enc.bert.parameters()} <= {id(p) for p in grouped}) == (stage == "mirror")
+    assert obj.encoder_frozen == (stage != "mirror")
     loss, scalars = obj.loss(*batch(enc))
     assert torch.isfinite(loss) and all(torch.isfinite(torch.as_tensor(v)) for v in scalars.values())
-    other = build_objective(method, load(tiny_bert_dir, dropout=0.1), None)
-    other.load_state_dict(obj.state_dict())
-    for (k, a), b in zip(obj.state_dict().items(), other.state_dict().values()):
-        assert torch.equal(a, b), k
+    other = build_objective(stage, method, load(tiny_bert_dir, dropout=0.1), None)
+    for name, module in obj.checkpoint_modules().items():
+        other.checkpoint_modules()[name].load_state_dict(module.state_dict())
+        for (k, a), b in zip(module.state_dict().items(), other.checkpoint_modules()[name].state_dict().values()):
+            assert torch.equal(a, b), k
 
 
 # ---- end to end through run_pretrain's main --------------------------------------------------------
@@ -403,7 +402,7 @@ def objective_state(run_dir):
 EXTRA_MODULES = {"bsl": ("predictor.", "target."), "ct": ("second.",), "tsdae": ("decoder.",), "mlm": ("head.",)}
 
 
-@pytest.mark.parametrize("method", sorted(OBJECTIVES))
+@pytest.mark.parametrize("method", sorted(EXTRA_MODULES))
 def test_end_to_end(method, tiny_bert_dir, tiny_data_dir, tmp_path):
     out = tmp_path / "run"
     summary = pretrain(tiny_bert_dir, tiny_data_dir, out, method, "--steps", "3")
@@ -426,7 +425,7 @@ def test_end_to_end(method, tiny_bert_dir, tiny_data_dir, tmp_path):
     assert torch.equal(last.bert.encoder.layer[0].output.dense.weight, state["encoder.bert.encoder.layer.0.output.dense.weight"])
 
 
-@pytest.mark.parametrize("method", sorted(OBJECTIVES))
+@pytest.mark.parametrize("method", sorted(EXTRA_MODULES))
 def test_resume_is_exact(method, tiny_bert_dir, tiny_data_dir, tmp_path):
     """2 steps + --resume for 2 more == 4 steps in one go (views, pairs, deletions, masks, EMA)."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -440,7 +439,7 @@ def test_resume_is_exact(method, tiny_bert_dir, tiny_data_dir, tmp_path):
 
 
 def test_bad_objective_flags(tiny_bert_dir, tiny_data_dir, tmp_path):
-    from bertcf.training import UsageError
+    from bertcf.errors import UsageError
 
     for flag, value in [("--momentum", "1.0"), ("--ct-negatives", "0"), ("--deletion-ratio", "1"),
                         ("--decoder-layers", "0"), ("--mlm-probability", "0")]:

@@ -19,7 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertcf import pretrain, training
-from bertcf.training import run_main
+from bertcf.cli import run_main
+from bertcf.errors import UsageError
 
 WORDS = ("the a man woman dog cat child band girl boy plays runs eats sits walks reads sings cooks "
          "on in under near with across park street house table garden ball guitar piano book song "
@@ -218,14 +219,16 @@ def test_mirror_tensorboard_events(mirror_run):
 
 
 def test_simcse_runs_with_dropout_only(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    from bertcf.objectives import mirror
+
     calls = []
-    real = pretrain.span_mask
+    real = mirror.span_mask
 
     def spy(ids, mask, special, mask_id, p, cap, generator):
         out = real(ids, mask, special, mask_id, p, cap, generator)
         calls.append((cap, torch.equal(out, ids)))
         return out
-    monkeypatch.setattr(pretrain, "span_mask", spy)
+    monkeypatch.setattr(mirror, "span_mask", spy)
     summary, _ = run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "simcse", steps=3, method="simcse"))
     assert summary["step"] == 3
     assert json.loads((tmp_path / "simcse" / "config.json").read_text())["span_cap"] == 0
@@ -503,14 +506,16 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_bert_dir, dat
                                                               capsys):
     """The 5th step's loss is NaN (injected); checkpoints are every 2 steps, logging every 10:
     the run stops at the next checkpoint with a message naming step 5, and last/ is step 4's."""
+    from bertcf.objectives import mirror
+
     calls = {"n": 0}
 
-    class NaNAtStep5(pretrain.InfoNCE):
+    class NaNAtStep5(mirror.InfoNCE):
         def forward(self, a, b):
             calls["n"] += 1
             loss = super().forward(a, b)
             return loss * float("nan") if calls["n"] >= 5 else loss
-    monkeypatch.setattr(pretrain, "InfoNCE", NaNAtStep5)
+    monkeypatch.setattr(mirror, "InfoNCE", NaNAtStep5)
     out = tmp_path / "nan"
     assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out, steps=8, eval_every=2, log_every=10)) == 2
     captured = capsys.readouterr()
@@ -529,8 +534,10 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_bert_dir, dat
 
 def interrupt_after(monkeypatch, n_steps: int, times: int = 1):
     """Send SIGINT to this process during step ``n_steps`` (from the span sampler, called once a step)."""
+    from bertcf.objectives import mirror
+
     calls = {"n": 0}
-    real = pretrain.span_mask
+    real = mirror.span_mask
 
     def hook(*args, **kwargs):
         calls["n"] += 1
@@ -538,7 +545,7 @@ def interrupt_after(monkeypatch, n_steps: int, times: int = 1):
             for _ in range(times):
                 os.kill(os.getpid(), signal.SIGINT)
         return real(*args, **kwargs)
-    monkeypatch.setattr(pretrain, "span_mask", hook)
+    monkeypatch.setattr(mirror, "span_mask", hook)
     return calls
 
 
@@ -694,5 +701,5 @@ def test_adamw_is_fused_and_skips_decay_on_1d_parameters():
     decay = {p: g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     assert decay[model[0].weight] == 0.01
     assert decay[model[0].bias] == decay[model[1].weight] == decay[model[1].bias] == 0.0
-    with pytest.raises(training.UsageError, match="nothing to train"):
+    with pytest.raises(UsageError, match="nothing to train"):
         training.make_optimizer(model.requires_grad_(False).parameters(), 1e-3, 0.01, "cpu")

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bertcf import training
+from bertcf import files, training
+from bertcf.errors import UsageError
 
 
 def lrs(kind: str, warmup: int, total: int, lr: float = 1.0) -> list[float]:
@@ -41,7 +42,7 @@ def test_optimizer_groups_decay_and_learning_rates():
     got = sorted((g["lr"], g["weight_decay"], tuple(p.shape for p in g["params"])) for g in opt.param_groups)
     assert got == [(1e-4, 0.0, ((2,),)), (1e-4, 0.01, ((2, 3),)), (3e-4, 0.0, ((3,),)), (3e-4, 0.01, ((3, 3),))]
     frozen = torch.nn.Linear(2, 2).requires_grad_(False)
-    with pytest.raises(training.UsageError, match="nothing to train"):
+    with pytest.raises(UsageError, match="nothing to train"):
         training.make_optimizer(frozen.parameters(), 1e-3, 0.01, "cpu")
 
 
@@ -92,24 +93,24 @@ def test_epoch_sampler_covers_each_epoch_and_resumes_exactly():
 
 def test_atomic_directory_write_keeps_the_old_copy_on_failure(tmp_path):
     target = tmp_path / "best"
-    training.save_dir_atomic(target, lambda d: (d / "a.txt").write_text("old"))
+    files.save_dir_atomic(target, lambda d: (d / "a.txt").write_text("old"))
 
     def broken(d):
         (d / "a.txt").write_text("half")
         raise RuntimeError("killed")
     with pytest.raises(RuntimeError):
-        training.save_dir_atomic(target, broken)
+        files.save_dir_atomic(target, broken)
     assert (target / "a.txt").read_text() == "old"
-    training.save_dir_atomic(target, lambda d: (d / "a.txt").write_text("new"))
+    files.save_dir_atomic(target, lambda d: (d / "a.txt").write_text("new"))
     assert (target / "a.txt").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["best"]
     # A kill between the two renames leaves only .best.old: recover_dir puts it back.
     target.rename(tmp_path / ".best.old")
-    assert (training.recover_dir(target) / "a.txt").read_text() == "new"
+    assert (files.recover_dir(target) / "a.txt").read_text() == "new"
 
 
 def test_write_json_atomic(tmp_path):
     path = tmp_path / "config.json"
-    training.write_json_atomic(path, {"a": 1})
-    training.write_json_atomic(path, {"a": 2, "path": tmp_path})
+    files.write_json_atomic(path, {"a": 1})
+    files.write_json_atomic(path, {"a": 2, "path": tmp_path})
     assert json.loads(path.read_text()) == {"a": 2, "path": str(tmp_path)}
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]

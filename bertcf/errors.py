@@ -1,0 +1,10 @@
+"""The errors that end a command with one line and exit status 2 (``cli.run_main``), beside
+``data.DataError`` and ``minbert.CheckpointError``."""
+
+
+class UsageError(Exception):
+    """A bad flag or setting: entry points print it as one line and exit with status 2."""
+
+
+class NonFiniteLossError(Exception):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
