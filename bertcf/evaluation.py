@@ -47,7 +47,7 @@ def evaluate_sts(encoder, pairs, batch_size: int = 64, positive_threshold: float
     return sts_scores(*encode_pairs(encoder, pairs, batch_size), pairs, positive_threshold)
 
 
-class STSEvaluator:
+class STSDevEvaluator:
     """Unsupervised STS on ``pairs`` (PairExample with gold scores): ``evaluator(encoder)`` encodes
     both sides once (whole sentences up to the encoder's ``max_length``) and returns
     :func:`sts_scores` (with ``cosines`` for a histogram), plus, when the encoder has a flow, the

@@ -27,7 +27,7 @@ from .data import read_corpus, read_sts, task_file, task_sentences
 from .distributed import dist_info, run_distributed, wrap_ddp
 from .encoder import SentenceEncoder, resolve_encoder_path
 from .errors import UsageError
-from .evaluation import STSEvaluator
+from .evaluation import STSDevEvaluator
 from .files import recover_dir
 
 STAGES = tuple(objectives.METHODS)
@@ -148,7 +148,7 @@ def train(args, device) -> dict:
         args.out_dir = out_dir[0]
     training.set_seed(args.seed)
     sentences = load_corpus(args)
-    evaluator = STSEvaluator(read_sts(task_file(args.data_dir, "sts", "dev")))
+    evaluator = STSDevEvaluator(read_sts(task_file(args.data_dir, "sts", "dev")))
     encoder = load_encoder(args)
     generator = torch.Generator().manual_seed(args.seed)  # every random choice of the objective
     objective = objectives.build_objective(args.stage, args.method, encoder, args, generator).to(device)

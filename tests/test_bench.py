@@ -1,5 +1,5 @@
 """``python -m bertcf.bench``: end to end on --tiny (CPU, 1 thread, 2 steps), its JSON, the model
-loading it relies on (same weights in both implementations), and the FLOPs / peak arithmetic."""
+loading it relies on (same weights in both implementations), and the FLOPs against torch's counter."""
 from __future__ import annotations
 
 import json
@@ -20,6 +20,7 @@ def run_bench(*args):
                           timeout=300)
 
 
+@pytest.mark.slow
 def test_bench_tiny_end_to_end(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--threads", "1",
@@ -43,6 +44,7 @@ def test_bench_tiny_end_to_end(tmp_path):
     assert data["results"]["mirror"]["per_step"]["sentences"] == 32
 
 
+@pytest.mark.slow
 def test_bench_profile_prints_the_operator_table(tmp_path):
     out = tmp_path / "bench.json"
     proc = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--threads", "1",
@@ -54,6 +56,7 @@ def test_bench_profile_prints_the_operator_table(tmp_path):
     assert profile["gpu_kernels_per_step"] is None  # the CPU
 
 
+@pytest.mark.slow
 def test_bench_rejects_unknown_workload():
     proc = run_bench("--tiny", "--device", "cpu", "--workloads", "mirror,nope")
     assert proc.returncode == 2
@@ -78,12 +81,29 @@ def test_config_only_dir_gives_identical_models(tmp_path):
     assert (batch.ids[batch.mask == 0] == 0).all()
 
 
-def test_flops_and_peak():
-    cfg = bench.load_models(None, tiny=True)[0].config
-    d, L, i = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size
-    n = L * (4 * d * d + 2 * d * i)
-    assert bench.encoder_flops(cfg, [10], training=True) == 6 * n * 10 + 12 * L * d * 100
-    assert bench.encoder_flops(cfg, [10, 3], training=False) == 2 * n * 13 + 4 * L * d * (100 + 9)
+@pytest.mark.parametrize("length", [10, 17])
+def test_flops_match_torch_flop_counter_on_transformers(length):
+    """encoder_flops against an independent count: torch's FlopCounterMode over transformers'
+    BertModel with eager attention (explicit matmuls), forward (inference) and forward + backward
+    (training), one sentence of ``length`` real tokens, no pooler."""
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    config = bench.load_models(None, tiny=True)[0].config
+    hf_config = transformers.BertConfig.from_dict(config.to_dict())
+    hf_config._attn_implementation = "eager"
+    model = transformers.BertModel(hf_config, add_pooling_layer=False)
+    ids = torch.randint(5, config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as inference:
+        model.eval()(input_ids=ids)
+    with FlopCounterMode(display=False) as training:
+        model.train()(input_ids=ids).last_hidden_state.sum().backward()
+    assert bench.encoder_flops(config, [length], training=False) == inference.get_total_flops()
+    assert bench.encoder_flops(config, [length], training=True) == training.get_total_flops()
+    assert bench.encoder_flops(config, [length, length], training=True) == 2 * training.get_total_flops()
+
+
+def test_peak_flops():
     assert bench.peak_flops(torch.device("cpu"), "bf16") is None
     names = dict(bench.PEAK_TFLOPS_16BIT)
     assert names["H100"] == names["H200"] == 989.0 and names["A100"] == 312.0

@@ -479,3 +479,18 @@ def test_main_with_real_checksums(server, tmp_path, capsys):
     assert data.main(argv) == 1
     assert captured.out.count("downloaded (sha256 ok)") == 7
     assert capsys.readouterr().out.count("ok (already present)") == 7
+
+
+def test_real_cs224n_files_read_whole(cs224n_dir, offline_data_dir):
+    """The readers on the real CS224N files (shared/): every row, labels in range. QQP rows with
+    an empty is_duplicate are skipped (2 in quora-dev.csv, 2 in the offline quora-train.csv)."""
+    expected = {("sst", "train"): 8544, ("sst", "dev"): 1101, ("sts", "train"): 6040, ("sts", "dev"): 863}
+    for directory in (cs224n_dir, offline_data_dir):
+        for (task, split), n in expected.items():
+            examples = data.read_task(directory, task, split)
+            assert len(examples) == n, (directory, task, split)
+        assert {e.label for e in data.read_task(directory, "sst", "train")} == {0, 1, 2, 3, 4}
+        assert all(0.0 <= e.label <= 5.0 for e in data.read_task(directory, "sts", "dev"))
+    assert len(data.read_task(cs224n_dir, "quora", "dev")) == 20214 - 2
+    assert [len(data.read_task(offline_data_dir, "quora", s)) for s in ("train", "dev")] == [16260 - 2, 3954]
+    assert {e.label for e in data.read_task(offline_data_dir, "quora", "train")} == {0.0, 1.0}

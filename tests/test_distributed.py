@@ -183,6 +183,7 @@ def ranks(tmp_path_factory):
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
+@pytest.mark.slow
 def test_info_nce_loss_matches_single_process(ranks):
     a, p = embeddings()
     expected = InfoNCE(temperature=0.05)(a, p)
@@ -190,6 +191,7 @@ def test_info_nce_loss_matches_single_process(ranks):
     torch.testing.assert_close(mean_of_ranks, expected, rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_info_nce_gradient_matches_single_process(ranks):
     """d(mean rank loss)/d(embeddings): rank r holds the gradient of its own rows summed over
     every rank's loss (the gather's backward all-reduces); DDP then divides by the world size."""
@@ -226,6 +228,7 @@ def _local_loss(a_full, p_full, rows):
     return torch.nn.functional.cross_entropy(torch.cat([logits_p, logits_a], 1) / 0.05, idx)
 
 
+@pytest.mark.slow
 def test_ddp_step_matches_single_process(ranks):
     batches = token_batches()
     model = make_model()
@@ -243,6 +246,7 @@ def test_ddp_step_matches_single_process(ranks):
     assert not any(k.startswith("pooler.") for k in grads)  # unused under mean pooling
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(OBJECTIVES))
 def test_ddp_objective_matches_single_process(method, ranks):
     threads = torch.get_num_threads()
@@ -262,6 +266,7 @@ def test_ddp_objective_matches_single_process(method, ranks):
             torch.testing.assert_close(rank_state[k], v, rtol=0, atol=1e-5, msg=k)
 
 
+@pytest.mark.slow
 def test_each_rank_draws_its_own_dropout_masks_and_repeats_them(ranks):
     """Without seed_dropout every rank would draw the same masks (all seed alike); with it they
     differ across ranks and steps, and a step's masks repeat (what --resume relies on)."""
@@ -274,12 +279,14 @@ def test_each_rank_draws_its_own_dropout_masks_and_repeats_them(ranks):
     assert torch.equal(torch.get_rng_state(), state)
 
 
+@pytest.mark.slow
 def test_logged_values_are_averaged_over_ranks(ranks):
     for rank in ranks:
         assert rank["logged"] == {"loss": 0.5, "x": 2.0}
     assert distributed.mean_over_ranks({"loss": torch.tensor(3.0)}, "cpu") == {"loss": 3.0}
 
 
+@pytest.mark.slow
 def test_pretrain_batch_not_divisible_by_ranks_is_a_usage_error(ranks):
     for rank in ranks:
         assert rank["odd_batch"] == "--batch-size 5 (the global batch) is not divisible by the 2 processes"

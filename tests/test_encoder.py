@@ -350,12 +350,6 @@ def test_encode_tiny_data_dir(encoder, tiny_data_dir):
     assert vectors.shape == (2 * len(sts), encoder.dim) and torch.isfinite(vectors).all()
 
 
-def test_shared_data_fixtures(cs224n_dir, offline_data_dir):
-    for name in ("ids-sst-train.csv", "ids-sst-dev.csv", "sts-dev.csv", "quora-dev.csv"):
-        assert (cs224n_dir / name).is_file() and (offline_data_dir / name).is_file()
-    assert (offline_data_dir / "quora-train.csv").is_file()
-
-
 # ----------------------------------------------------------------------------- real checkpoint
 
 def test_real_checkpoint_acceptance(real_bert_dir, capsys):

@@ -99,6 +99,7 @@ def mtimes(out: Path, names=BEST_DIRS) -> dict:
     return {name: (out / "stages" / name / "best" / "model.safetensors").stat().st_mtime_ns for name in names}
 
 
+@pytest.mark.slow
 def test_suite_writes_every_output(suite):
     out, summary = suite
     for name in ("table1.md", "table1.json", "ablations.md", "ablations.json", "analysis.md", "analysis.json",
@@ -152,6 +153,7 @@ def test_suite_writes_every_output(suite):
     assert json.loads((out / "stages" / "minbert-joint" / "config.json").read_text())["unfreeze_encoder"] is True
 
 
+@pytest.mark.slow
 def test_second_invocation_reruns_nothing(suite, tiny_bert_dir, suite_data, monkeypatch, capsys):
     out, _ = suite
     before = mtimes(out)
@@ -166,6 +168,7 @@ def test_second_invocation_reruns_nothing(suite, tiny_bert_dir, suite_data, monk
     assert sum("finished earlier, reused" in line for line in lines) == 7
 
 
+@pytest.mark.slow
 def test_interrupted_stages_continue(suite, tiny_bert_dir, suite_data, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     shutil.copytree(suite[0], out)
@@ -194,6 +197,7 @@ def test_interrupted_stages_continue(suite, tiny_bert_dir, suite_data, tmp_path,
         assert json.loads((out / "stages" / name / experiments.MARKER).read_text())["status"] == "done"
 
 
+@pytest.mark.slow
 def test_changed_settings_are_refused(suite, capsys):
     out, _ = suite
     assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", "--steps-scale", "0.0004"]) == 2
@@ -201,6 +205,7 @@ def test_changed_settings_are_refused(suite, capsys):
     assert "\n" not in err and "other settings" in err and "steps=2 (now 4)" in err
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, tmp_path, capsys):
     out = tmp_path / "out"
     experiments.main(suite_argv("ablations", tiny_bert_dir, suite_data, out, "--dry-run"))
@@ -213,6 +218,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, t
     assert not out.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["no-data-dir", "bad-flag", "bad-row", "bad-stage-args", "no-corpus", "bad-scale"])
 def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp_path, capsys):
     out = tmp_path / "out"
@@ -240,6 +246,7 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp
     assert not (out / "stages").exists()
 
 
+@pytest.mark.slow
 def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     shutil.copytree(suite[0], out)  # the suite's settings (suite.json) and its MinBERT-Mirror stage
@@ -281,6 +288,7 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
     assert "MinBERT-Mirror (reference): not trained in this --out-dir yet" in (out / "objectives.md").read_text()
 
 
+@pytest.mark.slow
 def test_objectives_rows_filter(tiny_bert_dir, suite_data, tmp_path, capsys):
     out = tmp_path / "out"
     experiments.main(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "tsdae", "--dry-run"))
@@ -292,6 +300,7 @@ def test_objectives_rows_filter(tiny_bert_dir, suite_data, tmp_path, capsys):
 
 
 # ---- fine-tuning ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
     out = tmp_path / "out"
     argv = suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--finetune-steps-scale",

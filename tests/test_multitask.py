@@ -395,6 +395,7 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
     assert not out.exists()  # nothing half-written
 
 
+@pytest.mark.slow
 def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir, tmp_path):
     """run_multitask.py under torchrun (2 gloo processes, each with half of every task's batch,
     one encoder pass each) against one process on the whole batches, dropout off everywhere: the

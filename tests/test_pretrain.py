@@ -596,6 +596,7 @@ def start_torchrun(argv, cwd, log, nproc=2):
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.slow
 def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir, tmp_path):
     """run_pretrain.py under torchrun, 2 gloo processes of 4 sentences each, against one process on
     the same 8-sentence batches (dropout 0), for the mirror stage and the joint stage with
@@ -657,6 +658,7 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
         assert not torch.equal(start[key], tensors(run / "last" / "model.safetensors")[key])
 
 
+@pytest.mark.slow
 def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes(tiny_bert_dir, data_dir, tmp_path):
     """Ctrl-C on torchrun, which forwards SIGINT to every rank: the ranks agree on the step to stop
     at (the next logging interval), rank 0 saves last/, every rank exits cleanly, and the run
