@@ -164,6 +164,26 @@ def _line_list(lines: list[int], limit: int = 5) -> str:
     return f"line{'s' if len(lines) > 1 else ''} {shown}{more}"
 
 
+def _header_columns(header: list[str], where: str, text_columns: tuple[str, ...], label_column: str,
+                    labeled: bool | None) -> tuple[dict[str, int], bool]:
+    """({column name: index}, whether the rows are labeled) of a CS224N header line; a missing
+    column is a DataError naming ``where`` (the file and line)."""
+    names = [name.strip() for name in header]
+    columns: dict[str, int] = {}
+    for index, name in enumerate(names):
+        columns.setdefault(name, index)
+    found = ", ".join(repr(name) for name in names)
+    missing = [name for name in ("id", *text_columns) if name not in columns]
+    if missing:
+        listed = ", ".join(repr(name) for name in missing)
+        raise DataError(f"{where}: missing column {listed} (found columns: {found})")
+    if labeled is None:
+        labeled = label_column in columns
+    elif labeled and label_column not in columns:
+        raise DataError(f"{where}: missing label column {label_column!r} (found columns: {found})")
+    return columns, labeled
+
+
 def _read_table(
     path: str | os.PathLike,
     text_columns: tuple[str, ...],
@@ -183,22 +203,8 @@ def _read_table(
             header = next(reader, None)
             if header is None:
                 raise DataError(f"{path} is empty (expected a header line)")
-            names = [name.strip() for name in header]
-            columns: dict[str, int] = {}
-            for index, name in enumerate(names):
-                columns.setdefault(name, index)
-            found = ", ".join(repr(name) for name in names)
-            where = f"{path} line {reader.line_num}"  # the header line
-
-            missing = [name for name in ("id", *text_columns) if name not in columns]
-            if missing:
-                listed = ", ".join(repr(name) for name in missing)
-                raise DataError(f"{where}: missing column {listed} (found columns: {found})")
-            if labeled is None:
-                labeled = label_column in columns
-            elif labeled and label_column not in columns:
-                raise DataError(
-                    f"{where}: missing label column {label_column!r} (found columns: {found})")
+            columns, labeled = _header_columns(header, f"{path} line {reader.line_num}", text_columns,
+                                               label_column, labeled)
 
             rows: list[tuple[str, list[str], float | int | None]] = []
             blank: dict[str, list[int]] = {}
