@@ -12,7 +12,6 @@ A task whose files are absent is skipped with a warning.
 """
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
