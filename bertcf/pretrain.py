@@ -27,6 +27,7 @@ from .contrastive import InfoNCE, span_mask
 from .data import read_corpus, read_sts, task_file, task_sentences
 from .encoder import SentenceEncoder, pool, resolve_encoder_path
 from .evaluation import encode_pairs, sts_scores
+from .senteval import STSB_FILES, read_stsb
 from .flow import ActNorm, Glow, gaussian_nll, latent_stats
 from .objectives import OBJECTIVES, build_objective
 from .training import UsageError
@@ -61,6 +62,10 @@ def build_parser() -> training.ArgumentParser:
     g.add_argument("--flow-hidden", type=int, default=None, help="coupling network width (default: D)")
     g.add_argument("--unfreeze-encoder", action="store_true", help="joint: train the encoder by L_mirror too")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
+    g = p.add_argument_group("model selection")
+    g.add_argument("--select-on", choices=("cs224n-sts", "stsb-dev"), default="cs224n-sts",
+                   help="the STS dev set that picks best/: the CS224N one (the report's) or SentEval's STS-B dev")
+    g.add_argument("--senteval-dir", default=None, help="SentEval's data (default DATA_DIR/SentEval; data/README.md)")
     objectives.add_args(p)
     training.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32)
     return p
@@ -168,7 +173,8 @@ def train(args, device) -> dict:
         args.out_dir = out_dir[0]
     training.set_seed(args.seed)
     sentences = load_corpus(args)
-    dev_pairs = read_sts(task_file(args.data_dir, "sts", "dev"))
+    dev_pairs = (read_sts(task_file(args.data_dir, "sts", "dev")) if args.select_on == "cs224n-sts" else
+                 read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"]))
     encoder = load_encoder(args)
 
     use_flow = args.stage in ("joint", "flow")
