@@ -88,6 +88,11 @@ def build_evaluator(senteval_dir, task: str, mode: str = "test"):
                                             pairs=task == "MRPC")
 
 
+def present_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
+    """The tasks of ``tasks`` whose files are all in ``senteval_dir`` (no warning)."""
+    return [t for t in tasks if not se.missing_files(senteval_dir, _files(t, mode))]
+
+
 def available_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
     """The tasks of ``tasks`` whose files are all in ``senteval_dir``; each other one is skipped
     with a warning naming its first missing file."""
