@@ -13,6 +13,7 @@ reported in one warning per file on the ``bertcf.data`` logger.
 Command line::
 
     python -m bertcf.data download --out data/ [--only cs224n|wiki1m] [--timeout S]
+    python -m bertcf.data download --senteval --out data/     (SentEval's files -> data/SentEval/)
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ import http.client
 import logging
 import math
 import os
+import shutil
 import sys
+import tarfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -39,8 +42,8 @@ __all__ = [
     "TASKS", "SPLITS", "TASK_FILES", "task_file",
     "read_sst", "read_quora", "read_sts", "read_task", "read_corpus", "task_sentences",
     "Source", "CS224N_REPO", "CS224N_COMMIT", "CS224N_BASE_URL", "CS224N_CHECKSUMS",
-    "WIKI1M_NAME", "WIKI1M_URL", "WIKI1M_LINES", "SOURCES",
-    "file_checksum", "verify_file", "download", "main",
+    "WIKI1M_NAME", "WIKI1M_URL", "WIKI1M_LINES", "SOURCES", "SENTEVAL_SOURCE", "SENTEVAL_DIR",
+    "file_checksum", "verify_file", "download", "download_senteval", "main",
 ]
 
 
@@ -410,6 +413,12 @@ SOURCES: dict[str, tuple[Source, ...]] = {
     "wiki1m": (Source(WIKI1M_NAME, WIKI1M_URL, None, WIKI1M_LINES),),
 }
 
+#: SentEval's evaluation data as SimCSE's users get it (SimCSE's SentEval/data/downstream/
+#: download_dataset.sh): one tar of SentEval's data/downstream/ tree, unpacked into SENTEVAL_DIR.
+SENTEVAL_SOURCE = Source("senteval.tar", "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/"
+                                         "resolve/main/senteval.tar")
+SENTEVAL_DIR = "SentEval"
+
 _CHUNK = 1 << 20
 
 
@@ -610,6 +619,47 @@ def download(out_dir: str | os.PathLike, only: str | None = None, *, timeout: fl
     return results
 
 
+def download_senteval(out_dir: str | os.PathLike, *, timeout: float = 60.0, base_url: str | None = None,
+                      progress: bool = True) -> Path:
+    """Fetch SimCSE's ``senteval.tar`` into ``out_dir`` (sha256 recorded on first download, as
+    for Wiki1M), and unpack it into ``out_dir/SentEval`` in the layout of SentEval's
+    ``data/downstream/`` (STS/, SICK/, MR/, ...). The tree appears under its final name only once
+    it is complete. Returns that directory; raises DataError (NetworkError offline)."""
+    out_dir = Path(out_dir)
+    target = out_dir / SENTEVAL_DIR
+    if (target / "STS").is_dir():
+        print(f"{target}: ok (already unpacked; delete it to unpack again)", flush=True)
+        return target
+    try:
+        results = download(out_dir, sources=[SENTEVAL_SOURCE], timeout=timeout, base_url=base_url,
+                           progress=progress)
+    except NetworkError as error:
+        raise NetworkError(f"{error}; or put the unpacked files (SentEval's data/downstream/: STS/, SICK/, MR/, "
+                           f"...) into {target}/") from None
+    if results[SENTEVAL_SOURCE.name] is not None:
+        raise DataError(f"{SENTEVAL_SOURCE.name}: {results[SENTEVAL_SOURCE.name]}")
+    archive = out_dir / SENTEVAL_SOURCE.name
+    staging = out_dir / f".{SENTEVAL_DIR}.unpacking"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(staging, filter="data")
+        root = next((d for d in [staging, *sorted(staging.rglob("*"))] if (d / "STS").is_dir()), None)
+        if root is None:
+            raise DataError(f"{archive} has no STS/ folder: not SentEval's data (delete it and download again)")
+        os.replace(root, target)
+    except (tarfile.TarError, EOFError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataError(f"{archive} is not a valid tar archive ({reason}); delete it and "
+                        f"{_record_path(archive).name}, and download again") from None
+    except OSError as error:
+        raise DataError(f"cannot unpack {archive}: {error.strerror or error}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"{target}: unpacked from {archive.name}", flush=True)
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line: ``python -m bertcf.data download --out DIR [--only ...]``."""
     parser = argparse.ArgumentParser(prog="python -m bertcf.data",
@@ -621,12 +671,23 @@ def main(argv: list[str] | None = None) -> int:
                     "checksums; files already present and valid are skipped.")
     get.add_argument("--out", default="data", help="directory to put the files in (default: data)")
     get.add_argument("--only", choices=sorted(SOURCES), help="download only this dataset")
+    get.add_argument("--senteval", action="store_true",
+                     help="download SentEval's evaluation data (SimCSE's senteval.tar) into OUT/SentEval instead")
     get.add_argument("--timeout", type=float, default=60.0,
                      help="network timeout in seconds for each connect/read (default: 60)")
     get.add_argument("--base-url", help="fetch every file from BASE_URL/<name> (a mirror)")
     get.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 
+    if args.senteval:
+        if args.only:
+            parser.error("--senteval and --only exclude each other")
+        try:
+            download_senteval(args.out, timeout=args.timeout, base_url=args.base_url, progress=not args.no_progress)
+        except DataError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        return 0
     try:
         results = download(args.out, args.only, timeout=args.timeout, base_url=args.base_url,
                            progress=not args.no_progress)

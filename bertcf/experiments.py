@@ -173,6 +173,10 @@ def build_parser() -> ArgumentParser:
                    help="analysis: QQP train pairs sampled for alignment/uniformity (0: all; default %(default)s)")
     g.add_argument("--qualitative-pairs", type=int, default=10, help="examples in each qualitative table")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the stage commands, run nothing")
+    g = p.add_argument_group("SentEval (when its STS files are there)")
+    g.add_argument("--senteval-dir", default=None,
+                   help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
+    g.add_argument("--transfer", action="store_true", help="also the transfer tasks' average (fasttest) in table1")
     return p
 
 
@@ -657,12 +661,45 @@ class Suite:
                 return r | {"cosines": r["cosines"].tolist()}
 
             out = {"sts": self._cached(f"{row.key}-sts-dev", stamp, sts)}
+            if self.senteval_tasks:
+                key = self._stamp(row) | {"senteval_dir": _abs_if_path(self.senteval_dir), "tasks": self.senteval_tasks}
+                out["senteval"] = self._cached(f"{row.key}-senteval", key, lambda: self._senteval(load()))
             if analysis:
                 key = stamp | {"max_analysis_pairs": a.max_analysis_pairs, "seed": a.seed}
                 out["qqp"] = self._cached(f"{row.key}-qqp-train", key, lambda: pair_analysis(load(), qqp))
             results[row.key] = out
             del encoder
         return results
+
+    @property
+    def senteval_dir(self) -> Path:
+        return Path(self.args.senteval_dir or self.data_dir / "SentEval")
+
+    @property
+    def senteval_tasks(self) -> list[str]:
+        """The SentEval tasks whose files are there: STS (test sets), + transfer with --transfer."""
+        from .evaluate import present_tasks
+        from .senteval import STS_TASKS, TRANSFER_TASKS
+        sts = present_tasks(self.senteval_dir, STS_TASKS)
+        return sts + present_tasks(self.senteval_dir, TRANSFER_TASKS) if sts and self.args.transfer else sts
+
+    def _senteval(self, encoder) -> dict:
+        from .evaluate import evaluate
+        mode = "fasttest" if self.args.transfer else "test"  # STS is the same in both modes
+        return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode)
+
+    def senteval_columns(self, results: dict, rows: list[Row]) -> tuple[list[str], dict]:
+        """The optional columns: the STS test average ("7 STS avg (test)" when all seven are
+        there) and, with --transfer, the transfer average; {row key: cells}."""
+        found = {r.key: results[r.key]["senteval"] for r in rows if (results.get(r.key) or {}).get("senteval")}
+        if not found:
+            return [], {}
+        n = len(next(iter(found.values()))["sts"])
+        header = ["7 STS avg (test)" if n == 7 else f"STS avg (test, {n} sets)"]
+        header += ["Transfer avg (fasttest)"] if self.args.transfer else []
+        cells = {k: [fmt(v["sts_avg"], 2)] + ([fmt(v["transfer_avg"], 2)] if self.args.transfer else [])
+                 for k, v in found.items()}
+        return header, cells
 
     def _analysis_pairs(self):
         pairs = read_quora(task_file(self.data_dir, "quora", "train"))
@@ -734,6 +771,11 @@ class Suite:
                                          for c in (fmt(ours[k]), fmt(report[k]))])
         header = ["Encoder", "Unsup. STS ρ", "(report)", "SST-5 acc", "(report)", "QQP acc", "(report)",
                   "STS r", "(report)"]
+        extra, cells = self.senteval_columns(results, self.table1_rows)
+        header += extra
+        md_rows = [r + cells.get(row.key, ["–"] * len(extra)) for r, row in zip(md_rows, self.table1_rows)]
+        for r, row in zip(rows_json, self.table1_rows):
+            r["ours"]["senteval"] = (results.get(row.key) or {}).get("senteval")
         md = ("# Table 1: sentence encoders on the CS224N dev sets\n\n"
               "Unsupervised STS ρ: Spearman of cos(f(x1), f(x2)) with the STS dev scores, before fine-tuning. "
               "SST-5 / QQP accuracy and STS Pearson r: after multitask fine-tuning of each encoder. "
@@ -774,13 +816,19 @@ class Suite:
         refs_json = [entry(row, results.get(row.key) or ref_results.get(row.key),
                            REPORT_TABLE1[row.name]["sts_spearman"]) for row in present]
         labelled = [(r["name"], r) for r in rows_json] + [(f"*{r['name']}* (reference)", r) for r in refs_json]
+        all_results = {**ref_results, **results}
+        extra, cells = self.senteval_columns(all_results, rows + present)
+        keys = [row.key for row in rows + present]
         md_rows = [[label, r["what"], fmt(r["ours"]["sts_spearman"]), fmt(r["report"]["sts_spearman"])]
-                   for label, r in labelled]
+                   + cells.get(key, ["–"] * len(extra)) for (label, r), key in zip(labelled, keys)]
+        for r, key in zip(rows_json + refs_json, keys):
+            r["ours"]["senteval"] = (all_results.get(key) or {}).get("senteval")
         absent = [r.name for r in references if r not in present]
         note = (f"\n{', '.join(absent)} (reference): not trained in this --out-dir yet (`table1` or `all` "
                 f"with the same --out-dir trains it).\n" if absent else "")
         md = (f"# {title}\n\n{text}"
-              + md_table([first, "What", "Unsup. STS ρ", "(report)"], md_rows, "llrr") + note
+              + md_table([first, "What", "Unsup. STS ρ", "(report)"] + extra, md_rows, "llrr" + "r" * len(extra))
+              + note
               + "\n## Settings\n\n" + self.settings_md() + "\n" + self.command_md())
         obj = {"rows": rows_json, "reference": refs_json, "settings": self.settings_json(), "command": self.argv}
         self.write(f"{name}.md", md)
@@ -824,6 +872,7 @@ class Suite:
               "(lower is better); f normalised. The last two columns: the same on STS dev (pairs with gold ≥ 4).\n\n"
               + md_table(["Encoder", "Alignment", "(report)", "Uniformity", "(report)",
                           "STS-dev align.", "STS-dev unif."], md_rows)
+              + self.senteval_md(results)
               + "\n# STS dev cosine histograms\n\n"
               + "".join(f"![{n}]({p})\n\n" for n, p in figures)
               + "\n## Settings\n\n" + self.settings_md() + "\n" + self.command_md())
@@ -834,6 +883,18 @@ class Suite:
         self.write("qualitative.md", self.qualitative_md(results))
         self.write_tensorboard(histograms)
         return obj
+
+    def senteval_md(self, results: dict) -> str:
+        """The analysis' per-set table of SentEval's STS test sets (Spearman ×100), when run."""
+        from .senteval import STS_TASKS
+        rows = [(r.name, results[r.key]["senteval"]) for r in self.table1_rows
+                if (results.get(r.key) or {}).get("senteval")]
+        if not rows:
+            return ""
+        table = [[name] + [fmt(v["sts"].get(t), 2) for t in STS_TASKS] + [fmt(v["sts_avg"], 2)] for name, v in rows]
+        return ("\n# SentEval STS test sets\n\nSpearman ×100 of the cosine of raw vectors (STS12-16: SentEval's "
+                f"\"all\" setting), whole sentences, from `{self.senteval_dir}` (`python -m bertcf.evaluate`).\n\n"
+                + md_table(["Encoder", *STS_TASKS, "Avg."], table))
 
     def qualitative_md(self, results: dict) -> str:
         k, rng = self.args.qualitative_pairs, random.Random(self.args.seed)

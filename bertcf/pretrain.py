@@ -29,6 +29,7 @@ from .encoder import SentenceEncoder, resolve_encoder_path
 from .errors import UsageError
 from .evaluation import STSDevEvaluator
 from .files import recover_dir
+from .senteval import STSB_FILES, read_stsb
 
 STAGES = tuple(objectives.METHODS)
 STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}
@@ -54,6 +55,10 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--eval-max-length", type=int, default=None,
                    help="tokens per sentence in the STS-dev evaluation (default: the model's "
                         "max_position_embeddings, i.e. whole sentences, as SentEval); --max-length is for training")
+    g = p.add_argument_group("model selection")
+    g.add_argument("--select-on", choices=("cs224n-sts", "stsb-dev"), default="cs224n-sts",
+                   help="the STS dev set that picks best/: the CS224N one (the report's) or SentEval's STS-B dev")
+    g.add_argument("--senteval-dir", default=None, help="SentEval's data (default DATA_DIR/SentEval; data/README.md)")
     objectives.add_args(p)
     cli.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32)
     return p
@@ -148,7 +153,9 @@ def train(args, device) -> dict:
         args.out_dir = out_dir[0]
     training.set_seed(args.seed)
     sentences = load_corpus(args)
-    evaluator = STSDevEvaluator(read_sts(task_file(args.data_dir, "sts", "dev")))
+    dev_pairs = (read_sts(task_file(args.data_dir, "sts", "dev")) if args.select_on == "cs224n-sts" else
+                 read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"]))
+    evaluator = STSDevEvaluator(dev_pairs)
     encoder = load_encoder(args)
     generator = torch.Generator().manual_seed(args.seed)  # every random choice of the objective
     objective = objectives.build_objective(args.stage, args.method, encoder, args, generator).to(device)

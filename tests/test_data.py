@@ -494,3 +494,58 @@ def test_real_cs224n_files_read_whole(cs224n_dir, offline_data_dir):
     assert len(data.read_task(cs224n_dir, "quora", "dev")) == 20214 - 2
     assert [len(data.read_task(offline_data_dir, "quora", s)) for s in ("train", "dev")] == [16260 - 2, 3954]
     assert {e.label for e in data.read_task(offline_data_dir, "quora", "train")} == {0.0, 1.0}
+
+
+def _senteval_tar(path: Path, prefix: str = "SentEval/data/downstream/") -> Path:
+    """A tar shaped like SimCSE's senteval.tar: SentEval's data/downstream/ tree under a prefix."""
+    import io
+    import tarfile
+    members = {"STS/STSBenchmark/sts-test.csv": "g\tf\ty\t1\t2.5\ta b\tc d\n", "CR/custrev.pos": "fine .\n"}
+    with tarfile.open(path, "w") as tar:
+        for name, text in members.items():
+            info = tarfile.TarInfo(prefix + name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return path
+
+
+def test_download_senteval_unpacks_and_records_sha256(server, tmp_path, capsys):
+    root, base = server
+    archive = _senteval_tar(root / "senteval.tar")
+    out = tmp_path / "data"
+    argv = ["download", "--senteval", "--out", str(out), "--base-url", base, "--no-progress"]
+    assert data.main(argv) == 0
+    assert (out / "SentEval" / "STS" / "STSBenchmark" / "sts-test.csv").read_text().startswith("g\tf")
+    assert (out / "SentEval" / "CR" / "custrev.pos").is_file()
+    sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
+    assert (out / "senteval.tar.sha256").read_text() == f"{sha256}  senteval.tar\n"
+    assert not list(out.glob(".SentEval*"))  # no staging folder left
+    assert data.main(argv) == 0
+    assert "already unpacked" in capsys.readouterr().out
+
+
+def test_download_senteval_rejects_a_changed_or_broken_archive(server, tmp_path, capsys):
+    root, base = server
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "senteval.tar.sha256").write_text("0" * 64 + "  senteval.tar\n")
+    _senteval_tar(root / "senteval.tar")
+    argv = ["download", "--senteval", "--out", str(out), "--base-url", base, "--no-progress"]
+    assert data.main(argv) == 1  # differs from the recorded sha256
+    assert "differs from the one recorded" in capsys.readouterr().err
+    (out / "senteval.tar.sha256").unlink()
+    (root / "senteval.tar").write_bytes(b"not a tar at all" * 100)
+    assert data.main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a valid tar archive" in err[0]
+    assert not (out / "SentEval").exists() and not list(out.glob(".SentEval*"))
+
+
+def test_download_senteval_offline_says_where_to_put_the_files(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("no_proxy", "*")
+    out = tmp_path / "data"
+    rc = data.main(["download", "--senteval", "--out", str(out), "--timeout", "5",
+                    "--base-url", f"http://127.0.0.1:{_refused_port()}/"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1 and len(err) == 1
+    assert f"{out}/SentEval/" in err[0] and "senteval.tar" in err[0]

@@ -318,3 +318,26 @@ def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
     qqp = qualitative[qualitative.index("## QQP dev"):qualitative.index("## SST-5 dev")]
     predictions = [line.rstrip(" |").rsplit("| ", 1)[-1] for line in qqp.splitlines()[4:] if line.startswith("|")]
     assert len(predictions) == 10 and set(predictions) <= {"0", "1"}
+
+
+# ---- SentEval columns ---------------------------------------------------------------------------------------
+def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path):
+    from bertcf import SentenceEncoder
+    from bertcf.evaluate import evaluate
+    from test_senteval import write_senteval
+    senteval = write_senteval(tmp_path / "SentEval")
+    out = tmp_path / "out"
+    experiments.main(suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--no-finetune",
+                                "--senteval-dir", str(senteval), "--transfer"))
+    expected = evaluate(SentenceEncoder.from_pretrained(tiny_bert_dir), senteval, "sts,transfer", "fasttest")
+    row = json.loads((out / "table1.json").read_text())["rows"][0]
+    assert row["ours"]["senteval"]["sts"] == pytest.approx(expected["sts"])
+    table1 = (out / "table1.md").read_text()
+    assert "| 7 STS avg (test) | Transfer avg (fasttest) |" in table1
+    assert f"| {expected['sts_avg']:.2f} | {expected['transfer_avg']:.2f} |" in table1
+    analysis = (out / "analysis.md").read_text()
+    assert "# SentEval STS test sets" in analysis and f"| {expected['sts']['STS14']:.2f} |" in analysis
+    # Without the files the tables are as before.
+    plain = tmp_path / "plain"
+    experiments.main(suite_argv("table1", tiny_bert_dir, suite_data, plain, "--rows", "MinBERT", "--no-finetune"))
+    assert "STS avg" not in (plain / "table1.md").read_text()

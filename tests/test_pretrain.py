@@ -705,3 +705,23 @@ def test_adamw_is_fused_and_skips_decay_on_1d_parameters():
     assert decay[model[0].bias] == decay[model[1].weight] == decay[model[1].bias] == 0.0
     with pytest.raises(UsageError, match="nothing to train"):
         training.make_optimizer(model.requires_grad_(False).parameters(), 1e-3, 0.01, "cpu")
+
+
+def test_select_on_stsb_dev_reads_senteval_dev(tiny_bert_dir, data_dir, tmp_path, capsys):
+    """--select-on stsb-dev scores SentEval's STS-B dev (here: the CS224N dev pairs with their gold
+    scores reversed, so the Spearman flips sign), and a missing one is one line and status 2."""
+    from bertcf import senteval
+    rows = [line.split("\t") for line in (Path(data_dir) / "sts-dev.csv").read_text().splitlines()[1:]]
+    stsb = tmp_path / "SentEval" / senteval.STSB_FILES["dev"]
+    stsb.parent.mkdir(parents=True)
+    stsb.write_text("".join(f"g\tf\t2012\t{i}\t{5 - float(r[4])}\t{r[2]}\t{r[3]}\n" for i, r in enumerate(rows)))
+    run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "a", steps=1, eval_every=1))
+    run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "b", steps=1, eval_every=1,
+                        select_on="stsb-dev", senteval_dir=tmp_path / "SentEval"))
+    first = [metrics_lines(tmp_path / run)[0]["sts_spearman"] for run in ("a", "b")]
+    assert first[0] == pytest.approx(-first[1], abs=1e-6) and abs(first[0]) > 0.01
+    capsys.readouterr()
+    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, tmp_path / "d", steps=1,
+                                             select_on="stsb-dev")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sts-dev.csv not found" in err and len(err.splitlines()) == 1

@@ -1,0 +1,225 @@
+"""The standard SentEval evaluation of a sentence encoder, as SimCSE runs it.
+
+    python -m bertcf.evaluate --encoder runs/<run> --senteval-dir data/SentEval [--tasks sts,transfer]
+                              [--mode test|dev|fasttest] [--json FILE]
+
+STS12-16 (SentEval's "all" setting), STS-B test and SICK-R test: Spearman ×100 of the cosine of
+raw vectors, and their average; ``--mode dev`` scores STS-B dev and SICK-R trial instead (for
+model selection). Transfer tasks (MR, CR, SUBJ, MPQA, SST2, TREC, MRPC): a logistic-regression
+probe on frozen vectors, accuracy ×100 (and F1 for MRPC); ``test`` picks the probe's L2
+strength by an inner validation as SentEval does, ``fasttest`` uses 5 folds and a fixed one.
+A task whose files are absent is skipped with a warning.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from . import senteval as se
+from .cli import ArgumentParser, run_main
+from .data import DataError
+from .errors import UsageError
+from .evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, CVClassificationEvaluator, ProbeSettings, STSEvaluator,
+                         SplitClassificationEvaluator, TrainTestClassificationEvaluator)
+from .files import write_json_atomic
+from .precision import resolve_device, resolve_precision
+
+logger = logging.getLogger("bertcf.senteval")
+
+MODES = ("test", "dev", "fasttest")
+TASK_GROUPS = {"sts": se.STS_TASKS, "transfer": se.TRANSFER_TASKS}
+
+
+def parse_tasks(text: str | list | tuple) -> list[str]:
+    """'sts,transfer' or task names ('STS12,CR') -> SentEval task names, in the standard order."""
+    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
+    known = {name.lower(): name for name in se.STS_TASKS + se.TRANSFER_TASKS}
+    chosen = set()
+    for item in filter(None, items):
+        if item.lower() in TASK_GROUPS:
+            chosen.update(TASK_GROUPS[item.lower()])
+        elif item.lower() in known:
+            chosen.add(known[item.lower()])
+        else:
+            raise UsageError(f"--tasks: unknown task {item!r} (sts, transfer, or one of "
+                             f"{', '.join(se.STS_TASKS + se.TRANSFER_TASKS)})")
+    if not chosen:
+        raise UsageError("--tasks: no task given")
+    return [t for t in se.STS_TASKS + se.TRANSFER_TASKS if t in chosen]
+
+
+def _files(task: str, mode: str) -> list[str]:
+    split = "dev" if mode == "dev" else "test"
+    if task in se.STS_YEARS:
+        return [str(p) for p in se.sts_year_files("", task)]
+    if task == "STSBenchmark":
+        return [se.STSB_FILES[split]]
+    if task == "SICKRelatedness":
+        return [se.SICK_FILES[split]]
+    return {"SST2": list(se.SST2_FILES.values()), "TREC": list(se.TREC_FILES.values()),
+            "MRPC": list(se.MRPC_FILES.values())}.get(task) or list(se.BINARY_FILES[task])
+
+
+def probe_settings(task: str, mode: str) -> ProbeSettings:
+    if mode == "fasttest":
+        return ProbeSettings(folds=5)
+    return ProbeSettings(folds=10, c_grid=KFOLD_GRID if task in ("TREC", "MRPC") else INNER_KFOLD_GRID)
+
+
+def build_evaluator(senteval_dir, task: str, mode: str = "test"):
+    """The evaluator of one SentEval task, its files read (DataError on a malformed line)."""
+    d = Path(senteval_dir)
+    split = "dev" if mode == "dev" else "test"
+    if task in se.STS_YEARS:
+        return STSEvaluator(task, se.read_sts_year(d, task))
+    if task == "STSBenchmark":
+        return STSEvaluator(task, {split: se.read_stsb(d / se.STSB_FILES[split])})
+    if task == "SICKRelatedness":
+        return STSEvaluator(task, {split: se.read_sick(d / se.SICK_FILES[split])})
+    settings = probe_settings(task, mode)
+    if task in se.BINARY_FILES:
+        return CVClassificationEvaluator(task, *se.read_binary(*(d / f for f in se.BINARY_FILES[task])), settings)
+    if task == "SST2":
+        return SplitClassificationEvaluator(task, {k: se.read_sst2(d / f) for k, f in se.SST2_FILES.items()}, settings)
+    reader = se.read_trec if task == "TREC" else se.read_mrpc
+    files = se.TREC_FILES if task == "TREC" else se.MRPC_FILES
+    return TrainTestClassificationEvaluator(task, reader(d / files["train"]), reader(d / files["test"]), settings,
+                                            pairs=task == "MRPC")
+
+
+def present_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
+    """The tasks of ``tasks`` whose files are all in ``senteval_dir`` (no warning)."""
+    return [t for t in tasks if not se.missing_files(senteval_dir, _files(t, mode))]
+
+
+def available_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
+    """The tasks of ``tasks`` whose files are all in ``senteval_dir``; each other one is skipped
+    with a warning naming its first missing file."""
+    found = []
+    for task in tasks:
+        missing = se.missing_files(senteval_dir, _files(task, mode))
+        if missing:
+            logger.warning("warning: %s skipped: %s not found", task, missing[0])
+        else:
+            found.append(task)
+    return found
+
+
+def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size: int = 64,
+             max_length: int | None = None, show_progress_bar: bool = False) -> dict:
+    """Run SentEval's ``tasks`` ('sts', 'transfer', task names) on a SentenceEncoder.
+
+    Every distinct sentence of every task is encoded once, in length-sorted batches, up to
+    ``max_length`` tokens (default: the model's max_position_embeddings, i.e. whole sentences).
+    Returns {"mode", "sts": {task: Spearman ×100}, "sts_avg", "sts_detail": {task: all, mean,
+    wmean, subsets}, "transfer": {task: {accuracy[, f1], n}}, "transfer_avg"}; averages are
+    over the tasks that ran (None when none did). Raises DataError when no task has its files."""
+    if mode not in MODES:
+        raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
+    tasks = parse_tasks(tasks)
+    if mode == "dev" and any(t in se.TRANSFER_TASKS for t in tasks):
+        raise UsageError("--mode dev scores STS-B dev and SICK-R trial only; run the transfer tasks "
+                         "with --mode test or fasttest")
+    if mode == "dev":
+        tasks = [t for t in tasks if t not in se.STS_YEARS]  # STS12-16 have no dev split
+    senteval_dir = se.check_dir(senteval_dir)
+    found = available_tasks(senteval_dir, tasks, mode)
+    if not found:
+        raise DataError(f"{senteval_dir}: none of the tasks {', '.join(tasks)} has its files "
+                        f"(layout: data/README.md, 'SentEval')")
+    evaluators = [build_evaluator(senteval_dir, task, mode) for task in found]
+
+    sentences = list(dict.fromkeys(s for e in evaluators for s in e.sentences()))
+    vectors = encoder.encode(sentences, batch_size=batch_size, show_progress_bar=show_progress_bar,
+                             max_length=max_length or encoder.bert.config.max_position_embeddings)
+    row = {s: i for i, s in enumerate(sentences)}
+
+    def embed(batch):
+        return vectors[[row[s] for s in batch]]
+
+    result = {"mode": mode, "sts": {}, "sts_avg": None, "sts_detail": {}, "transfer": {}, "transfer_avg": None}
+    for evaluator in tqdm(evaluators, desc="tasks", disable=not show_progress_bar, unit="task"):
+        scores = evaluator(embed)
+        if isinstance(evaluator, STSEvaluator):
+            result["sts"][evaluator.name] = scores[evaluator.main_metric]
+            result["sts_detail"][evaluator.name] = scores
+        else:
+            result["transfer"][evaluator.name] = scores
+    if result["sts"]:
+        result["sts_avg"] = sum(result["sts"].values()) / len(result["sts"])
+    if result["transfer"]:
+        result["transfer_avg"] = sum(r["accuracy"] for r in result["transfer"].values()) / len(result["transfer"])
+    return result
+
+
+def format_table(result: dict) -> str:
+    """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped."""
+    def table(names, values, avg):
+        cells = [f"{v:.2f}" if v is not None else "-" for v in values] + [f"{avg:.2f}" if avg is not None else "-"]
+        widths = [max(len(n), len(c)) for n, c in zip(names + ["Avg."], cells)]
+        rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+        line = lambda items: "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths)) + " |"
+        return "\n".join([rule, line(names + ["Avg."]), rule, line(cells), rule])
+
+    parts = []
+    if result["sts"]:
+        names = [t for t in se.STS_TASKS if result["mode"] != "dev" or t not in se.STS_YEARS]
+        parts.append(table(names, [result["sts"].get(t) for t in names], result["sts_avg"]))
+    if result["transfer"]:
+        names = list(se.TRANSFER_TASKS)
+        parts.append(table(names, [result["transfer"].get(t, {}).get("accuracy") for t in names],
+                           result["transfer_avg"]))
+        if "MRPC" in result["transfer"]:
+            parts.append(f"MRPC F1: {result['transfer']['MRPC']['f1']:.2f}")
+    return "\n".join(parts)
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m bertcf.evaluate",
+                                description="SentEval's STS and transfer tasks on a sentence encoder.")
+    p.add_argument("--encoder", required=True, help="checkpoint, run directory or Hugging Face BERT name/directory")
+    p.add_argument("--senteval-dir", default="data/SentEval",
+                   help="SentEval's data/downstream/ layout (default %(default)s; see data/README.md)")
+    p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names (default %(default)s)")
+    p.add_argument("--mode", choices=MODES, default="test",
+                   help="test; dev (STS-B dev + SICK-R trial); fasttest (5 folds, fixed probe strength)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--max-length", type=int, default=None,
+                   help="tokens per sentence (default: whole sentences, up to the model's maximum)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
+    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return p
+
+
+def main(argv=None) -> dict:
+    from .encoder import SentenceEncoder
+
+    args = build_parser().parse_args(argv)
+    for name in ("batch_size", "max_length"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
+    tasks = parse_tasks(args.tasks)  # bad flags before the model loads
+    device = resolve_device(args.device)
+    encoder = SentenceEncoder.from_pretrained(args.encoder).to(device)
+    encoder.precision = resolve_precision(args.precision, device)
+    result = evaluate(encoder, args.senteval_dir, tasks, args.mode, args.batch_size, args.max_length,
+                      show_progress_bar=not args.no_progress)
+    result["encoder"] = str(args.encoder)
+    print(format_table(result))
+    if args.json:
+        write_json_atomic(args.json, result)
+    return result
+
+
+def cli(argv=None) -> int:
+    return run_main(main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,277 @@
+"""SentEval's file formats, the STS aggregations, the transfer probes and `python -m bertcf.evaluate`."""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from bertcf import senteval as se
+from bertcf.data import DataError, PairExample
+from bertcf.evaluate import cli, evaluate, parse_tasks
+from bertcf.evaluators import (CVClassificationEvaluator, ProbeSettings, SplitClassificationEvaluator, STSEvaluator,
+                               TrainTestClassificationEvaluator)
+from bertcf.training import UsageError
+
+SHARED_SENTEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "senteval"
+WORDS = "man woman dog cat guitar piano music song film book street beach food water car train".split()
+
+
+def write(path: Path, lines, encoding="utf-8") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in lines), encoding=encoding)
+    return path
+
+
+def sentence(i: int) -> str:
+    return f"a {WORDS[i % len(WORDS)]}  and the {WORDS[(3 * i + 1) % len(WORDS)]} ."  # two spaces: normalised
+
+
+def write_sts_year(root: Path, year: str, n: int = 4, offset: int = 0) -> dict[str, list[float]]:
+    """Every subset of ``year`` with n + k pairs (k: the subset's index; one pair with an empty
+    score), no pair twice (ties in the cosines), plus STS.gs.ALL.txt."""
+    folder = se.sts_year_dir(root, year)
+    scores = {}
+    for k, subset in enumerate(se.STS_YEARS[year]):
+        m = n + k  # subsets of different sizes, so "mean" and "wmean" differ
+        gold = [f"{(i * 1.3 + k) % 5:.2f}" for i in range(m)]
+        gold[1] = ""
+        write(folder / f"STS.input.{subset}.txt", [f"{sentence(i + offset)} {k}\t{sentence(2 * i + k)}" for i in range(m)])
+        write(folder / f"STS.gs.{subset}.txt", gold)
+        scores[subset] = [float(g) for g in gold if g]
+    write(folder / "STS.gs.ALL.txt", ["garbage", "not a subset"])
+    return scores
+
+
+def write_senteval(root: Path) -> Path:
+    """A tiny SentEval directory: every STS and transfer task, a few lines each."""
+    for j, year in enumerate(se.STS_YEARS):
+        write_sts_year(root, year, offset=j)
+    for split, n in (("train", 6), ("dev", 6), ("test", 6)):
+        write(root / se.STSB_FILES[split], [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{i * 0.8:.3f}\t"
+                                            f"{sentence(i)}\t{sentence(i + 1)}" for i in range(n)])
+        write(root / se.SICK_FILES[split], ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+              + [f"{i}\t{sentence(i)}\t{sentence(i + 2)}\t{1 + i * 0.7:.1f}\tNEUTRAL" for i in range(n)])
+    for task, (pos, neg) in se.BINARY_FILES.items():
+        write(root / pos, [f"good {sentence(i)}" for i in range(10)], "latin-1")
+        write(root / neg, [f"bad {sentence(i)}" for i in range(10)], "latin-1")
+    for split in ("train", "dev", "test"):
+        write(root / se.SST2_FILES[split], [f"{'good' if i % 2 else 'bad'} {sentence(i)} \t{i % 2}" for i in range(10)])
+    for split in ("train", "test"):
+        write(root / se.TREC_FILES[split], [f"{se.TREC_CLASSES[i % 6]}:fine what is {sentence(i)} ?"
+                                             for i in range(30)], "latin-1")
+        write(root / se.MRPC_FILES[split], ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+              + [f"{i % 2}\t{i}\t{i + 100}\t{sentence(i)}\t{sentence(i if i % 2 else i + 5)}" for i in range(20)],
+              "utf-8-sig")
+    return root
+
+
+# ---- readers ----------------------------------------------------------------------------------
+def test_sts_year_reader_skips_empty_scores_and_ignores_non_subsets(tmp_path):
+    scores = write_sts_year(tmp_path, "STS13")
+    year = se.read_sts_year(tmp_path, "STS13")
+    assert list(year) == ["FNWN", "headlines", "OnWN"]  # not "ALL"
+    for subset, pairs in year.items():
+        assert [p.label for p in pairs] == scores[subset]
+    first = year["FNWN"][0]
+    assert first.sentence1 == "a man and the woman . 0" and first.id == "STS.input.FNWN.txt:1"
+
+
+def test_stsb_sick_readers(tmp_path):
+    write_senteval(tmp_path)
+    stsb = se.read_stsb(tmp_path / se.STSB_FILES["test"])
+    assert len(stsb) == 6 and stsb[2].label == 1.6 and stsb[2].sentence2 == sentence(3).replace("  ", " ")
+    sick = se.read_sick(tmp_path / se.SICK_FILES["test"])
+    assert len(sick) == 6 and sick[0].id == "0" and sick[1].label == pytest.approx(1.7)
+
+
+def test_transfer_readers(tmp_path):
+    write_senteval(tmp_path)
+    sentences, labels = se.read_binary(*(tmp_path / f for f in se.BINARY_FILES["MR"]))
+    assert len(sentences) == 20 and labels == [1] * 10 + [0] * 10 and sentences[0].startswith("good a man and")
+    sst, sst_labels = se.read_sst2(tmp_path / se.SST2_FILES["dev"])
+    assert sst[1] == "good " + sentence(1).replace("  ", " ") and sst_labels[:2] == [0, 1]
+    trec, trec_labels = se.read_trec(tmp_path / se.TREC_FILES["train"])
+    assert trec[0].startswith("what is a man") and trec_labels[:7] == [0, 1, 2, 3, 4, 5, 0]
+    pairs, mrpc_labels = se.read_mrpc(tmp_path / se.MRPC_FILES["test"])
+    assert len(pairs) == 20 and mrpc_labels[:2] == [0, 1] and pairs[0].id == "0-100"
+
+
+@pytest.mark.parametrize("relative, line, message", [
+    (se.STSB_FILES["test"], "x\ty\tz\t1\tfive\ta\tb", "line 2: score 'five' is not a number"),
+    (se.STSB_FILES["test"], "x\ty\tz\t1\t2.0\ta", "line 2: expected at least 7 tab-separated fields, found 6"),
+    (se.SST2_FILES["test"], "a fine film\t3", "line 2: label '3' is not one of 0, 1"),
+    (se.TREC_FILES["test"], "WHAT:x is it ?", "line 2: label 'WHAT' is not one of ABBR"),
+    (se.TREC_FILES["test"], "no colon here", "line 2: expected 'CLASS:fine question'"),
+])
+def test_malformed_line_names_file_and_line(tmp_path, relative, line, message):
+    write_senteval(tmp_path)
+    path = tmp_path / relative
+    lines = path.read_text(encoding="latin-1").splitlines()
+    write(path, lines[:1] + [line] + lines[2:], "latin-1")
+    reader = {se.STSB_FILES["test"]: se.read_stsb, se.SST2_FILES["test"]: se.read_sst2}.get(relative, se.read_trec)
+    with pytest.raises(DataError, match=str(path).replace(".", r"\.") + ".*" + message.split(": ")[0]) as error:
+        reader(path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_sts_input_and_gold_lengths_must_agree(tmp_path):
+    write_sts_year(tmp_path, "STS13")
+    gs = se.sts_year_dir(tmp_path, "STS13") / "STS.gs.OnWN.txt"
+    write(gs, gs.read_text().splitlines()[:-1])
+    with pytest.raises(DataError, match="STS.gs.OnWN.txt has 5 lines but .*STS.input.OnWN.txt has 6"):
+        se.read_sts_year(tmp_path, "STS13")
+
+
+# ---- the STS aggregations ----------------------------------------------------------------------
+def test_sts_aggregations_by_hand(tmp_path):
+    """all: Spearman over the concatenated subsets; mean / wmean: of the subsets' Spearman."""
+    write_sts_year(tmp_path, "STS15", n=5)
+    year = se.read_sts_year(tmp_path, "STS15")
+    rng = np.random.default_rng(0)
+    table = {s: torch.tensor(rng.normal(size=8), dtype=torch.float32)
+             for pairs in year.values() for p in pairs for s in (p.sentence1, p.sentence2)}
+    result = STSEvaluator("STS15", year)(lambda batch: torch.stack([table[s] for s in batch]))
+
+    def cos(p):
+        a, b = table[p.sentence1].double().numpy(), table[p.sentence2].double().numpy()
+        return a @ b / np.linalg.norm(a) / np.linalg.norm(b)
+
+    per = {k: 100 * stats.spearmanr([cos(p) for p in v], [p.label for p in v]).statistic for k, v in year.items()}
+    sizes = {k: len(v) for k, v in year.items()}
+    every = [p for v in year.values() for p in v]
+    assert result["all"] == pytest.approx(100 * stats.spearmanr([cos(p) for p in every],
+                                                                [p.label for p in every]).statistic, abs=1e-4)
+    assert result["mean"] == pytest.approx(sum(per.values()) / len(per), abs=1e-4)
+    assert result["wmean"] == pytest.approx(sum(per[k] * sizes[k] for k in per) / sum(sizes.values()), abs=1e-4)
+    assert {k: r["n"] for k, r in result["subsets"].items()} == sizes == {
+        "answers-forums": 4, "answers-students": 5, "belief": 6, "headlines": 7, "images": 8}
+    assert len({round(result[k], 6) for k in ("all", "mean", "wmean")}) == 3  # the three really differ
+
+
+# ---- the probes ----------------------------------------------------------------------------------
+def _separable(n: int = 40, dim: int = 6, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    labels = [i % 2 for i in range(n)]
+    vectors = {f"s{i}": torch.tensor(rng.normal(size=dim) + 4.0 * (2 * labels[i] - 1), dtype=torch.float32)
+               for i in range(n)}
+    return vectors, [f"s{i}" for i in range(n)], labels
+
+
+@pytest.mark.parametrize("settings", [ProbeSettings(folds=5), ProbeSettings(folds=4, c_grid=(0.25, 1.0, 4.0))])
+def test_probes_on_separable_vectors(settings):
+    vectors, names, labels = _separable()
+    embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
+    assert CVClassificationEvaluator("toy", names, labels, settings)(embed)["accuracy"] == 100.0
+    split = {"train": (names[:20], labels[:20]), "dev": (names[20:30], labels[20:30]), "test": (names[30:], labels[30:])}
+    assert SplitClassificationEvaluator("toy", split, settings)(embed) == {"accuracy": 100.0, "n": 10}
+    assert TrainTestClassificationEvaluator("toy", (names[:28], labels[:28]), (names[28:], labels[28:]),
+                                            settings)(embed)["accuracy"] == 100.0
+    # Pairs: label 1 iff both sentences are on the same side; [u, v, |u-v|, u*v] makes it linear (u*v).
+    pairs = [PairExample(str(i), names[i], names[(i + 1 + (i % 2)) % 40], 0.0) for i in range(40)]
+    pair_labels = [int(labels[int(p.id)] == labels[names.index(p.sentence2)]) for p in pairs]
+    result = TrainTestClassificationEvaluator("pairs", (pairs[:30], pair_labels[:30]), (pairs[30:], pair_labels[30:]),
+                                              settings, pairs=True)(embed)
+    assert result["accuracy"] == 100.0 and result["f1"] == 100.0
+
+
+def test_probe_is_at_chance_on_random_labels():
+    vectors, names, _ = _separable()
+    labels = list(np.random.default_rng(1).integers(0, 2, size=40))
+    embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
+    assert CVClassificationEvaluator("toy", names, labels, ProbeSettings(folds=5))(embed)["accuracy"] < 80.0
+
+
+# ---- evaluate() and the command line -----------------------------------------------------------
+def test_parse_tasks():
+    assert parse_tasks("sts") == list(se.STS_TASKS)
+    assert parse_tasks("cr, sts12,transfer")[:2] == ["STS12", "MR"]
+    with pytest.raises(UsageError, match="unknown task 'STS17'"):
+        parse_tasks("STS17")
+
+
+def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, capsys):
+    root = write_senteval(tmp_path / "SentEval")
+    out = tmp_path / "out" / "result.json"
+    assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--tasks", "sts,transfer",
+                "--mode", "fasttest", "--json", str(out), "--no-progress", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    header = [c.strip() for c in printed.splitlines()[1].split("|")[1:-1]]
+    assert header == ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "Avg."]
+    result = json.loads(out.read_text())
+    assert set(result["sts"]) == set(se.STS_TASKS) and set(result["transfer"]) == set(se.TRANSFER_TASKS)
+    assert result["sts_avg"] == pytest.approx(sum(result["sts"].values()) / 7)
+    assert result["sts"]["STS12"] == result["sts_detail"]["STS12"]["all"]
+    assert set(result["sts_detail"]["STS12"]["subsets"]) == set(se.STS_YEARS["STS12"])
+    assert "f1" in result["transfer"]["MRPC"] and result["transfer_avg"] is not None
+
+
+def test_encodes_each_distinct_sentence_once(tmp_path, tiny_bert_dir):
+    from bertcf import SentenceEncoder
+    root = write_senteval(tmp_path / "SentEval")
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    calls = []
+    encode = encoder.encode
+    encoder.encode = lambda sentences, **kw: calls.append(list(sentences)) or encode(sentences, **kw)
+    result = evaluate(encoder, root, "sts", mode="dev")
+    assert len(calls) == 1 and len(calls[0]) == len(set(calls[0]))
+    assert set(result["sts"]) == {"STSBenchmark", "SICKRelatedness"}  # dev mode: STS-B dev, SICK trial
+
+
+def test_missing_task_skipped_with_warning_and_none_left_is_an_error(tmp_path, tiny_bert_dir, caplog, capsys):
+    root = write_senteval(tmp_path / "SentEval")
+    (root / se.SICK_FILES["test"]).unlink()
+    from bertcf import SentenceEncoder
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    with caplog.at_level(logging.WARNING, logger="bertcf.senteval"):
+        result = evaluate(encoder, root, "STSBenchmark,SICKRelatedness")
+    assert list(result["sts"]) == ["STSBenchmark"]
+    assert any("SICKRelatedness skipped" in r.getMessage() and "SICK_test_annotated.txt" in r.getMessage()
+               for r in caplog.records)
+    assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--tasks", "SICKRelatedness"]) == 2
+    assert "error: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "nope"], "unknown task 'nope'"),
+    (["--mode", "dev", "--tasks", "transfer"], "--mode dev scores STS-B dev"),
+    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--senteval-dir", "/nonexistent/x"], "is not a directory"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, tiny_bert_dir, capsys, args, message):
+    root = write_senteval(tmp_path / "SentEval")
+    assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--no-progress", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_malformed_file_exits_2_and_json_not_written(tmp_path, tiny_bert_dir, capsys):
+    root = write_senteval(tmp_path / "SentEval")
+    write(root / se.STSB_FILES["test"], ["a\tb\tc\td\t9.5\tx\ty"])
+    out = tmp_path / "r.json"
+    assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "sts-test.csv line 1: score '9.5' is out of range" in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+# ---- the real files in ../shared/data/senteval ---------------------------------------------------
+def _shared(relative: str) -> Path:
+    path = SHARED_SENTEVAL / relative
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    return path
+
+
+def test_real_files_parse_with_senteval_sizes():
+    assert [len(se.read_stsb(_shared(se.STSB_FILES[s]))) for s in ("train", "dev", "test")] == [5749, 1500, 1379]
+    cr, cr_labels = se.read_binary(_shared(se.BINARY_FILES["CR"][0]), _shared(se.BINARY_FILES["CR"][1]))
+    assert (len(cr), sum(cr_labels)) == (3775, 2407)
+    mpqa, _ = se.read_binary(_shared(se.BINARY_FILES["MPQA"][0]), _shared(se.BINARY_FILES["MPQA"][1]))
+    assert len(mpqa) == 10606
+    assert [len(se.read_mrpc(_shared(se.MRPC_FILES[s]))[0]) for s in ("train", "test")] == [4076, 1725]
+    assert [len(se.read_sst2(_shared(se.SST2_FILES[s]))[0]) for s in ("train", "dev", "test")] == [67349, 872, 1821]
