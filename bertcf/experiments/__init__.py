@@ -1,0 +1,40 @@
+"""The report's experiments in one command: table 1, the ablations, the analysis, and the other objectives.
+
+    python -m bertcf.experiments table1     --model DIR --data-dir DIR --out-dir runs/experiments
+    python -m bertcf.experiments ablations  ...
+    python -m bertcf.experiments analysis   ...
+    python -m bertcf.experiments all        ...   (the three, stages trained once)
+    python -m bertcf.experiments objectives ...   (not in all: four more pretraining runs)
+
+Encoders (report table 1): MinBERT (``--model`` untouched), MinBERT-SimCSE (mirror stage,
+``--method simcse``), MinBERT-Mirror (mirror stage), MinBERT-flow (flow stage on ``--model``),
+BERT-CF (joint stage from the Mirror run). Ablations: SimCSE-joint (joint ``--method simcse``
+from the SimCSE run), MinBERT-joint (joint ``--unfreeze-encoder`` from ``--model``), Mirror-flow
+(flow stage from the Mirror run). Objectives (not in the report, so not part of ``all``):
+MinBERT-BSL, -CT, -TSDAE and -MLM (mirror stage, ``--method bsl|ct|tsdae|mlm``, from
+``--model``; see bertcf/objectives/), each one more pretraining run, with MinBERT and
+MinBERT-Mirror as reference rows (the latter once table1 or all has trained it in ``OUT``).
+
+Every stage is a run of ``bertcf.pretrain`` (``run_pretrain.py``) in ``OUT/stages/<name>/``,
+every fine-tuning a run of ``bertcf.multitask`` (``run_multitask.py``) in
+``OUT/finetune/<row>/``. A stage shared by several rows is trained once; a finished one
+(``experiment.json`` with status ``done``) is reused, an interrupted one is continued with
+``--resume``, so rerunning the same command carries on where it stopped. Settings not given
+on the command line default to the ones ``OUT`` was started with (``OUT/suite.json``).
+
+Outputs (each written atomically): ``table1.md/json``, ``ablations.md/json``,
+``analysis.md/json``, ``qualitative.md``, ``figures/*.png`` and ``tb/`` (TensorBoard:
+the cosine histograms and the tables as text); ``objectives.md/json``.
+
+The package: ``options`` (flags, suite.json), ``plan`` (what is trained, the runs and their state
+on disk), ``execute`` (running them), ``results`` (evaluating each row, cached), ``report``
+(rendering the outputs from those results) and ``suite`` (the command).
+"""
+from .options import build_parser, parse_args
+from .plan import MARKER, STAGES, Plan, Row
+from .report import REPORT_ABLATIONS, REPORT_ANALYSIS, REPORT_TABLE1
+from .results import FINETUNE_METRICS, finetune_metrics, pair_analysis, read_predictions
+from .suite import cli, main
+
+__all__ = ["build_parser", "parse_args", "MARKER", "STAGES", "Plan", "Row", "REPORT_ABLATIONS", "REPORT_ANALYSIS",
+           "REPORT_TABLE1", "FINETUNE_METRICS", "finetune_metrics", "pair_analysis", "read_predictions", "cli", "main"]

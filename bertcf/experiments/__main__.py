@@ -1,0 +1,5 @@
+import sys
+
+from .suite import cli
+
+sys.exit(cli())

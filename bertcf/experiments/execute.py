@@ -1,0 +1,79 @@
+"""Running the planned stages and fine-tunings, one after the other in this process: each keeps
+a marker (``experiment.json``: running, done, interrupted) so that the same command continues
+where it stopped."""
+from __future__ import annotations
+
+import shlex
+import shutil
+import time
+
+from ..data import DataError
+from ..errors import NonFiniteLossError, UsageError
+from ..files import write_json_atomic
+from .plan import MARKER, Plan, PlannedRun, entry_module, now
+
+
+class Interrupted(Exception):
+    """A stage stopped on Ctrl-C (its state is saved); rerunning the command continues it."""
+
+
+def command_line(task: PlannedRun) -> str:
+    script = "run_pretrain.py" if task.kind == "stage" else "run_multitask.py"
+    resume = ["--resume"] if task.state == "resume" else []
+    return shlex.join(["python", script] + task.argv + resume)
+
+def execute(plan: Plan, tasks: list[PlannedRun]) -> None:
+    """Run the planned runs in order; a finished one is reused."""
+    n = len(tasks)
+    for i, task in enumerate(tasks, 1):
+        head = f"[{i}/{n}] {task.label}: {task.description}"
+        if task.state == "done":
+            print(f"{head}: finished earlier, reused", flush=True)
+            continue
+        note = {"resume": " (continuing the interrupted run)",
+                "restart": " (the interrupted attempt left no checkpoint: starting it again)"}.get(task.state, "")
+        print(head + note, flush=True)
+        run_one(plan, task)
+
+def run_one(plan: Plan, task: PlannedRun) -> None:
+    """One stage or fine-tuning, in this process, with its marker (experiment.json) kept up to date."""
+    if task.state == "restart":
+        shutil.rmtree(task.dir)
+    task.dir.mkdir(parents=True, exist_ok=True)
+    dep = plan.stage_runs.get(task.depends) if task.depends else None
+    marker = {"status": "running", "kind": task.kind, "row": task.label, "settings": task.settings,
+              "argv": task.argv, "command": command_line(task),
+              "init_finished": (dep.marker.get("finished") if dep else None),
+              "started": task.marker.get("started", now()) if task.state == "resume" else now(),
+              "wall_s": task.marker.get("wall_s", 0.0) if task.state == "resume" else 0.0}
+    write_json_atomic(task.dir / MARKER, marker)
+    argv = task.argv + (["--resume"] if task.state == "resume" else [])
+    entry = entry_module(task.kind).main
+    what = f"{task.label} ({plan.rel(task.dir)})"
+    tick = time.perf_counter()
+    try:
+        result = entry(argv)
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise UsageError(f"{what}: the run stopped with exit status {e.code}") from None
+        result = None
+    except (UsageError, DataError, NonFiniteLossError) as e:
+        raise type(e)(f"{what}: {e}") from None
+    except Exception as e:
+        from minbert import CheckpointError
+        if isinstance(e, CheckpointError):
+            raise CheckpointError(f"{what}: {e}") from None
+        raise
+    finally:
+        marker["wall_s"] = marker["wall_s"] + time.perf_counter() - tick
+    summary = result if isinstance(result, dict) else {}
+    if summary.get("interrupted"):
+        marker["summary"] = summary
+        write_json_atomic(task.dir / MARKER, marker)
+        raise Interrupted(f"{what} was interrupted")
+    if not (task.dir / "best").is_dir():
+        raise UsageError(f"{what}: the run finished without a best/ checkpoint")
+    marker |= {"status": "done", "finished": now(), "summary": summary}
+    write_json_atomic(task.dir / MARKER, marker)
+    task.marker, task.state = marker, "done"
+

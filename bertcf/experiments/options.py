@@ -1,0 +1,100 @@
+"""The experiments command's flags, and the settings an output directory keeps (``suite.json``):
+flags not given default to the ones ``OUT`` was started with."""
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from pathlib import Path
+
+from ..cli import ArgumentParser
+from ..errors import UsageError
+
+SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
+COMMANDS = ("table1", "ablations", "analysis", "objectives", "all")
+ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
+#: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
+SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
+              "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
+              "stage_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs")
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m bertcf.experiments",
+                       description="The report's experiments in one command: table 1, the ablations, the "
+                                   "analysis, and the other objectives.")
+    p.add_argument("command", choices=COMMANDS,
+                   help="what to produce (all: table1, ablations and analysis; objectives is run on its own)")
+    p.add_argument("--model", default="bert-base-uncased", help="the BERT every encoder starts from (default %(default)s)")
+    p.add_argument("--data-dir", default="data", help="CS224N files (default %(default)s)")
+    p.add_argument("--out-dir", default="runs/experiments", help="everything goes here (default %(default)s)")
+    g = p.add_argument_group("pretraining corpus (passed to every stage)")
+    g.add_argument("--corpus", default=None, help="one sentence per line (default: DATA_DIR/wiki1m_for_simcse.txt)")
+    g.add_argument("--corpus-from-tasks", action="store_true", help="the unlabeled sentences of the task train files")
+    g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
+    g = p.add_argument_group("scale")
+    g.add_argument("--steps-scale", type=float, default=1.0,
+                   help="multiplies the report's steps (stages 10^4 each, multitask 5000); default %(default)s")
+    g.add_argument("--finetune-steps-scale", type=float, default=None,
+                   help="multiplies the report's 5000 multitask steps (default: --steps-scale)")
+    g.add_argument("--eval-every", type=int, default=None, help="passed to every run (default: each stage's own)")
+    g.add_argument("--max-train-examples", type=int, default=None, help="passed to every fine-tuning run")
+    g.add_argument("--max-length", type=int, default=32,
+                   help="tokens per sentence in the stages' training (default %(default)s)")
+    g.add_argument("--eval-max-length", type=int, default=None,
+                   help="tokens per sentence in every unsupervised evaluation: the stages' best-checkpoint choice, "
+                        "the unsupervised column, analysis and qualitative tables (default: the model's "
+                        "max_position_embeddings, i.e. whole sentences)")
+    g.add_argument("--seed", type=int, default=11711)
+    g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    g.add_argument("--stage-args", default="", help="more flags for every run_pretrain.py run, e.g. '--batch-size 32'")
+    g.add_argument("--finetune-args", default="", help="more flags for every run_multitask.py run")
+    g = p.add_argument_group("what to run")
+    g.add_argument("--rows", default=None,
+                   help="comma-separated rows to run (names or keys, e.g. MinBERT,BERT-CF; default: all of the command's)")
+    g.add_argument("--no-finetune", action="store_true", help="table1: no multitask fine-tuning (unsupervised column only)")
+    g.add_argument("--max-analysis-pairs", type=int, default=5000,
+                   help="analysis: QQP train pairs sampled for alignment/uniformity (0: all; default %(default)s)")
+    g.add_argument("--qualitative-pairs", type=int, default=10, help="examples in each qualitative table")
+    g.add_argument("--dry-run", action="store_true", help="print the plan and the stage commands, run nothing")
+    g = p.add_argument_group("SentEval (when its STS files are there)")
+    g.add_argument("--senteval-dir", default=None,
+                   help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
+    g.add_argument("--transfer", action="store_true", help="also the transfer tasks' average (fasttest) in table1")
+    return p
+
+
+def parse_args(argv=None):
+    """Parse flags; the settings of SUITE_KEYS not given default to OUT/suite.json's."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    suite = Path(args.out_dir) / SUITE_FILE
+    args.saved_settings = None
+    if suite.is_file():
+        try:
+            saved = json.loads(suite.read_text())["settings"]
+        except (ValueError, KeyError, TypeError):
+            raise UsageError(f"{suite} is not a settings file written by this command") from None
+        parser.set_defaults(**{k: v for k, v in saved.items() if k in SUITE_KEYS})
+        args = parser.parse_args(argv)
+        args.saved_settings = saved
+    if args.steps_scale <= 0 or not math.isfinite(args.steps_scale):
+        raise UsageError(f"--steps-scale must be positive, not {args.steps_scale}")
+    if args.finetune_steps_scale is not None and not args.finetune_steps_scale > 0:
+        raise UsageError(f"--finetune-steps-scale must be positive, not {args.finetune_steps_scale}")
+    for name in ("eval_every", "max_train_examples", "max_sentences", "max_length", "eval_max_length",
+                 "qualitative_pairs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
+    if args.max_analysis_pairs < 0:
+        raise UsageError(f"--max-analysis-pairs must be >= 0, not {args.max_analysis_pairs}")
+    if args.corpus and args.corpus_from_tasks:
+        raise UsageError("give either --corpus or --corpus-from-tasks, not both")
+    for name in ("stage_args", "finetune_args"):
+        try:
+            setattr(args, name + "_list", shlex.split(getattr(args, name)))
+        except ValueError as e:
+            raise UsageError(f"--{name.replace('_', '-')}: {e}") from None
+    return args
+

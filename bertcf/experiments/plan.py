@@ -1,0 +1,348 @@
+"""What the experiments train (the report's stages and rows), and the plan of one command: every
+stage and fine-tuning as a ``PlannedRun`` with its command line and its state on disk (finished,
+interrupted, new), checked before anything runs."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from ..data import DataError, task_file
+from ..errors import UsageError
+from ..files import recover_dir
+from ..precision import resolve_device
+from ..training import STATE_FILE
+from .options import ALL
+
+MARKER = "experiment.json"  # in every stage / fine-tuning directory this command runs
+#: The report's steps per stage; ``--steps-scale`` multiplies them.
+REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 5000}
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One run of ``run_pretrain.py`` in OUT/stages/<name>."""
+    name: str
+    stage: str              # mirror | joint | flow
+    method: str
+    init: str | None        # another StageSpec's name, or None for --model
+    flags: tuple = ()
+    what: str = ""
+
+
+STAGES = {s.name: s for s in (
+    StageSpec("simcse", "mirror", "simcse", None, what="SimCSE pretraining (dropout only)"),
+    StageSpec("mirror", "mirror", "mirror", None, what="Mirror-BERT pretraining (dropout + span masking)"),
+    StageSpec("flow", "flow", "flow", None, what="flow on L_flow alone, encoder frozen"),
+    StageSpec("bertcf", "joint", "mirror", "mirror", what="joint flow + 0.3 L_mirror, encoder frozen"),
+    StageSpec("simcse-joint", "joint", "simcse", "simcse", what="joint flow + 0.3 L_simcse, encoder frozen"),
+    StageSpec("minbert-joint", "joint", "mirror", None, ("--unfreeze-encoder",),
+              what="joint flow + 0.3 L_mirror, encoder unfrozen"),
+    StageSpec("mirror-flow", "flow", "flow", "mirror", what="flow on L_flow alone (no regulariser)"),
+    StageSpec("bsl", "mirror", "bsl", None, what="BSL: BYOL-style bootstrapping to an EMA target, no negatives"),
+    StageSpec("ct", "mirror", "ct", None, what="Contrastive Tension: two encoder copies, pair dot products, BCE"),
+    StageSpec("tsdae", "mirror", "tsdae", None, what="TSDAE: rebuild the sentence from one vector after token deletion"),
+    StageSpec("mlm", "mirror", "mlm", None, what="masked language modelling"),
+)}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str               # as in the report
+    key: str                # directory-safe name
+    stage: str | None       # the StageSpec whose best/ is the row's encoder; None: --model itself
+
+
+TABLE1_ROWS = (Row("MinBERT", "minbert", None), Row("MinBERT-SimCSE", "simcse", "simcse"),
+               Row("MinBERT-Mirror", "mirror", "mirror"), Row("MinBERT-flow", "flow", "flow"),
+               Row("BERT-CF", "bertcf", "bertcf"))
+ABLATION_ROWS = (Row("SimCSE-joint", "simcse-joint", "simcse-joint"),
+                 Row("MinBERT-joint", "minbert-joint", "minbert-joint"),
+                 Row("Mirror-flow", "mirror-flow", "mirror-flow"))
+OBJECTIVE_ROWS = (Row("MinBERT-BSL", "bsl", "bsl"), Row("MinBERT-CT", "ct", "ct"),
+                  Row("MinBERT-TSDAE", "tsdae", "tsdae"), Row("MinBERT-MLM", "mlm", "mlm"))
+ROW_OF_STAGE = {r.stage: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS if r.stage}
+HISTOGRAM_ROWS = ("MinBERT", "BERT-CF")  # the report's appendix figures
+
+
+@dataclass
+class PlannedRun:
+    """One run of ``run_pretrain.py`` (a stage) or ``run_multitask.py`` (a fine-tuning)."""
+    kind: str                       # "stage" or "finetune"
+    label: str                      # the row it is for, as printed
+    dir: Path
+    argv: list
+    settings: dict
+    description: str
+    spec: StageSpec | None = None
+    row: Row | None = None
+    depends: str | None = None      # the stage this one starts from
+    state: str = "new"              # new | done | resume | restart
+    marker: dict = field(default_factory=dict)
+
+
+def steps_for(stage: str, scale: float) -> int:
+    return max(1, round(REPORT_STEPS[stage] * scale))
+
+
+def abs_if_path(value):
+    """Local paths are compared resolved (a hub name is kept as it is)."""
+    if value is None:
+        return None
+    return str(Path(value).resolve()) if Path(value).exists() else str(value)
+
+
+def read_json(path):
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def now() -> str:
+    return datetime.now().isoformat(timespec="seconds")
+
+
+def entry_module(kind: str):
+    """The module behind a planned run's command: bertcf.pretrain or bertcf.multitask."""
+    if kind == "stage":
+        from .. import pretrain
+        return pretrain
+    from .. import multitask
+    return multitask
+
+
+class Plan:
+    """What one command trains: its rows, every stage and fine-tuning run (``stage_runs``,
+    ``finetune_runs``, each inspected on disk) and their checks, before anything runs."""
+
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out_dir)
+        self.data_dir = Path(args.data_dir)
+        self.commands = list(ALL) if args.command == "all" else [args.command]
+        self.finetune = "table1" in self.commands and not args.no_finetune
+        self.ft_scale = args.finetune_steps_scale or args.steps_scale
+        self.table1_rows, self.ablation_rows, self.objective_rows = self._select_rows()
+        self.device = None
+
+    @property
+    def rows(self) -> list[Row]:
+        return self.table1_rows + self.ablation_rows + self.objective_rows
+
+    # -- rows and plan ---------------------------------------------------------------------------
+    def _select_rows(self):
+        table1 = list(TABLE1_ROWS) if {"table1", "analysis"} & set(self.commands) else []
+        ablations = list(ABLATION_ROWS) if "ablations" in self.commands else []
+        objectives = list(OBJECTIVE_ROWS) if "objectives" in self.commands else []
+        if self.args.rows:
+            wanted = [w.strip().lower() for w in self.args.rows.split(",") if w.strip()]
+            offered = table1 + ablations + objectives
+            known = {r.name.lower(): r for r in offered} | {r.key: r for r in offered}
+            unknown = [w for w in wanted if w not in known]
+            if unknown:
+                names = ", ".join(r.name for r in offered)
+                raise UsageError(f"--rows: {', '.join(unknown)} is not a row of {self.args.command} (rows: {names})")
+            chosen = {known[w] for w in wanted}
+            table1 = [r for r in table1 if r in chosen]
+            ablations = [r for r in ablations if r in chosen]
+            objectives = [r for r in objectives if r in chosen]
+        return table1, ablations, objectives
+
+    def stage_dir(self, name: str) -> Path:
+        return self.out / "stages" / name
+
+    def finetune_dir(self, row: Row) -> Path:
+        return self.out / "finetune" / row.key
+
+    def rel(self, path) -> str:
+        try:
+            return str(Path(path).relative_to(self.out))
+        except ValueError:
+            return str(path)
+
+    def encoder_of(self, row: Row) -> str:
+        """The row's encoder: --model, or its stage's best/ checkpoint (named explicitly: a run
+        directory also holds a config.json, the run's settings)."""
+        return self.args.model if row.stage is None else str(self.stage_dir(row.stage) / "best")
+
+    def _common(self) -> list[str]:
+        a = self.args
+        argv = ["--model", a.model, "--data-dir", str(a.data_dir), "--seed", str(a.seed)]
+        if a.eval_every:
+            argv += ["--eval-every", str(a.eval_every)]
+        if a.device:
+            argv += ["--device", a.device]
+        return argv
+
+    def stage_run(self, spec: StageSpec, label: str) -> PlannedRun:
+        a = self.args
+        steps = steps_for(spec.stage, a.steps_scale)
+        argv = ["--stage", spec.stage, "--method", spec.method]
+        if spec.init:
+            argv += ["--init", str(self.stage_dir(spec.init) / "best")]
+        argv += self._common() + ["--out-dir", str(self.stage_dir(spec.name)), "--steps", str(steps),
+                                  "--max-length", str(a.max_length)]
+        if a.corpus:
+            argv += ["--corpus", a.corpus]
+        if a.corpus_from_tasks:
+            argv += ["--corpus-from-tasks"]
+        if a.max_sentences:
+            argv += ["--max-sentences", str(a.max_sentences)]
+        if a.eval_max_length:
+            argv += ["--eval-max-length", str(a.eval_max_length)]
+        argv += list(spec.flags) + a.stage_args_list
+        settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
+                    "model": abs_if_path(a.model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
+                    "eval_every": a.eval_every, "seed": a.seed, "max_length": a.max_length,
+                    "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus),
+                    "corpus_from_tasks": a.corpus_from_tasks,
+                    "max_sentences": a.max_sentences, "flags": list(spec.flags), "extra_args": a.stage_args_list}
+        start = f"stages/{spec.init}" if spec.init else "--model"
+        method = f" --method {spec.method}" if spec.stage != "flow" else ""
+        flags = f" {' '.join(spec.flags)}" if spec.flags else ""
+        description = (f"{spec.stage} stage{method}{flags} from {start} -> stages/{spec.name}, "
+                       f"{steps} steps ({spec.what})")
+        return PlannedRun("stage", label, self.stage_dir(spec.name), argv, settings, description, spec=spec,
+                    depends=spec.init)
+
+    def finetune_run(self, row: Row) -> PlannedRun:
+        a = self.args
+        steps = steps_for("multitask", self.ft_scale)
+        argv = ["--encoder", self.encoder_of(row)] + self._common()[2:] + [
+            "--out-dir", str(self.finetune_dir(row)), "--steps", str(steps)]
+        if a.max_train_examples:
+            argv += ["--max-train-examples", str(a.max_train_examples)]
+        argv += a.finetune_args_list
+        settings = {"encoder": row.stage or "--model", "model": abs_if_path(a.model),
+                    "data_dir": abs_if_path(a.data_dir), "steps": steps, "eval_every": a.eval_every,
+                    "seed": a.seed, "max_train_examples": a.max_train_examples, "extra_args": a.finetune_args_list}
+        source = f"stages/{row.stage}" if row.stage else "--model"
+        description = f"multitask fine-tuning of {source} -> finetune/{row.key}, {steps} steps"
+        return PlannedRun("finetune", row.name, self.finetune_dir(row), argv, settings, description, row=row,
+                    depends=row.stage)
+
+    def runs(self) -> list[PlannedRun]:
+        """Every stage and fine-tuning as a PlannedRun (inspected on disk); returns the ones this
+        command runs, dependencies first."""
+        wanted_rows = self.table1_rows + self.ablation_rows + self.objective_rows
+        self.stage_runs = {name: self.stage_run(spec, ROW_OF_STAGE[name].name) for name, spec in STAGES.items()}
+        self.finetune_runs = {row.key: self.finetune_run(row) for row in TABLE1_ROWS}
+        for t in list(self.stage_runs.values()) + list(self.finetune_runs.values()):
+            self._inspect(t)
+        tasks = []
+
+        def need(stage: str, for_row: Row):
+            task = self.stage_runs[stage]
+            if any(t is task for t in tasks):
+                return
+            if STAGES[stage].init:
+                need(STAGES[stage].init, for_row)
+            owner = ROW_OF_STAGE[stage]
+            task.label = owner.name if owner in wanted_rows else f"{owner.name} (for {for_row.name})"
+            tasks.append(task)
+
+        for row in wanted_rows:
+            if row.stage:
+                need(row.stage, row)
+        if self.finetune:
+            tasks += [self.finetune_runs[r.key] for r in self.table1_rows]
+        return tasks
+
+    # -- state of a run directory -------------------------------------------------------------------
+    _RUN_ENTRIES = {"config.json", "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json", MARKER}
+
+    def _inspect(self, task: PlannedRun) -> None:
+        """Set task.state: done (finished, reuse), resume (continue from last/), restart
+        (an attempt that left no checkpoint: cleared and started again) or new."""
+        d = task.dir
+        task.marker = read_json(d / MARKER) or {}
+        if task.marker.get("status") == "done":
+            task.state = "done"
+            return
+        last = recover_dir(d / "last") if d.exists() else d / "last"
+        if (last / STATE_FILE).is_file():
+            task.state = "resume"
+        elif d.exists() and any(d.iterdir()):
+            task.state = "restart"
+        else:
+            task.state = "new"
+
+    def _problem(self, task: PlannedRun) -> str | None:
+        """Why a finished or interrupted run cannot be used as it is: it was started with
+        other settings, or from a version of its starting stage that has changed since."""
+        if task.state not in ("done", "resume"):
+            return None
+        if task.marker.get("settings") is not None:
+            old, new = task.marker["settings"], json.loads(json.dumps(task.settings))
+            diff = [f"{k}={old.get(k)!r} (now {new.get(k)!r})" for k in sorted(set(old) | set(new))
+                    if old.get(k) != new.get(k)]
+            if diff:
+                return f"{task.dir} was started with other settings: {', '.join(diff)}"
+        if task.depends:
+            dep = self.stage_runs[task.depends]
+            dep_finished = dep.marker.get("finished") if dep.state == "done" else None
+            if task.marker.get("init_finished") not in (None, dep_finished):
+                return f"{task.dir} was trained from a stages/{task.depends} that has changed since"
+        return None
+
+    def usable(self, task: PlannedRun | None) -> bool:
+        """A finished run whose results belong in this command's tables."""
+        return task is not None and task.state == "done" and self._problem(task) is None
+
+    def _check(self, task: PlannedRun) -> None:
+        problem = self._problem(task)
+        if problem:
+            raise UsageError(f"{problem}; delete {task.dir} to run it again, or use another --out-dir")
+        if task.state == "restart":
+            unknown = [p.name for p in task.dir.iterdir()
+                       if p.name not in self._RUN_ENTRIES and not p.name.startswith(".")]
+            if unknown:
+                raise UsageError(f"{task.dir} holds files this command did not write ({', '.join(unknown[:3])}); "
+                                 f"move them away or use another --out-dir")
+
+    def preflight(self, tasks: list[PlannedRun]) -> None:
+        a = self.args
+        if not self.data_dir.is_dir():
+            raise DataError(f"--data-dir {self.data_dir} is not a directory (see data/README.md)")
+        needed = [task_file(self.data_dir, "sts", "dev")]
+        if "analysis" in self.commands:
+            needed += [task_file(self.data_dir, "quora", "train")]
+        if self.finetune:
+            needed += [task_file(self.data_dir, t, s) for t in ("sst", "quora", "sts") for s in ("train", "dev")]
+        pretraining = any(t.kind == "stage" and t.state != "done" for t in tasks)
+        if pretraining:
+            if a.corpus_from_tasks:
+                needed += [task_file(self.data_dir, t, "train") for t in ("sst", "quora", "sts")]
+            elif a.corpus:
+                needed += [Path(a.corpus)]
+            elif not (self.data_dir / "wiki1m_for_simcse.txt").is_file():
+                raise UsageError(f"no pretraining corpus: give --corpus FILE or --corpus-from-tasks "
+                                 f"({self.data_dir / 'wiki1m_for_simcse.txt'} not found)")
+        missing = list(dict.fromkeys(str(p) for p in needed if not Path(p).is_file()))
+        if missing:
+            raise DataError(f"missing input file(s): {', '.join(missing)} (see data/README.md)")
+        for t in tasks:
+            self._check(t)
+            if t.state != "done":
+                self._validate_flags(t)
+        self.device = resolve_device(a.device)
+
+    def _validate_flags(self, task: PlannedRun) -> None:
+        """Parse a run's command line with its own parser now, so a bad --stage-args fails
+        before hours of training instead of after."""
+        module = entry_module(task.kind)
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                ns = module.build_parser().parse_args(task.argv)
+                if task.kind == "stage":
+                    module.check_args(ns)
+        except SystemExit:
+            message = stderr.getvalue().strip().splitlines()
+            raise UsageError(f"{task.description.split(',')[0]}: {message[-1] if message else 'bad flags'}") from None
+        except UsageError as e:
+            raise UsageError(f"{task.description.split(',')[0]}: {e}") from None

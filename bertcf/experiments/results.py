@@ -1,0 +1,177 @@
+"""The numbers the tables show, per row: each encoder evaluated once (unsupervised STS dev, the
+SentEval suite when its files are there, alignment and uniformity on QQP train), cached in
+``OUT/eval/`` by what they depend on, plus the fine-tuned metrics and the stage's own record."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from ..data import read_quora, read_sts, task_file
+from ..files import write_json_atomic
+from .plan import Plan, Row, abs_if_path, read_json
+
+#: Our key -> its name in the multitask stage's metrics.json (multitask.METRICS and
+#: multitask.SELECTION_METRIC).
+FINETUNE_METRICS = {"sst_accuracy": "sst_acc", "qqp_accuracy": "para_acc", "sts_pearson": "sts_pearson",
+                    "mean_dev": "mean_dev"}
+
+
+def finetune_metrics(metrics: dict) -> dict:
+    """Our four supervised keys from a multitask metrics.json (None where one is missing)."""
+    return {ours: None if metrics.get(name) is None else float(metrics[name])
+            for ours, name in FINETUNE_METRICS.items()}
+
+
+def read_predictions(path) -> dict[str, str]:
+    """A CS224N prediction file (a header, then ``id , prediction`` lines) -> {id: prediction}."""
+    out = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return out
+    for line in lines[1:]:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0]:
+            out[parts[0]] = parts[-1]
+    return out
+
+
+def pair_analysis(encoder, pairs, batch_size: int = 64) -> dict:
+    """Alignment over the positive pairs (label 1) and uniformity over every distinct sentence
+    of ``pairs`` (report section 6.3, on QQP train pairs)."""
+    import torch
+
+    from ..evaluation import alignment, uniformity
+
+    sentences = list(dict.fromkeys(s for p in pairs for s in (p.sentence1, p.sentence2)))
+    index = {s: i for i, s in enumerate(sentences)}
+    vectors = encoder.encode(sentences, batch_size=batch_size)
+    positives = [p for p in pairs if p.label == 1]
+    if positives:
+        x = vectors[torch.tensor([index[p.sentence1] for p in positives])]
+        y = vectors[torch.tensor([index[p.sentence2] for p in positives])]
+        align = alignment(x, y)
+    else:
+        align = float("nan")
+    unif = uniformity(vectors) if len(sentences) > 1 else float("nan")
+    return {"alignment": align, "uniformity": unif, "pairs": len(pairs), "positives": len(positives),
+            "sentences": len(sentences)}
+
+
+class Evaluation:
+    """Evaluates the rows of a ``Plan`` (whose runs are inspected) and returns plain data for the
+    report: {row key: {"sts", "senteval", "qqp", "finetune", "info"}}."""
+
+    def __init__(self, plan: Plan):
+        self.plan, self.args = plan, plan.args
+
+    @property
+    def senteval_dir(self) -> Path:
+        return Path(self.args.senteval_dir or self.plan.data_dir / "SentEval")
+
+    @property
+    def senteval_tasks(self) -> list[str]:
+        """The SentEval tasks whose files are there: STS (test sets), + transfer with --transfer."""
+        from ..evaluate import present_tasks
+        from ..senteval import STS_TASKS, TRANSFER_TASKS
+        sts = present_tasks(self.senteval_dir, STS_TASKS)
+        return sts + present_tasks(self.senteval_dir, TRANSFER_TASKS) if sts and self.args.transfer else sts
+
+    def present(self, row: Row) -> bool:
+        """The row's encoder exists: --model, or a usable finished stage."""
+        return row.stage is None or self.plan.usable(self.plan.stage_runs[row.stage])
+
+    def _stamp(self, row: Row):
+        if row.stage is None:
+            return {"model": abs_if_path(self.args.model)}
+        return {"stage": row.stage, "finished": self.plan.stage_runs[row.stage].marker.get("finished")}
+
+    def _cached(self, name: str, key: dict, compute):
+        path = self.plan.out / "eval" / f"{name}.json"
+        key = json.loads(json.dumps(key))
+        cached = read_json(path)
+        if cached and cached.get("key") == key:
+            return cached["value"]
+        value = compute()
+        write_json_atomic(path, {"key": key, "value": value})
+        return value
+
+    def _load_encoder(self, row: Row):
+        from ..encoder import SentenceEncoder
+        encoder = SentenceEncoder.from_pretrained(self.plan.encoder_of(row))
+        encoder.max_length = self.args.eval_max_length or encoder.bert.config.max_position_embeddings
+        return encoder.to(self.plan.device).eval()
+
+    def _senteval(self, encoder) -> dict:
+        from ..evaluate import evaluate
+        mode = "fasttest" if self.args.transfer else "test"  # STS is the same in both modes
+        return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode)
+
+    def _analysis_pairs(self):
+        pairs = read_quora(task_file(self.plan.data_dir, "quora", "train"))
+        k = self.args.max_analysis_pairs
+        if k and k < len(pairs):
+            pairs = random.Random(self.args.seed).sample(pairs, k)
+        return pairs
+
+    def rows(self, rows: list[Row], analysis: bool) -> dict:
+        """The present rows' results; ``analysis``: with alignment and uniformity on QQP train."""
+        from ..evaluation import evaluate_sts
+
+        a = self.args
+        sts_dev = read_sts(task_file(self.plan.data_dir, "sts", "dev"))
+        qqp = self._analysis_pairs() if analysis else None
+        results = {}
+        for row in rows:
+            results[row.key] = {"sts": None, "senteval": None, "qqp": None, "finetune": self.finetune(row),
+                                "info": self.info(row)}
+            if not self.present(row):
+                continue
+            stamp = self._stamp(row) | {"eval_max_length": a.eval_max_length or "model",
+                                        "data_dir": abs_if_path(a.data_dir)}
+            encoder = None
+
+            def load():
+                nonlocal encoder
+                if encoder is None:
+                    print(f"evaluating {row.name} ({self.plan.rel(self.plan.encoder_of(row))})", flush=True)
+                    encoder = self._load_encoder(row)
+                return encoder
+
+            def sts():
+                r = evaluate_sts(load(), sts_dev)
+                return r | {"cosines": r["cosines"].tolist()}
+
+            out = results[row.key]
+            out["sts"] = self._cached(f"{row.key}-sts-dev", stamp, sts)
+            if self.senteval_tasks:
+                key = self._stamp(row) | {"senteval_dir": abs_if_path(self.senteval_dir), "tasks": self.senteval_tasks}
+                out["senteval"] = self._cached(f"{row.key}-senteval", key, lambda: self._senteval(load()))
+            if analysis:
+                key = stamp | {"max_analysis_pairs": a.max_analysis_pairs, "seed": a.seed}
+                out["qqp"] = self._cached(f"{row.key}-qqp-train", key, lambda: pair_analysis(load(), qqp))
+            del encoder
+        return results
+
+    def finetune(self, row: Row) -> dict | None:
+        """The row's fine-tuned dev metrics, or None."""
+        task = self.plan.finetune_runs.get(row.key)
+        if not self.plan.usable(task):
+            return None
+        metrics = read_json(task.dir / "metrics.json")
+        return finetune_metrics(metrics) if isinstance(metrics, dict) else None
+
+    def info(self, row: Row) -> dict:
+        """The row's encoder, its stage's record (best STS dev Spearman, step, wall time) and its
+        fine-tuning's directory and wall time."""
+        info = {"encoder": self.args.model}
+        if row.stage is not None:
+            t = self.plan.stage_runs[row.stage]
+            s = t.marker.get("summary") or {}
+            info = {"encoder": str(t.dir / "best"), "stage_best_sts_spearman": s.get("best"),
+                    "stage_best_step": s.get("best_step"), "stage_wall_s": t.marker.get("wall_s")}
+        task = self.plan.finetune_runs.get(row.key)
+        if self.finetune(row) is not None:
+            info |= {"finetune_dir": str(task.dir), "finetune_wall_s": task.marker.get("wall_s")}
+        return info

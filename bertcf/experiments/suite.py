@@ -1,0 +1,76 @@
+"""The experiments command as a whole: plan, run what is missing, evaluate every row, write
+the outputs."""
+from __future__ import annotations
+
+import sys
+import time
+
+from ..cli import run_main
+from ..files import write_json_atomic
+from .execute import Interrupted, command_line, execute
+from .options import SUITE_FILE, SUITE_KEYS, parse_args
+from .plan import Plan, PlannedRun, now
+from .report import ABLATION_REFERENCES, OBJECTIVE_REFERENCES, Report, settings_json, settings_md
+from .results import Evaluation
+
+
+def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    started = time.perf_counter()
+    plan = Plan(args)
+    runs = plan.runs()
+    plan.preflight(runs)
+    if args.dry_run:
+        return dry_run(plan, runs)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    settings = {k: getattr(args, k) for k in SUITE_KEYS}
+    if args.saved_settings is not None and args.saved_settings != settings:
+        print(f"note: {plan.out / SUITE_FILE} is updated with this command's settings", flush=True)
+    write_json_atomic(plan.out / SUITE_FILE, {"settings": settings, "updated": now()})
+    execute(plan, runs)
+
+    evaluation = Evaluation(plan)
+    results = evaluation.rows(plan.rows, analysis="analysis" in plan.commands)
+    references = (ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
+                                                                        else [])
+    results |= evaluation.rows([r for r in references if r.key not in results], analysis=False)
+    report = Report(plan.out, settings_md(plan), settings_json(plan), argv, plan.data_dir, evaluation.senteval_dir,
+                    args.transfer, args.seed, args.qualitative_pairs)
+    summary = {}
+    if "table1" in plan.commands:
+        summary["table1"] = report.table1(plan.table1_rows, results)
+    if "ablations" in plan.commands:
+        summary["ablations"] = report.ablations(plan.ablation_rows, results)
+    if "objectives" in plan.commands:
+        summary["objectives"] = report.objectives(plan.objective_rows, results)
+    if "analysis" in plan.commands:
+        summary["analysis"] = report.analysis(plan.table1_rows, results)
+    wall = time.perf_counter() - started
+    print(f"done in {wall:.0f} s: " + ", ".join(plan.rel(p) for p in report.outputs) + f" in {plan.out}", flush=True)
+    return summary | {"outputs": report.outputs, "wall_s": wall}
+
+
+def dry_run(plan: Plan, tasks: list[PlannedRun]) -> dict:
+    """Print the plan and each run's command; run nothing."""
+    n = len(tasks)
+    for i, task in enumerate(tasks, 1):
+        state = {"done": "finished, would be reused", "resume": "would continue with --resume",
+                 "restart": "would be cleared and started again", "new": "would run"}[task.state]
+        print(f"[{i}/{n}] {task.label}: {task.description} [{state}]")
+        if task.state != "done":
+            print(f"    {command_line(task)}")
+    rows = ", ".join(r.name for r in plan.rows)
+    print(f"then: evaluate {rows} and write the {', '.join(plan.commands)} outputs into {plan.out}")
+    return {"tasks": [{"label": t.label, "kind": t.kind, "dir": str(t.dir), "state": t.state,
+                       "command": command_line(t)} for t in tasks]}
+
+
+def cli(argv=None) -> int:
+    try:
+        return run_main(main, argv)
+    except (Interrupted, KeyboardInterrupt) as e:
+        what = f"{e}; " if isinstance(e, Interrupted) else ""
+        print(f"\ninterrupted: {what}run the same command again to continue where it stopped", file=sys.stderr)
+        return 130
+
