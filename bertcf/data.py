@@ -1,4 +1,4 @@
-"""Data: readers for the CS224N task files and text corpora, and a downloader.
+"""Data: readers for the CS224N task files and text corpora (the downloader is bertcf.download).
 
 Task files (CS224N default final project, see ``data/README.md``) are tab-separated with a
 header row whose first column is an unnamed pandas index.  Columns are always selected by
@@ -10,49 +10,30 @@ applies, the line number, e.g. ``data/sts-train.csv line 17: similarity 'abc' is
 number``.  Rows that are skipped rather than rejected (blank sentences, empty labels) are
 reported in one warning per file on the ``bertcf.data`` logger.
 
-Command line::
-
-    python -m bertcf.data download --out data/ [--only cs224n|wiki1m] [--timeout S]
-    python -m bertcf.data download --senteval --out data/     (SentEval's files -> data/SentEval/)
+``python -m bertcf.data download ...`` runs the downloader (``bertcf.download``).
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
-import hashlib
-import http.client
 import logging
 import math
 import os
-import shutil
 import sys
-import tarfile
-import urllib.error
-import urllib.parse
-import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger("bertcf.data")
 
 __all__ = [
-    "DataError", "NetworkError", "SentenceExample", "PairExample",
-    "TASKS", "SPLITS", "TASK_FILES", "task_file",
+    "DataError", "SentenceExample", "PairExample", "TASKS", "SPLITS", "TASK_FILES", "task_file",
     "read_sst", "read_quora", "read_sts", "read_task", "read_corpus", "task_sentences",
-    "Source", "CS224N_REPO", "CS224N_COMMIT", "CS224N_BASE_URL", "CS224N_CHECKSUMS",
-    "WIKI1M_NAME", "WIKI1M_URL", "WIKI1M_LINES", "SOURCES", "SENTEVAL_SOURCE", "SENTEVAL_DIR",
-    "file_checksum", "verify_file", "download", "download_senteval", "main",
 ]
 
 
 class DataError(Exception):
     """Bad or missing input data.  ``str(error)`` is one line meant for the user."""
-
-
-class NetworkError(DataError):
-    """The download server cannot be reached (no network, refused, timed out)."""
 
 
 @dataclass
@@ -362,349 +343,6 @@ def task_sentences(data_dir: str | os.PathLike, min_words: int = 0) -> list[str]
     return unique
 
 
-# --------------------------------------------------------------------------------------
-# Downloader
-# --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Source:
-    """A file to download.
-
-    ``checksum`` is ``"sha256:<hex>"`` or ``"git-blob:<hex>"`` (a git blob id: sha1 of
-    ``b"blob <size>\\0" + bytes``), or None when none is known: then ``lines`` (if given)
-    is checked, and the sha256 is recorded in ``<name>.sha256`` on first download and
-    checked on later runs.
-    """
-
-    name: str
-    url: str
-    checksum: str | None = None
-    lines: int | None = None
-
-
-CS224N_REPO = "gpoesia/minbert-default-final-project"
-CS224N_COMMIT = "7ac8260577fc12a86c7aaf38918056c30054ef39"
-CS224N_BASE_URL = f"https://raw.githubusercontent.com/{CS224N_REPO}/{CS224N_COMMIT}/data/"
-
-#: Checksums of the CS224N files at CS224N_COMMIT (data/README.md).
-CS224N_CHECKSUMS: dict[str, str] = {
-    "ids-sst-train.csv": "sha256:03b2b625c090f94a6afd59f114cde5282e2053aab0b101e87ed695d8a0c5b1df",
-    "ids-sst-dev.csv": "sha256:a186ce94577635fbe10beaaddd50f16cccf6c30973221cefdf90deed2a584bfe",
-    "ids-sst-test-student.csv":
-        "sha256:bdd5a767faa0c26782117e37767ece154c30d5d04fb8727d09c71e3850a55c7b",
-    "quora-train.csv": "git-blob:a3b5546f6a0e65b60a328a5d294d1038f5bed1da",
-    "quora-dev.csv": "sha256:bfa3cc954a9ba300ae776a980141de65f622a3c1b97e3fd905d63245bc36d5ad",
-    "quora-test-student.csv": "git-blob:f257ef00558555afb50819578a58205732b16354",
-    "sts-train.csv": "sha256:15d12efc2d656fffb1d61ac1f08ec4227f43925fd16f420c037cbd063699c21b",
-    "sts-dev.csv": "sha256:ce3cad6f16062586ac7ba462c28b010a9be10c530fd5074165860d7b7ab4e93d",
-    "sts-test-student.csv":
-        "sha256:dee455745b72e9ca3ff74e7c056bd73e34bad5b8d5641045a2c1e7e131866f47",
-}
-
-WIKI1M_NAME = "wiki1m_for_simcse.txt"
-WIKI1M_URL = ("https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/"
-              "resolve/main/wiki1m_for_simcse.txt")
-WIKI1M_LINES = 1_000_000
-
-#: What ``download`` fetches, by group name (``--only``).
-SOURCES: dict[str, tuple[Source, ...]] = {
-    "cs224n": tuple(Source(name, CS224N_BASE_URL + name, checksum)
-                    for name, checksum in CS224N_CHECKSUMS.items()),
-    "wiki1m": (Source(WIKI1M_NAME, WIKI1M_URL, None, WIKI1M_LINES),),
-}
-
-#: SentEval's evaluation data as SimCSE's users get it (SimCSE's SentEval/data/downstream/
-#: download_dataset.sh): one tar of SentEval's data/downstream/ tree, unpacked into SENTEVAL_DIR.
-SENTEVAL_SOURCE = Source("senteval.tar", "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/"
-                                         "resolve/main/senteval.tar")
-SENTEVAL_DIR = "SentEval"
-
-_CHUNK = 1 << 20
-
-
-def file_checksum(path: str | os.PathLike, kind: str) -> str:
-    """Hex digest of a file: ``kind`` is 'sha256' or 'git-blob' (git's blob id)."""
-    path = Path(path)
-    if kind == "sha256":
-        digest = hashlib.sha256()
-    elif kind == "git-blob":
-        digest = hashlib.sha1(b"blob %d\0" % path.stat().st_size)
-    else:
-        raise ValueError(f"unknown checksum kind {kind!r} (expected 'sha256' or 'git-blob')")
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _count_lines(path: Path) -> int:
-    lines, last = 0, b"\n"
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            lines += chunk.count(b"\n")
-            last = chunk[-1:]
-    return lines + (last != b"\n")  # a last line without a newline still counts
-
-
-def _record_path(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
-
-
-def _recorded_sha256(path: Path) -> str | None:
-    try:
-        return _record_path(path).read_text(encoding="utf-8").split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def verify_file(path: str | os.PathLike, source: Source,
-                record_of: Path | None = None) -> str | None:
-    """Check ``path`` against ``source``; return None when valid, else the reason.
-
-    Without a checksum, the line count is checked and so is the sha256 recorded next to
-    ``record_of`` (default: ``path``) on first download, when there is one.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return "missing"
-    if source.checksum is not None:
-        kind, _, expected = source.checksum.partition(":")
-        actual = file_checksum(path, kind)
-        if actual != expected.lower():
-            return f"{kind} mismatch (expected {expected}, got {actual})"
-        return None
-    if source.lines is not None:
-        lines = _count_lines(path)
-        if lines != source.lines:
-            return f"has {lines:,} lines, expected {source.lines:,}"
-    record = _record_path(record_of or path)
-    recorded = _recorded_sha256(record_of or path)
-    if recorded is not None:
-        actual = file_checksum(path, "sha256")
-        if actual != recorded:
-            return (f"sha256 {actual} differs from the one recorded in {record} "
-                    f"({recorded}); delete {record.name} to accept the new file")
-    return None
-
-
-def _fetch(url: str, target: Path, timeout: float, progress: bool) -> None:
-    """Stream ``url`` into ``target``.  Raises HTTPError, NetworkError, OSError."""
-    from tqdm import tqdm
-
-    request = urllib.request.Request(url, headers={"User-Agent": "bertcf-data/1.0"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            size = response.headers.get("Content-Length")
-            with open(target, "wb") as out, tqdm(
-                total=int(size) if size and size.isdigit() else None, unit="B",
-                unit_scale=True, unit_divisor=1024, desc=target.name.removesuffix(".part"),
-                leave=False, disable=not progress,
-            ) as bar:
-                received = 0
-                while chunk := response.read(_CHUNK):
-                    out.write(chunk)
-                    received += len(chunk)
-                    bar.update(len(chunk))
-            if size and size.isdigit() and received != int(size):
-                raise OSError(f"incomplete download: got {received} of {size} bytes")
-    except urllib.error.HTTPError:
-        raise
-    except urllib.error.URLError as error:
-        raise NetworkError(_reason(error.reason)) from None
-    except (TimeoutError, ConnectionError) as error:
-        raise NetworkError(_reason(error)) from None
-
-
-def _reason(reason: object) -> str:
-    if isinstance(reason, TimeoutError):
-        return "timed out"
-    if isinstance(reason, OSError) and reason.strerror:
-        return reason.strerror
-    return str(reason) or type(reason).__name__
-
-
-def _download_one(source: Source, out_dir: Path, timeout: float, progress: bool) -> str | None:
-    """Download one file atomically (``<name>.part`` then rename); None or the failure."""
-    final = out_dir / source.name
-    part = out_dir / (source.name + ".part")
-    try:
-        try:
-            _fetch(source.url, part, timeout, progress)
-        except urllib.error.HTTPError as error:
-            return f"HTTP {error.code} {error.reason} for {source.url}"
-        problem = verify_file(part, source, record_of=final)
-        if problem is not None:
-            return f"downloaded file is invalid: {problem}"
-        os.replace(part, final)
-    except http.client.HTTPException as error:
-        return f"download interrupted ({error!r})"
-    except OSError as error:
-        return f"{error.strerror or error}" + (f": {error.filename}" if error.filename else "")
-    finally:
-        part.unlink(missing_ok=True)
-
-    if source.checksum is not None:
-        print(f"{source.name}: downloaded ({source.checksum.partition(':')[0]} ok)", flush=True)
-        return None
-    lines = f"{source.lines:,} lines, " if source.lines is not None else ""
-    print(f"{source.name}: downloaded ({lines}{_ensure_record(final)})", flush=True)
-    return None
-
-
-def _ensure_record(path: Path) -> str:
-    """Record the sha256 of ``path`` in ``<path>.sha256`` unless one is there; describe it."""
-    sha256 = file_checksum(path, "sha256")
-    record = _record_path(path)
-    if _recorded_sha256(path) is not None:
-        return f"sha256 {sha256} matches {record.name}"
-    record.write_text(f"{sha256}  {path.name}\n", encoding="utf-8")
-    return f"sha256 {sha256}, recorded in {record.name}"
-
-
-def download(out_dir: str | os.PathLike, only: str | None = None, *, timeout: float = 60.0,
-             base_url: str | None = None, sources: Iterable[Source] | None = None,
-             progress: bool = True) -> dict[str, str | None]:
-    """Download the datasets into ``out_dir``; returns ``{file name: None or failure}``.
-
-    ``only`` picks a group of :data:`SOURCES` ('cs224n' or 'wiki1m'; default all).
-    ``sources`` replaces the file list, ``base_url`` fetches every file from
-    ``<base_url>/<name>`` instead (a mirror, or a local server in tests).  Files already
-    present and valid are kept; others are fetched to ``<name>.part``, verified and renamed,
-    so an invalid or interrupted download never appears under the final name.  One status
-    line per file is printed (failures on stderr).  Raises :class:`NetworkError` (one line,
-    naming the files to place by hand) when the server cannot be reached.
-    """
-    if sources is None:
-        if only is not None and only not in SOURCES:
-            raise ValueError(f"unknown dataset {only!r} (expected one of {', '.join(SOURCES)})")
-        groups = [only] if only else list(SOURCES)
-        sources = [source for group in groups for source in SOURCES[group]]
-    sources = list(sources)
-    if base_url is not None:
-        base = base_url.rstrip("/") + "/"
-        sources = [Source(s.name, base + urllib.parse.quote(s.name), s.checksum, s.lines)
-                   for s in sources]
-    out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise DataError(f"cannot create {out_dir}: {error.strerror or error}") from None
-
-    results: dict[str, str | None] = {}
-    needed: list[Source] = []
-    for source in sources:
-        problem = verify_file(out_dir / source.name, source)
-        if problem is None:
-            note = "" if source.checksum else f"; {_ensure_record(out_dir / source.name)}"
-            print(f"{source.name}: ok (already present{note})", flush=True)
-            results[source.name] = None
-        else:
-            if problem != "missing":
-                print(f"{source.name}: present but invalid ({problem}); downloading again",
-                      flush=True)
-            needed.append(source)
-
-    for index, source in enumerate(needed):
-        try:
-            results[source.name] = _download_one(source, out_dir, timeout, progress)
-        except NetworkError as error:
-            host = urllib.parse.urlsplit(source.url).netloc or source.url
-            names = ", ".join(s.name for s in needed[index:])
-            raise NetworkError(
-                f"cannot download {source.name} from {host} ({error}): without network, put "
-                f"{names} into {out_dir}/ by hand (sources and file names: data/README.md)"
-            ) from None
-        if results[source.name] is not None:
-            print(f"{source.name}: FAILED: {results[source.name]}", file=sys.stderr, flush=True)
-    return results
-
-
-def download_senteval(out_dir: str | os.PathLike, *, timeout: float = 60.0, base_url: str | None = None,
-                      progress: bool = True) -> Path:
-    """Fetch SimCSE's ``senteval.tar`` into ``out_dir`` (sha256 recorded on first download, as
-    for Wiki1M), and unpack it into ``out_dir/SentEval`` in the layout of SentEval's
-    ``data/downstream/`` (STS/, SICK/, MR/, ...). The tree appears under its final name only once
-    it is complete. Returns that directory; raises DataError (NetworkError offline)."""
-    out_dir = Path(out_dir)
-    target = out_dir / SENTEVAL_DIR
-    if (target / "STS").is_dir():
-        print(f"{target}: ok (already unpacked; delete it to unpack again)", flush=True)
-        return target
-    try:
-        results = download(out_dir, sources=[SENTEVAL_SOURCE], timeout=timeout, base_url=base_url,
-                           progress=progress)
-    except NetworkError as error:
-        raise NetworkError(f"{error}; or put the unpacked files (SentEval's data/downstream/: STS/, SICK/, MR/, "
-                           f"...) into {target}/") from None
-    if results[SENTEVAL_SOURCE.name] is not None:
-        raise DataError(f"{SENTEVAL_SOURCE.name}: {results[SENTEVAL_SOURCE.name]}")
-    archive = out_dir / SENTEVAL_SOURCE.name
-    staging = out_dir / f".{SENTEVAL_DIR}.unpacking"
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(staging, filter="data")
-        root = next((d for d in [staging, *sorted(staging.rglob("*"))] if (d / "STS").is_dir()), None)
-        if root is None:
-            raise DataError(f"{archive} has no STS/ folder: not SentEval's data (delete it and download again)")
-        os.replace(root, target)
-    except (tarfile.TarError, EOFError) as error:
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise DataError(f"{archive} is not a valid tar archive ({reason}); delete it and "
-                        f"{_record_path(archive).name}, and download again") from None
-    except OSError as error:
-        raise DataError(f"cannot unpack {archive}: {error.strerror or error}") from None
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    print(f"{target}: unpacked from {archive.name}", flush=True)
-    return target
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m bertcf.data download --out DIR [--only ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m bertcf.data",
-                                     description="BERT-CF data tools (see data/README.md).")
-    commands = parser.add_subparsers(dest="command", required=True)
-    get = commands.add_parser(
-        "download", help="download and verify the CS224N task files and Wiki1M",
-        description="Download the CS224N task files and/or Wiki1M into --out, verifying "
-                    "checksums; files already present and valid are skipped.")
-    get.add_argument("--out", default="data", help="directory to put the files in (default: data)")
-    get.add_argument("--only", choices=sorted(SOURCES), help="download only this dataset")
-    get.add_argument("--senteval", action="store_true",
-                     help="download SentEval's evaluation data (SimCSE's senteval.tar) into OUT/SentEval instead")
-    get.add_argument("--timeout", type=float, default=60.0,
-                     help="network timeout in seconds for each connect/read (default: 60)")
-    get.add_argument("--base-url", help="fetch every file from BASE_URL/<name> (a mirror)")
-    get.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
-
-    if args.senteval:
-        if args.only:
-            parser.error("--senteval and --only exclude each other")
-        try:
-            download_senteval(args.out, timeout=args.timeout, base_url=args.base_url, progress=not args.no_progress)
-        except DataError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 1
-        return 0
-    try:
-        results = download(args.out, args.only, timeout=args.timeout, base_url=args.base_url,
-                           progress=not args.no_progress)
-    except DataError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    failed = [name for name, problem in results.items() if problem is not None]
-    if failed:
-        print(f"{len(failed)} of {len(results)} files failed: {', '.join(failed)}",
-              file=sys.stderr)
-        return 1
-    print(f"{args.out}: all {len(results)} requested file(s) are valid")
-    return 0
-
-
-if __name__ == "__main__":
+if __name__ == "__main__":  # ``python -m bertcf.data download ...``: the downloader's command line
+    from bertcf.download import main
     sys.exit(main())

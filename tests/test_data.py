@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bertcf import data
-from bertcf.data import DataError, PairExample, SentenceExample, Source
+from bertcf import data, download
+from bertcf.data import DataError, PairExample, SentenceExample
+from bertcf.download import Source
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "cs224n"
 OFFLINE = SHARED.parent / "cs224n-offline"
@@ -112,9 +113,9 @@ class TestRealFiles:
             data.read_task(SHARED, "quora", "train")
 
     def test_shared_files_match_downloader_checksums(self):
-        for source in data.SOURCES["cs224n"]:
+        for source in download.SOURCES["cs224n"]:
             if (SHARED / source.name).exists():
-                assert data.verify_file(SHARED / source.name, source) is None, source.name
+                assert download.verify_file(SHARED / source.name, source) is None, source.name
 
     @pytest.mark.skipif(not OFFLINE.is_dir(), reason=f"{OFFLINE} not present")
     def test_task_sentences_offline_dir(self):
@@ -326,21 +327,21 @@ def test_task_sentences_missing_file(tmp_path):
 
 def test_checksum_kinds(tmp_path):
     path = write(tmp_path / "hello", "hello\n")
-    assert data.file_checksum(path, "git-blob") == "ce013625030ba8dba906f756967f9e9ca394464a"
-    assert data.file_checksum(path, "sha256") == hashlib.sha256(b"hello\n").hexdigest()
+    assert download.file_checksum(path, "git-blob") == "ce013625030ba8dba906f756967f9e9ca394464a"
+    assert download.file_checksum(path, "sha256") == hashlib.sha256(b"hello\n").hexdigest()
     empty = write(tmp_path / "empty", "")
-    assert data.file_checksum(empty, "git-blob") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+    assert download.file_checksum(empty, "git-blob") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
 
 def test_default_sources():
-    cs224n = {s.name: s for s in data.SOURCES["cs224n"]}
+    cs224n = {s.name: s for s in download.SOURCES["cs224n"]}
     assert set(cs224n) == set(data.TASK_FILES.values())
     for name, source in cs224n.items():
         assert source.url == ("https://raw.githubusercontent.com/gpoesia/minbert-default-final-"
                               "project/7ac8260577fc12a86c7aaf38918056c30054ef39/data/" + name)
         assert source.checksum.split(":")[0] in ("sha256", "git-blob")
     assert cs224n["quora-train.csv"].checksum == "git-blob:a3b5546f6a0e65b60a328a5d294d1038f5bed1da"
-    (wiki,) = data.SOURCES["wiki1m"]
+    (wiki,) = download.SOURCES["wiki1m"]
     assert wiki.name == "wiki1m_for_simcse.txt" and wiki.lines == 1_000_000
     assert wiki.checksum is None and wiki.url.startswith("https://huggingface.co/")
 
@@ -377,12 +378,12 @@ def test_download_good_file_then_skip(server, tmp_path, capsys):
     write(root / "good.txt", body.decode())
     out = tmp_path / "out"
     sources = [Source("good.txt", base + "good.txt", "sha256:" + hashlib.sha256(body).hexdigest())]
-    assert data.download(out, sources=sources, progress=False) == {"good.txt": None}
+    assert download.download(out, sources=sources, progress=False) == {"good.txt": None}
     assert (out / "good.txt").read_bytes() == body and _files(out) == {"good.txt"}
     assert "good.txt: downloaded (sha256 ok)" in capsys.readouterr().out
     # Second run: present and valid, so the server is not asked (it no longer has the file).
     (root / "good.txt").unlink()
-    assert data.download(out, sources=sources, progress=False) == {"good.txt": None}
+    assert download.download(out, sources=sources, progress=False) == {"good.txt": None}
     assert "good.txt: ok (already present)" in capsys.readouterr().out
 
 
@@ -394,7 +395,7 @@ def test_download_replaces_invalid_present_file(server, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     write(out / "f.csv", "stale\n")
-    results = data.download(out, sources=[Source("f.csv", "unused", "git-blob:" + blob_id)],
+    results = download.download(out, sources=[Source("f.csv", "unused", "git-blob:" + blob_id)],
                             base_url=base, progress=False)
     assert results == {"f.csv": None} and (out / "f.csv").read_bytes() == body
     assert "present but invalid" in capsys.readouterr().out
@@ -405,7 +406,7 @@ def test_download_corrupt_file_fails_cleanly(server, tmp_path, capsys):
     write(root / "bad.txt", "tampered\n")
     out = tmp_path / "out"
     source = Source("bad.txt", base + "bad.txt", "sha256:" + "0" * 64)
-    results = data.download(out, sources=[source], progress=False)
+    results = download.download(out, sources=[source], progress=False)
     assert "sha256 mismatch" in results["bad.txt"]
     assert _files(out) == set()  # neither bad.txt nor bad.txt.part
     assert "bad.txt: FAILED" in capsys.readouterr().err
@@ -415,7 +416,7 @@ def test_download_missing_file_fails(server, tmp_path, capsys):
     _, base = server
     out = tmp_path / "out"
     source = Source("gone.txt", base + "gone.txt", "sha256:" + "0" * 64)
-    results = data.download(out, sources=[source], progress=False)
+    results = download.download(out, sources=[source], progress=False)
     assert results["gone.txt"].startswith("HTTP 404")
     assert _files(out) == set()
     assert "gone.txt: FAILED: HTTP 404" in capsys.readouterr().err
@@ -427,19 +428,19 @@ def test_download_without_checksum_counts_lines_and_records_sha256(server, tmp_p
     write(root / "corpus.txt", body)
     out = tmp_path / "out"
     source = Source("corpus.txt", base + "corpus.txt", None, lines=3)
-    assert data.download(out, sources=[source], progress=False) == {"corpus.txt": None}
+    assert download.download(out, sources=[source], progress=False) == {"corpus.txt": None}
     sha256 = hashlib.sha256(body.encode()).hexdigest()
     assert (out / "corpus.txt.sha256").read_text() == f"{sha256}  corpus.txt\n"
     assert sha256 in capsys.readouterr().out
     # Wrong line count: rejected, nothing left under the final name.
     wrong = Source("corpus.txt", base + "corpus.txt", None, lines=4)
     (out / "corpus.txt").unlink()
-    result = data.download(out, sources=[wrong], progress=False)["corpus.txt"]
+    result = download.download(out, sources=[wrong], progress=False)["corpus.txt"]
     assert "has 3 lines, expected 4" in result
     assert not (out / "corpus.txt").exists()
     # The server now serves other content with the right line count: differs from the record.
     write(root / "corpus.txt", "other one\nother two\nother three\n")
-    result = data.download(out, sources=[source], progress=False)["corpus.txt"]
+    result = download.download(out, sources=[source], progress=False)["corpus.txt"]
     assert "differs from the one recorded" in result
     assert _files(out) == {"corpus.txt.sha256"}
 
@@ -453,7 +454,7 @@ def _refused_port() -> int:
 def test_main_without_network_prints_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("no_proxy", "*")
     out = tmp_path / "data"
-    rc = data.main(["download", "--out", str(out), "--only", "cs224n", "--timeout", "5",
+    rc = download.main(["download", "--out", str(out), "--only", "cs224n", "--timeout", "5",
                     "--base-url", f"http://127.0.0.1:{_refused_port()}/"])
     captured = capsys.readouterr()
     assert rc == 1
@@ -472,11 +473,11 @@ def test_main_with_real_checksums(server, tmp_path, capsys):
         shutil.copy(path, root / path.name)
     out = tmp_path / "data"
     argv = ["download", "--out", str(out), "--only", "cs224n", "--base-url", base, "--no-progress"]
-    assert data.main(argv) == 1  # quora-train.csv and quora-test-student.csv are not served
+    assert download.main(argv) == 1  # quora-train.csv and quora-test-student.csv are not served
     captured = capsys.readouterr()
     assert "2 of 9 files failed: quora-train.csv, quora-test-student.csv" in captured.err
     assert _files(out) == {p.name for p in SHARED.glob("*.csv")}
-    assert data.main(argv) == 1
+    assert download.main(argv) == 1
     assert captured.out.count("downloaded (sha256 ok)") == 7
     assert capsys.readouterr().out.count("ok (already present)") == 7
 
@@ -514,13 +515,13 @@ def test_download_senteval_unpacks_and_records_sha256(server, tmp_path, capsys):
     archive = _senteval_tar(root / "senteval.tar")
     out = tmp_path / "data"
     argv = ["download", "--senteval", "--out", str(out), "--base-url", base, "--no-progress"]
-    assert data.main(argv) == 0
+    assert download.main(argv) == 0
     assert (out / "SentEval" / "STS" / "STSBenchmark" / "sts-test.csv").read_text().startswith("g\tf")
     assert (out / "SentEval" / "CR" / "custrev.pos").is_file()
     sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
     assert (out / "senteval.tar.sha256").read_text() == f"{sha256}  senteval.tar\n"
     assert not list(out.glob(".SentEval*"))  # no staging folder left
-    assert data.main(argv) == 0
+    assert download.main(argv) == 0
     assert "already unpacked" in capsys.readouterr().out
 
 
@@ -531,11 +532,11 @@ def test_download_senteval_rejects_a_changed_or_broken_archive(server, tmp_path,
     (out / "senteval.tar.sha256").write_text("0" * 64 + "  senteval.tar\n")
     _senteval_tar(root / "senteval.tar")
     argv = ["download", "--senteval", "--out", str(out), "--base-url", base, "--no-progress"]
-    assert data.main(argv) == 1  # differs from the recorded sha256
+    assert download.main(argv) == 1  # differs from the recorded sha256
     assert "differs from the one recorded" in capsys.readouterr().err
     (out / "senteval.tar.sha256").unlink()
     (root / "senteval.tar").write_bytes(b"not a tar at all" * 100)
-    assert data.main(argv) == 1
+    assert download.main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a valid tar archive" in err[0]
     assert not (out / "SentEval").exists() and not list(out.glob(".SentEval*"))
@@ -544,7 +545,7 @@ def test_download_senteval_rejects_a_changed_or_broken_archive(server, tmp_path,
 def test_download_senteval_offline_says_where_to_put_the_files(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("no_proxy", "*")
     out = tmp_path / "data"
-    rc = data.main(["download", "--senteval", "--out", str(out), "--timeout", "5",
+    rc = download.main(["download", "--senteval", "--out", str(out), "--timeout", "5",
                     "--base-url", f"http://127.0.0.1:{_refused_port()}/"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1
