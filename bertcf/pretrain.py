@@ -186,7 +186,7 @@ def train(args, device) -> dict:
     def save_model(directory):
         """The encoder (and flow) checkpoint. A frozen encoder never changes during the run, so
         once a checkpoint of it exists its weights are hard-linked rather than written again at
-        every evaluation (440 MB at bert-base size, twice: last/ and best/)."""
+        every evaluation (twice: last/ and best/)."""
         written = [d / "model.safetensors" for d in (run.dir / "last", run.dir / "best")]
         reuse = next((f for f in written if f.is_file()), None) if objective.encoder_frozen else None
         encoder.save_pretrained(directory, link_weights_from=reuse)

@@ -54,7 +54,7 @@ def set_rng_state(state: dict) -> None:
 # ---- optimiser ---------------------------------------------------------------------------------
 def make_optimizer(params, lr: float, weight_decay: float, device) -> torch.optim.AdamW:
     """AdamW, as one fused kernel on a GPU and on the CPU (where torch's default loops over the
-    parameters one by one: fused is 4x to 8x faster there, see docs/BENCHMARKS.md). Biases,
+    parameters one by one; docs/BENCHMARKS.md has the figures). Biases,
     LayerNorm/ActNorm and other 1-D parameters get no weight decay, as in BERT. ``params``: the
     parameters, or parameter groups ({"params": [...], "lr": x}) for parts with their own
     learning rate (a group without "lr" gets ``lr``)."""

@@ -240,7 +240,7 @@ class BertSelfAttention(nn.Module):
         # Where flash attention cannot run (the CPU, fp32, older GPUs), pad the packed Q, K, V of
         # each group of sentences for scaled_dot_product_attention and pack its output again.
         # Split before padding, so that the backward of the split joins gradients of the real
-        # tokens only (3-8% of the CPU multitask step; docs/BENCHMARKS.md).
+        # tokens only (faster on the CPU; docs/BENCHMARKS.md has the figure).
         outputs = []
         for group in attn.groups:
             n, t = group.key_mask.shape[0], group.key_mask.shape[-1]
