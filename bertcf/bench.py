@@ -105,7 +105,7 @@ def load_models(model: str | None, tiny: bool = False, seed: int = 11711):
 class Encoder(nn.Module):
     """Either implementation behind minBERT's call, ``(input_ids, attention_mask,
     token_type_ids=None, num_tokens=None) -> {'last_hidden_state': [b, t, D]}``, so that every
-    workload (and :class:`bertcf.multitask.MultitaskModel`) runs the same code on both.
+    workload (and :class:`bertcf.multitask_model.MultitaskModel`) runs the same code on both.
 
     ``compile_``: minBERT compiles layer by layer (:meth:`minbert.BertModel.compile`),
     transformers as a whole model, both with ``dynamic=True`` (the batch shapes change from
@@ -319,7 +319,7 @@ class Multitask(Workload):
 
     def build(self, bert):
         from .encoder import SentenceEncoder
-        from .multitask import MultitaskLoss, MultitaskModel
+        from .multitask_model import MultitaskLoss, MultitaskModel
 
         torch.manual_seed(0)  # the same initial heads for both implementations
         model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), proj_dim=768, sst_dropout=0.3,

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .distributed import gather_with_grad
+from .distributed import dist_info, gather_with_grad
 
 
 def sample_span_lengths(n: int, p: float, cap: int, generator=None) -> torch.Tensor:
@@ -70,7 +70,7 @@ class InfoNCE(nn.Module):
             both = gather_with_grad(torch.stack([a, p], dim=1))
             if both.shape[0] != a.shape[0]:
                 all_a, all_p = both[:, 0], both[:, 1]
-                offset = torch.distributed.get_rank() * a.shape[0]
+                offset = dist_info()[0] * a.shape[0]
         rows = torch.arange(a.shape[0], device=a.device)
         # float32 even under autocast: bf16 cosines (3 digits) divided by tau = 0.05 are off by ~0.05.
         with torch.autocast(device_type=a.device.type, enabled=False):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertcf import experiments, multitask, pretrain
+from bertcf import experiments, multitask_model, pretrain
 from bertcf.data import PairExample
 from bertcf.evaluation import alignment, uniformity
 from conftest import write_cs224n_files
@@ -62,7 +62,8 @@ def test_pair_analysis_matches_a_direct_computation():
 
 def test_finetune_metric_names_and_prediction_files(tmp_path):
     # The names are the ones bertcf.multitask writes to metrics.json.
-    assert set(experiments.FINETUNE_METRICS.values()) == set(multitask.METRICS.values()) | {multitask.SELECTION_METRIC}
+    assert (set(experiments.FINETUNE_METRICS.values())
+            == set(multitask_model.METRICS.values()) | {multitask_model.SELECTION_METRIC})
     m = experiments.finetune_metrics({"sst_acc": 0.4, "para_acc": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
                                       "sst_dev_examples": 12})
     assert m == {"sst_accuracy": 0.4, "qqp_accuracy": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3}

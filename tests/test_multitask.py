@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertcf import multitask as mt
+from bertcf import multitask_model as mtm
 from bertcf.data import read_quora, read_sst, read_sts
 from bertcf.encoder import SentenceEncoder
 from bertcf.flow import Glow
@@ -47,7 +48,7 @@ def test_sst_loss_is_cross_entropy():
     logits = torch.tensor([[2.0, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
     labels = torch.tensor([0, 3])
     expected = (-math.log(math.exp(2) / (math.exp(2) + 4)) + math.log(5)) / 2
-    assert mt.SSTLoss()(logits, labels).item() == pytest.approx(expected, abs=1e-6)
+    assert mtm.SSTLoss()(logits, labels).item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_hinge_cosine_loss_by_hand():
@@ -57,7 +58,7 @@ def test_hinge_cosine_loss_by_hand():
     # cos: 1, 0, 0.7071, 0, -1 -> y = max(cos, 0.7): 1, 0.7, 0.7071, 0.7, 0.7
     # duplicates 1 - y: 0.3 (row 1, clamped), 1 - 0.7071 (row 2); non-duplicates y - h: 0.3, 0, 0
     expected = (0.3 + 0.3 + (1 - R) + 0 + 0) / 5
-    loss = mt.HingeCosineLoss(margin=0.7)(p1, p2, labels)
+    loss = mtm.HingeCosineLoss(margin=0.7)(p1, p2, labels)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     loss.backward()
     # The clamp: rows whose cosine is below h get no gradient (rows 1, 3, 4).
@@ -67,9 +68,9 @@ def test_hinge_cosine_loss_by_hand():
 
 def test_hinge_cosine_loss_margin_is_a_parameter():
     p1, p2 = torch.tensor([[1.0, 0]]), torch.tensor([[1.0, 1.0]])
-    assert mt.HingeCosineLoss(0.0)(p1, p2, torch.tensor([0.0])).item() == pytest.approx(R, abs=1e-6)
-    assert mt.HingeCosineLoss(0.9)(p1, p2, torch.tensor([0.0])).item() == pytest.approx(0.0, abs=1e-7)
-    assert mt.HingeCosineLoss(0.9)(p1, p2, torch.tensor([1.0])).item() == pytest.approx(0.1, abs=1e-6)
+    assert mtm.HingeCosineLoss(0.0)(p1, p2, torch.tensor([0.0])).item() == pytest.approx(R, abs=1e-6)
+    assert mtm.HingeCosineLoss(0.9)(p1, p2, torch.tensor([0.0])).item() == pytest.approx(0.0, abs=1e-7)
+    assert mtm.HingeCosineLoss(0.9)(p1, p2, torch.tensor([1.0])).item() == pytest.approx(0.1, abs=1e-6)
 
 
 def test_cosine_regression_loss_by_hand():
@@ -78,38 +79,38 @@ def test_cosine_regression_loss_by_hand():
     scores = torch.tensor([0.0, 5.0, 2.5, 4.0])
     # h = 0: y = 0 (cos -1 clamped), 1, 0.7071, 0; targets = scores / 5 = 0, 1, 0.5, 0.8
     expected = (0 + 0 + (R - 0.5) ** 2 + 0.8 ** 2) / 4
-    assert mt.CosineRegressionLoss()(p1, p2, scores).item() == pytest.approx(expected, abs=1e-6)
+    assert mtm.CosineRegressionLoss()(p1, p2, scores).item() == pytest.approx(expected, abs=1e-6)
     # h = 0.5: y = 0.5, 1, 0.7071, 0.5; targets = 0.5 + 0.5 * scores / 5 = 0.5, 1, 0.75, 0.9
     expected = (0 + 0 + (R - 0.75) ** 2 + 0.4 ** 2) / 4
-    assert mt.CosineRegressionLoss(0.5)(p1, p2, scores).item() == pytest.approx(expected, abs=1e-6)
+    assert mtm.CosineRegressionLoss(0.5)(p1, p2, scores).item() == pytest.approx(expected, abs=1e-6)
 
 
 def test_label_scaling():
-    assert mt.scale_scores(torch.tensor([0.0, 2.5, 5.0]), 0.0).tolist() == pytest.approx([0, 0.5, 1])
-    assert mt.scale_scores(torch.tensor([0.0, 2.5, 5.0]), 0.6).tolist() == pytest.approx([0.6, 0.8, 1])
+    assert mtm.scale_scores(torch.tensor([0.0, 2.5, 5.0]), 0.0).tolist() == pytest.approx([0, 0.5, 1])
+    assert mtm.scale_scores(torch.tensor([0.0, 2.5, 5.0]), 0.6).tolist() == pytest.approx([0.6, 0.8, 1])
 
 
 # ---- prediction rules and metrics ---------------------------------------------------------------
 def test_prediction_rules():
-    assert mt.predict_sentiment(torch.tensor([[0.1, 3, 0, 0, 0], [0, 0, 0, 0, 9.0]])).tolist() == [1, 4]
+    assert mtm.predict_sentiment(torch.tensor([[0.1, 3, 0, 0, 0], [0, 0, 0, 0, 9.0]])).tolist() == [1, 4]
     # duplicate when y >= (1 + h) / 2 = 0.85
     y = torch.tensor([0.85, 0.8499, 0.7, 1.0])
-    assert mt.predict_paraphrase(y, 0.7).tolist() == [1, 0, 0, 1]
-    assert mt.predict_paraphrase(torch.tensor([0.5, 0.49]), 0.0).tolist() == [1, 0]
+    assert mtm.predict_paraphrase(y, 0.7).tolist() == [1, 0, 0, 1]
+    assert mtm.predict_paraphrase(torch.tensor([0.5, 0.49]), 0.0).tolist() == [1, 0]
     # STS: y rescaled from [h, 1] to [0, 5]
-    assert mt.predict_similarity(torch.tensor([0.7, 1.0, 0.85]), 0.7).tolist() == pytest.approx([0, 5, 2.5])
-    assert mt.predict_similarity(torch.tensor([0.0, 0.2, 1.0]), 0.0).tolist() == pytest.approx([0, 1, 5])
+    assert mtm.predict_similarity(torch.tensor([0.7, 1.0, 0.85]), 0.7).tolist() == pytest.approx([0, 5, 2.5])
+    assert mtm.predict_similarity(torch.tensor([0.0, 0.2, 1.0]), 0.0).tolist() == pytest.approx([0, 1, 5])
 
 
 def test_metrics_on_known_inputs():
-    assert mt.task_metric("sst", [1, 2, 3, 4], [1, 2, 0, 0]) == pytest.approx(0.5)
-    assert mt.task_metric("para", [1, 0, 1], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
-    assert mt.task_metric("sts", [0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
-    assert mt.task_metric("sts", [2.0, 1.0, 0.0], [1.0, 3.0, 5.0]) == pytest.approx(-1.0)
+    assert mtm.task_metric("sst", [1, 2, 3, 4], [1, 2, 0, 0]) == pytest.approx(0.5)
+    assert mtm.task_metric("para", [1, 0, 1], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
+    assert mtm.task_metric("sts", [0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
+    assert mtm.task_metric("sts", [2.0, 1.0, 0.0], [1.0, 3.0, 5.0]) == pytest.approx(-1.0)
     # r of [1, 2, 3] and [1, 3, 2] is 0.5
-    assert mt.task_metric("sts", [1.0, 2.0, 3.0], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
-    assert mt.task_metric("sts", [2.5, 2.5, 2.5], [1.0, 3.0, 5.0]) == 0.0  # constant: 0, not NaN
-    assert mt.mean_dev({"sst_acc": 0.5, "para_acc": 0.8, "sts_pearson": 0.2}) == pytest.approx(0.5)
+    assert mtm.task_metric("sts", [1.0, 2.0, 3.0], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
+    assert mtm.task_metric("sts", [2.5, 2.5, 2.5], [1.0, 3.0, 5.0]) == 0.0  # constant: 0, not NaN
+    assert mtm.mean_dev({"sst_acc": 0.5, "para_acc": 0.8, "sts_pearson": 0.2}) == pytest.approx(0.5)
 
 
 # ---- per-task batch cycling -------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
     """MultitaskModel.forward encodes every task's sentences in one pass; without dropout that
     equals encoding each task's batch (padded on its own) and applying its head."""
     torch.manual_seed(0)
-    model = mt.MultitaskModel(SentenceEncoder.from_pretrained(tiny_bert_dir), proj_dim=8).eval()
+    model = mtm.MultitaskModel(SentenceEncoder.from_pretrained(tiny_bert_dir), proj_dim=8).eval()
     g = torch.Generator().manual_seed(1)
     lists = {task: [[2] + torch.randint(5, 90, (int(n),), generator=g).tolist() + [3]
                     for n in torch.randint(1, 12, (rows,), generator=g)]
@@ -174,10 +175,10 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
 
     # MultitaskLoss is the weighted sum of the three losses on those outputs.
     labels = {"sst": torch.tensor([0, 4, 2]), "para": torch.tensor([1.0, 0.0]), "sts": torch.tensor([3.5])}
-    loss, parts = mt.MultitaskLoss({"sst": 5, "para": 20, "sts": 1}, para_margin=0.7, sts_margin=0.0)(out, labels)
-    expected = {"sst": mt.SSTLoss()(out["sst"], labels["sst"]),
-                "para": mt.HingeCosineLoss(0.7)(*out["para"], labels["para"]),
-                "sts": mt.CosineRegressionLoss(0.0)(*out["sts"], labels["sts"])}
+    loss, parts = mtm.MultitaskLoss({"sst": 5, "para": 20, "sts": 1}, para_margin=0.7, sts_margin=0.0)(out, labels)
+    expected = {"sst": mtm.SSTLoss()(out["sst"], labels["sst"]),
+                "para": mtm.HingeCosineLoss(0.7)(*out["para"], labels["para"]),
+                "sts": mtm.CosineRegressionLoss(0.0)(*out["sts"], labels["sts"])}
     assert parts == expected
     torch.testing.assert_close(loss, 5 * expected["sst"] + 20 * expected["para"] + expected["sts"])
 
@@ -270,7 +271,7 @@ def test_tensorboard_has_each_loss_and_metric(straight_run):
 
 
 def test_best_checkpoint_rebuilds_the_model(straight_run):
-    model = mt.MultitaskModel.from_pretrained(straight_run)  # a run directory stands for its best/
+    model = mtm.MultitaskModel.from_pretrained(straight_run)  # a run directory stands for its best/
     assert model.config["proj_dim"] == 768 and model.para_margin == 0.7 and model.sts_margin == 0.0
     heads = load_file(str(straight_run / "best" / "heads.safetensors"))
     assert set(heads) == set(model.heads_state_dict())
@@ -352,7 +353,7 @@ def test_flow_checkpoint_gives_F_x_and_the_flow_is_fine_tuned(tiny_bert_dir, dat
     (run_dir / "config.json").write_text(json.dumps({"stage": "joint"}))
     flow_before = load_file(str(run_dir / "best" / "flow.safetensors"))
 
-    model = mt.MultitaskModel(SentenceEncoder.from_pretrained(mt.resolve_encoder_source(run_dir)))
+    model = mtm.MultitaskModel(SentenceEncoder.from_pretrained(mt.resolve_encoder_source(run_dir)))
     model.eval()
     ids, mask = torch.tensor([[2, 100, 200, 3]]), torch.ones(1, 4, dtype=torch.long)
     u = model.encoder.embed(ids, mask)
@@ -419,7 +420,7 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
     for k in b:
         atol = 3 * 1e-3 if k.endswith("attention.self.key.bias") else 1e-5  # see tests/test_pretrain.py
         torch.testing.assert_close(a[k].double(), b[k].double(), rtol=0, atol=atol, msg=k)
-    heads_a, heads_b = (load_file(str(d / "last" / mt.HEADS_FILE)) for d in (ddp, single))
+    heads_a, heads_b = (load_file(str(d / "last" / mtm.HEADS_FILE)) for d in (ddp, single))
     for k in heads_b:
         torch.testing.assert_close(heads_a[k], heads_b[k], rtol=0, atol=1e-5, msg=k)
     logged = [json.loads(line) for line in (ddp / "metrics.jsonl").read_text().splitlines()]

@@ -11,8 +11,8 @@ from ..data import read_quora, read_sts, task_file
 from ..files import write_json_atomic
 from .plan import Plan, Row, abs_if_path, read_json
 
-#: Our key -> its name in the multitask stage's metrics.json (multitask.METRICS and
-#: multitask.SELECTION_METRIC).
+#: Our key -> its name in the multitask stage's metrics.json (multitask_model.METRICS and
+#: multitask_model.SELECTION_METRIC).
 FINETUNE_METRICS = {"sst_accuracy": "sst_acc", "qqp_accuracy": "para_acc", "sts_pearson": "sts_pearson",
                     "mean_dev": "mean_dev"}
 

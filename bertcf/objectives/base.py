@@ -23,14 +23,6 @@ def setting(args, name: str):
     return DEFAULTS[name] if value is None else value
 
 
-def local_rows(b: int, rank: int = 0, world: int = 1) -> slice:
-    """Rank ``rank``'s rows of a global batch of ``b`` (contiguous)."""
-    if b % world:
-        raise ValueError(f"batch of {b} is not divisible by {world} processes")
-    per = b // world
-    return slice(rank * per, (rank + 1) * per)
-
-
 def maskable_positions(mask, special) -> torch.Tensor:
     """[b, t] bool: the real, non-special tokens (what an objective may mask or delete)."""
     return mask.bool() & ~special.bool()

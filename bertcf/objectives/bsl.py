@@ -8,9 +8,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..contrastive import span_mask
-from ..distributed import dist_info, gather_with_grad
+from ..distributed import dist_info, gather_with_grad, local_rows
 from ..encoder import pool
-from .base import Objective, local_rows, setting
+from .base import Objective, setting
 
 
 class GatheredBatchNorm1d(nn.BatchNorm1d):
@@ -22,10 +22,10 @@ class GatheredBatchNorm1d(nn.BatchNorm1d):
     Every rank must pass the same number of rows."""
 
     def forward(self, x):
-        if not self.training or dist_info()[1] == 1:
+        rank, world = dist_info()
+        if not self.training or world == 1:
             return super().forward(x)
-        rank, b = torch.distributed.get_rank(), x.shape[0]
-        return super().forward(gather_with_grad(x))[rank * b:(rank + 1) * b]
+        return super().forward(gather_with_grad(x))[local_rows(world * x.shape[0], rank, world)]
 
 
 class BSL(Objective):

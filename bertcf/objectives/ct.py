@@ -6,8 +6,9 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from ..distributed import local_rows
 from ..encoder import pool
-from .base import Objective, local_rows, setting
+from .base import Objective, setting
 
 
 class ContrastiveTension(Objective):

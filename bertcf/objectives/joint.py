@@ -5,9 +5,9 @@ import sys
 
 import torch
 
-from ..distributed import is_main_process
+from ..distributed import is_main_process, local_rows
 from ..flow import ActNorm, Glow, flow_loss, gaussian_nll
-from .base import Objective, local_rows, pair_scalars, setting
+from .base import Objective, pair_scalars, setting
 from .mirror import Mirror
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..contrastive import InfoNCE, span_mask
-from .base import Objective, local_rows, pair_scalars, setting
+from ..distributed import local_rows
+from .base import Objective, pair_scalars, setting
 
 
 class Mirror(Objective):

@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from minbert import CheckpointError
 from minbert.model import ACTIVATIONS, load_state_dict_file, resolve_checkpoint
 
-from ..distributed import is_main_process
+from ..distributed import is_main_process, local_rows
 from ..encoder import resolve_encoder_path
-from .base import IGNORE_INDEX, Objective, ensure_one, local_rows, maskable_positions, setting
+from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions, setting
 
 
 class MLMHead(nn.Module):

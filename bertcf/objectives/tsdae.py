@@ -7,7 +7,8 @@ import torch.nn.functional as F
 
 from minbert import pad_batch
 
-from .base import IGNORE_INDEX, Objective, ensure_one, local_rows, maskable_positions, setting
+from ..distributed import local_rows
+from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions, setting
 
 
 class TSDAEDecoder(nn.Module):
