@@ -14,7 +14,7 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
-from minbert.model import WEIGHT_FILES
+from minbert.model import has_weights
 
 from .precision import autocast
 
@@ -166,7 +166,7 @@ def resolve_encoder_path(path):
 
     Raises CheckpointError, naming the directory, for a run directory without ``best/``."""
     p = Path(path)
-    if not p.is_dir() or any((p / name).is_file() for name in WEIGHT_FILES):
+    if not p.is_dir() or has_weights(p):
         return path
     if (p / "best").is_dir():
         return p / "best"

@@ -33,6 +33,7 @@ from .senteval import STSB_FILES, read_stsb
 
 STAGES = tuple(objectives.METHODS)
 STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}
+HELDOUT_SENTENCES = 512
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -170,14 +171,21 @@ def train(args, device) -> dict:
     # over ranks); in one process the objective itself, which evaluation and checkpoints use.
     step_objective = wrap_ddp(objective, device)
 
+    def batch(ids_list):
+        ids, mask = pad_batch(ids_list, tokenizer.pad_token_id)
+        return ids, mask, torch.isin(ids, special_ids) | (mask == 0)
+
     def step_fn(step):
         # The global batch, padded as one process would pad it; every rank draws the same.
-        ids, mask = pad_batch([token_ids[i] for i in sampler.next(args.batch_size)], tokenizer.pad_token_id)
-        special = torch.isin(ids, special_ids) | (mask == 0)
-        return step_objective(ids, mask, special, rank=rank, world=world)
+        return step_objective(*batch([token_ids[i] for i in sampler.next(args.batch_size)]), rank=rank, world=world)
+
+    # Held-out sentences for the objective's own metrics (MLM's accuracy): the dev pairs' first
+    # sentences, which no training corpus here holds.
+    heldout = batch(tokenizer([p.sentence1 for p in dev_pairs[:HELDOUT_SENTENCES]], truncation=True,
+                              max_length=args.max_length)["input_ids"])
 
     def evaluate(step):  # rank 0 only (the Trainer); the other ranks wait at a barrier
-        result = evaluator(encoder)
+        result = evaluator(encoder) | objective.heldout_metrics(*heldout)
         run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
         return result
 

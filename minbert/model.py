@@ -422,8 +422,15 @@ class BertModel(nn.Module):
     def from_pretrained(cls, name_or_path, **config_overrides) -> "BertModel":
         """Load a Hugging Face BERT checkpoint: a local directory holding ``config.json`` and
         ``model.safetensors`` or ``pytorch_model.bin``, or a hub name such as
-        ``bert-base-uncased`` (through huggingface_hub and its local cache).
+        ``bert-base-uncased`` (through huggingface_hub and its local cache). A directory with a
+        ``config.json`` and no weights gives a model with random weights (BERT's initialisation,
+        from torch's global generator), with a one-line note: pretraining from scratch.
         ``config_overrides`` (e.g. ``hidden_dropout_prob=0.1``) replace config values."""
+        path = Path(name_or_path)
+        if path.is_dir() and (path / "config.json").is_file() and not has_weights(path):
+            model = cls(replace(BertConfig.from_json_file(path / "config.json"), **config_overrides))
+            print(f"minbert: {path} holds a config.json and no weights: starting from random weights")
+            return model
         config_path, weights_path = resolve_checkpoint(name_or_path)
         config = replace(BertConfig.from_json_file(config_path), **config_overrides)  # a misspelt key is a TypeError
         model = cls(config)
@@ -488,6 +495,11 @@ def _to_minbert_key(key: str) -> str:
     key = key.removeprefix("bert.")  # BertForMaskedLM / BertForPreTraining / classifier checkpoints
     # Checkpoints converted from the original TensorFlow release name LayerNorm parameters gamma/beta.
     return key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+
+
+def has_weights(directory) -> bool:
+    """Whether a checkpoint directory holds weights (model.safetensors or pytorch_model.bin)."""
+    return any((Path(directory) / name).is_file() for name in WEIGHT_FILES)
 
 
 def resolve_checkpoint(name_or_path) -> tuple[Path, Path]:

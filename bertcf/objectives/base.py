@@ -57,7 +57,8 @@ class Objective(nn.Module):
     - ``objective(ids, mask, special, rank, world) -> (loss, scalars)``: one step's loss (``loss``);
     - ``parameter_groups()``: what the optimiser gets (groups may carry their own "lr");
     - ``checkpoint_modules()``: name -> module whose state ``last/training_state.pt`` keeps;
-    - ``after_step()``: runs after every optimiser step (BSL's EMA update).
+    - ``after_step()``: runs after every optimiser step (BSL's EMA update);
+    - ``heldout_metrics(ids, mask, special)``: its own metrics on held-out sentences (MLM's accuracy).
 
     ``uses_flow``: whether the encoder keeps its flow; the other objectives train the encoder
     itself, so a flow that ``--init`` carries is dropped."""
@@ -111,6 +112,11 @@ class Objective(nn.Module):
 
     def forward(self, ids, mask, special, rank: int = 0, world: int = 1):
         return self.loss(ids, mask, special, rank, world)
+
+    def heldout_metrics(self, ids, mask, special) -> dict:
+        """The objective's own metrics on a held-out batch (CPU [b, t], as for ``loss``), logged
+        with every evaluation; none by default."""
+        return {}
 
     def after_step(self) -> None:
         """Called after every optimiser step."""

@@ -1,12 +1,14 @@
 """Masked language modelling (BERT's own objective), as continued pretraining."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from minbert import CheckpointError
-from minbert.model import ACTIVATIONS, load_state_dict_file, resolve_checkpoint
+from minbert.model import ACTIVATIONS, has_weights, load_state_dict_file, resolve_checkpoint
 
 from ..distributed import is_main_process, local_rows
 from ..encoder import resolve_encoder_path
@@ -78,38 +80,61 @@ class MaskedLM(Objective):
         self.head_from_checkpoint = self.init_head(checkpoint) if checkpoint is not None else False
 
     def init_head(self, checkpoint) -> bool:
-        """Initialise the head from ``checkpoint`` (directory, hub name or run directory)."""
-        _, weights = resolve_checkpoint(resolve_encoder_path(checkpoint))
-        loaded = self.head.load_checkpoint_tensors(load_state_dict_file(weights), source=str(checkpoint))
+        """Initialise the head from ``checkpoint`` (directory, hub name or run directory); a
+        config-only directory (random weights, pretraining from scratch) has none to give."""
+        source = resolve_encoder_path(checkpoint)
+        loaded = False
+        if not (Path(source).is_dir() and not has_weights(source)):
+            _, weights = resolve_checkpoint(source)
+            loaded = self.head.load_checkpoint_tensors(load_state_dict_file(weights), source=str(checkpoint))
         if is_main_process():  # one line a run, not one a rank
             how = "initialised from" if loaded else "freshly initialised; no cls.predictions in"
             print(f"mlm: prediction head {how} {checkpoint}")
         return loaded
 
-    def mask_tokens(self, ids, mask, special) -> tuple[torch.Tensor, torch.Tensor]:
+    def mask_tokens(self, ids, mask, special, generator=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs [b, t], labels [b, t]): labels hold the original id at the selected
-        positions and IGNORE_INDEX elsewhere."""
+        positions and IGNORE_INDEX elsewhere. ``generator``: default the objective's."""
+        g = generator if generator is not None else self.generator
         maskable = maskable_positions(mask, special)
-        selected = (torch.rand(ids.shape, generator=self.generator) < self.probability) & maskable
-        selected = ensure_one(selected, maskable, self.generator)
-        action = torch.rand(ids.shape, generator=self.generator)
-        random_ids = torch.randint(self.vocab_size, ids.shape, generator=self.generator)
+        selected = (torch.rand(ids.shape, generator=g) < self.probability) & maskable
+        selected = ensure_one(selected, maskable, g)
+        action = torch.rand(ids.shape, generator=g)
+        random_ids = torch.randint(self.vocab_size, ids.shape, generator=g)
         inputs = torch.where(selected & (action < 0.8), self.mask_token_id, ids)
         inputs = torch.where(selected & (action >= 0.8) & (action < 0.9), random_ids, inputs)
         labels = torch.where(selected, ids, IGNORE_INDEX)
         return inputs, labels
+
+    def predict(self, inputs, mask, labels) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [n, V] float32, targets [n]) at the n selected positions of a device batch."""
+        hidden = self.encoder.bert(inputs, mask)["last_hidden_state"]
+        selected = labels != IGNORE_INDEX
+        logits = self.head(hidden[selected], self.encoder.bert.embeddings.word_embeddings.weight).float()
+        return logits, labels[selected]
 
     def loss(self, ids, mask, special, rank=0, world=1):
         inputs, labels = self.mask_tokens(ids, mask, special)
         count = max(int((labels != IGNORE_INDEX).sum()), 1)  # selected tokens of the global batch
         rows = local_rows(ids.shape[0], rank, world)
         inputs, mask, labels = inputs[rows].to(self.device), mask[rows].to(self.device), labels[rows].to(self.device)
-        hidden = self.encoder.bert(inputs, mask)["last_hidden_state"]
-        selected = labels != IGNORE_INDEX
-        logits = self.head(hidden[selected], self.encoder.bert.embeddings.word_embeddings.weight).float()
-        targets = labels[selected]
+        logits, targets = self.predict(inputs, mask, labels)
         loss = F.cross_entropy(logits, targets, reduction="sum") * (world / count)  # the global batch's mean
         with torch.no_grad():
             scalars = {"mlm_accuracy": (logits.argmax(-1) == targets).float().mean(),
-                       "masked_fraction": selected.sum() / mask.sum()}
+                       "masked_fraction": (labels != IGNORE_INDEX).sum() / mask.sum()}
         return loss, scalars
+
+    @torch.no_grad()
+    def heldout_metrics(self, ids, mask, special) -> dict:
+        """The MLM loss and masked-token accuracy on held-out sentences, in eval mode, with the
+        same masks at every evaluation (a generator of its own, seed 0)."""
+        inputs, labels = self.mask_tokens(ids, mask, special, torch.Generator().manual_seed(0))
+        was_training = self.training
+        self.eval()
+        try:
+            logits, targets = self.predict(inputs.to(self.device), mask.to(self.device), labels.to(self.device))
+        finally:
+            self.train(was_training)
+        return {"mlm_heldout_loss": F.cross_entropy(logits, targets).item(),
+                "mlm_heldout_accuracy": (logits.argmax(-1) == targets).float().mean().item()}
