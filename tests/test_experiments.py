@@ -342,3 +342,42 @@ def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path)
     plain = tmp_path / "plain"
     experiments.main(suite_argv("table1", tiny_bert_dir, suite_data, plain, "--rows", "MinBERT", "--no-finetune"))
     assert "STS avg" not in (plain / "table1.md").read_text()
+
+
+@pytest.mark.slow
+def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypatch, capsys):
+    """mlm-base: MLM from a config-only directory (random weights), then table1 and the ablations
+    from that MLM encoder, with a row for the untrained random encoder; a second invocation
+    reruns nothing."""
+    import shutil
+
+    from conftest import TINY_BERT_CONFIG
+
+    config = tmp_path / "config"
+    config.mkdir()
+    vocab_size = sum(1 for line in Path(vocab_path).read_text(encoding="utf-8").splitlines() if line)
+    (config / "config.json").write_text(json.dumps({**TINY_BERT_CONFIG, "vocab_size": vocab_size}))
+    shutil.copy(vocab_path, config / "vocab.txt")
+    out = tmp_path / "out"
+    argv = suite_argv("mlm-base", config, suite_data, out, "--config", str(config), "--mlm-steps", "3",
+                      "--no-finetune")
+    summary = experiments.main(argv)
+    base = out / "stages" / "mlm-base"
+    assert json.loads((base / experiments.MARKER).read_text())["status"] == "done"
+    mlm = json.loads((base / "config.json").read_text())
+    assert (mlm["method"], mlm["steps"], mlm["batch_size"], mlm["lr_schedule"]) == ("mlm", 3, 4, "linear")
+    assert mlm["model"] == str(config)
+    mirror = json.loads((out / "stages" / "mirror" / "config.json").read_text())
+    assert mirror["model"] == str((base / "best").resolve())
+    names = [r["name"] for r in summary["table1"]["rows"]]
+    assert names == ["Random weights", "MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow", "BERT-CF"]
+    assert all(r["ours"]["sts_spearman"] is not None for r in summary["table1"]["rows"])
+    assert [r["name"] for r in summary["ablations"]["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow"]
+    assert "Random weights" in (out / "table1.md").read_text() and "mlm-base: MinBERT is the MLM base" in (
+        out / "table1.md").read_text()
+    calls = []
+    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
+    capsys.readouterr()
+    experiments.main(["mlm-base", "--out-dir", str(out), "--no-finetune"])
+    assert calls == []
+    assert capsys.readouterr().out.count("finished earlier, reused") == 8

@@ -11,12 +11,13 @@ from ..cli import ArgumentParser
 from ..errors import UsageError
 
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
-COMMANDS = ("table1", "ablations", "analysis", "objectives", "all")
+COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base")
 ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
-              "stage_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs")
+              "stage_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
+              "mlm_args")
 
 
 def build_parser() -> ArgumentParser:
@@ -24,7 +25,8 @@ def build_parser() -> ArgumentParser:
                        description="The report's experiments in one command: table 1, the ablations, the "
                                    "analysis, and the other objectives.")
     p.add_argument("command", choices=COMMANDS,
-                   help="what to produce (all: table1, ablations and analysis; objectives is run on its own)")
+                   help="what to produce (all: table1, ablations and analysis; objectives is run on its own; "
+                        "mlm-base: MLM pretraining from --config, then table1 and the ablations from it)")
     p.add_argument("--model", default="bert-base-uncased", help="the BERT every encoder starts from (default %(default)s)")
     p.add_argument("--data-dir", default="data", help="CS224N files (default %(default)s)")
     p.add_argument("--out-dir", default="runs/experiments", help="everything goes here (default %(default)s)")
@@ -57,6 +59,12 @@ def build_parser() -> ArgumentParser:
                    help="analysis: QQP train pairs sampled for alignment/uniformity (0: all; default %(default)s)")
     g.add_argument("--qualitative-pairs", type=int, default=10, help="examples in each qualitative table")
     g.add_argument("--dry-run", action="store_true", help="print the plan and the stage commands, run nothing")
+    g = p.add_argument_group("mlm-base: an MLM encoder from random weights, then table1 and the ablations from it")
+    g.add_argument("--config", default=None,
+                   help="mlm-base: a directory with a BERT config.json and a vocab.txt (or tokenizer files), no weights")
+    g.add_argument("--mlm-steps", type=int, default=10_000,
+                   help="mlm-base: steps of MLM pretraining, not scaled by --steps-scale (default %(default)s)")
+    g.add_argument("--mlm-args", default="", help="mlm-base: more flags for the MLM stage, e.g. '--batch-size 128'")
     g = p.add_argument_group("SentEval (when its STS files are there)")
     g.add_argument("--senteval-dir", default=None,
                    help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
@@ -91,7 +99,11 @@ def parse_args(argv=None):
         raise UsageError(f"--max-analysis-pairs must be >= 0, not {args.max_analysis_pairs}")
     if args.corpus and args.corpus_from_tasks:
         raise UsageError("give either --corpus or --corpus-from-tasks, not both")
-    for name in ("stage_args", "finetune_args"):
+    if args.command == "mlm-base" and not args.config:
+        raise UsageError("mlm-base needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
+    if args.mlm_steps < 1:
+        raise UsageError(f"--mlm-steps must be at least 1, not {args.mlm_steps}")
+    for name in ("stage_args", "finetune_args", "mlm_args"):
         try:
             setattr(args, name + "_list", shlex.split(getattr(args, name)))
         except ValueError as e:

@@ -65,7 +65,16 @@ ABLATION_ROWS = (Row("SimCSE-joint", "simcse-joint", "simcse-joint"),
 OBJECTIVE_ROWS = (Row("MinBERT-BSL", "bsl", "bsl"), Row("MinBERT-CT", "ct", "ct"),
                   Row("MinBERT-TSDAE", "tsdae", "tsdae"), Row("MinBERT-MLM", "mlm", "mlm"))
 ROW_OF_STAGE = {r.stage: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS if r.stage}
-HISTOGRAM_ROWS = ("MinBERT", "BERT-CF")  # the report's appendix figures
+
+#: mlm-base: MLM pretraining from random weights (--config), whose best/ is then every row's
+#: --model; batch 64, lr 5e-4 with a linear warm-up over the first tenth of the steps and a
+#: linear decay, 15% masking (80/10/10), the head tied to the word embeddings.
+MLM_BASE = StageSpec("mlm-base", "mirror", "mlm", None, what="masked language modelling from random weights")
+RANDOM_ROW = Row("Random weights", "random", None)  # mlm-base: the --config encoder itself, untrained
+
+
+def mlm_base_flags(steps: int) -> list[str]:
+    return ["--batch-size", "64", "--lr", "5e-4", "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 10))]
 
 
 @dataclass
@@ -123,7 +132,11 @@ class Plan:
         self.args = args
         self.out = Path(args.out_dir)
         self.data_dir = Path(args.data_dir)
-        self.commands = list(ALL) if args.command == "all" else [args.command]
+        self.base = MLM_BASE.name if args.command == "mlm-base" else None
+        if self.base:  # every row starts from the MLM base (an absolute path: the same before and after it exists)
+            args.model = str((self.stage_dir(self.base) / "best").resolve())
+        self.commands = (list(ALL) if args.command == "all" else ["table1", "ablations"] if self.base
+                         else [args.command])
         self.finetune = "table1" in self.commands and not args.no_finetune
         self.ft_scale = args.finetune_steps_scale or args.steps_scale
         self.table1_rows, self.ablation_rows, self.objective_rows = self._select_rows()
@@ -136,6 +149,8 @@ class Plan:
     # -- rows and plan ---------------------------------------------------------------------------
     def _select_rows(self):
         table1 = list(TABLE1_ROWS) if {"table1", "analysis"} & set(self.commands) else []
+        if self.base:
+            table1 = [RANDOM_ROW] + table1
         ablations = list(ABLATION_ROWS) if "ablations" in self.commands else []
         objectives = list(OBJECTIVE_ROWS) if "objectives" in self.commands else []
         if self.args.rows:
@@ -165,13 +180,15 @@ class Plan:
             return str(path)
 
     def encoder_of(self, row: Row) -> str:
-        """The row's encoder: --model, or its stage's best/ checkpoint (named explicitly: a run
-        directory also holds a config.json, the run's settings)."""
+        """The row's encoder: --model (--config for mlm-base's random row), or its stage's best/
+        checkpoint (named explicitly: a run directory also holds a config.json, the run's settings)."""
+        if row is RANDOM_ROW:
+            return self.args.config
         return self.args.model if row.stage is None else str(self.stage_dir(row.stage) / "best")
 
-    def _common(self) -> list[str]:
+    def _common(self, model: str) -> list[str]:
         a = self.args
-        argv = ["--model", a.model, "--data-dir", str(a.data_dir), "--seed", str(a.seed)]
+        argv = ["--model", model, "--data-dir", str(a.data_dir), "--seed", str(a.seed)]
         if a.eval_every:
             argv += ["--eval-every", str(a.eval_every)]
         if a.device:
@@ -180,12 +197,15 @@ class Plan:
 
     def stage_run(self, spec: StageSpec, label: str) -> PlannedRun:
         a = self.args
-        steps = steps_for(spec.stage, a.steps_scale)
+        is_base = spec is MLM_BASE
+        model = a.config if is_base else a.model
+        steps = a.mlm_steps if is_base else steps_for(spec.stage, a.steps_scale)
+        flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags)
         argv = ["--stage", spec.stage, "--method", spec.method]
         if spec.init:
             argv += ["--init", str(self.stage_dir(spec.init) / "best")]
-        argv += self._common() + ["--out-dir", str(self.stage_dir(spec.name)), "--steps", str(steps),
-                                  "--max-length", str(a.max_length)]
+        argv += self._common(model) + ["--out-dir", str(self.stage_dir(spec.name)), "--steps", str(steps),
+                                       "--max-length", str(a.max_length)]
         if a.corpus:
             argv += ["--corpus", a.corpus]
         if a.corpus_from_tasks:
@@ -194,25 +214,25 @@ class Plan:
             argv += ["--max-sentences", str(a.max_sentences)]
         if a.eval_max_length:
             argv += ["--eval-max-length", str(a.eval_max_length)]
-        argv += list(spec.flags) + a.stage_args_list
+        argv += flags + a.stage_args_list
         settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
-                    "model": abs_if_path(a.model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
+                    "model": abs_if_path(model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
                     "eval_every": a.eval_every, "seed": a.seed, "max_length": a.max_length,
                     "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus),
                     "corpus_from_tasks": a.corpus_from_tasks,
-                    "max_sentences": a.max_sentences, "flags": list(spec.flags), "extra_args": a.stage_args_list}
-        start = f"stages/{spec.init}" if spec.init else "--model"
+                    "max_sentences": a.max_sentences, "flags": flags, "extra_args": a.stage_args_list}
+        start = f"stages/{spec.init}" if spec.init else "--config" if is_base else "--model"
         method = f" --method {spec.method}" if spec.stage != "flow" else ""
-        flags = f" {' '.join(spec.flags)}" if spec.flags else ""
-        description = (f"{spec.stage} stage{method}{flags} from {start} -> stages/{spec.name}, "
+        shown = f" {' '.join(spec.flags)}" if spec.flags else ""
+        description = (f"{spec.stage} stage{method}{shown} from {start} -> stages/{spec.name}, "
                        f"{steps} steps ({spec.what})")
         return PlannedRun("stage", label, self.stage_dir(spec.name), argv, settings, description, spec=spec,
-                    depends=spec.init)
+                          depends=spec.init or (None if is_base else self.base))
 
     def finetune_run(self, row: Row) -> PlannedRun:
         a = self.args
         steps = steps_for("multitask", self.ft_scale)
-        argv = ["--encoder", self.encoder_of(row)] + self._common()[2:] + [
+        argv = ["--encoder", self.encoder_of(row)] + self._common(self.args.model)[2:] + [
             "--out-dir", str(self.finetune_dir(row)), "--steps", str(steps)]
         if a.max_train_examples:
             argv += ["--max-train-examples", str(a.max_train_examples)]
@@ -223,17 +243,19 @@ class Plan:
         source = f"stages/{row.stage}" if row.stage else "--model"
         description = f"multitask fine-tuning of {source} -> finetune/{row.key}, {steps} steps"
         return PlannedRun("finetune", row.name, self.finetune_dir(row), argv, settings, description, row=row,
-                    depends=row.stage)
+                          depends=row.stage or self.base)
 
     def runs(self) -> list[PlannedRun]:
         """Every stage and fine-tuning as a PlannedRun (inspected on disk); returns the ones this
         command runs, dependencies first."""
         wanted_rows = self.table1_rows + self.ablation_rows + self.objective_rows
         self.stage_runs = {name: self.stage_run(spec, ROW_OF_STAGE[name].name) for name, spec in STAGES.items()}
-        self.finetune_runs = {row.key: self.finetune_run(row) for row in TABLE1_ROWS}
+        if self.base:
+            self.stage_runs[self.base] = self.stage_run(MLM_BASE, "MLM base (from --config)")
+        self.finetune_runs = {row.key: self.finetune_run(row) for row in self.table1_rows}
         for t in list(self.stage_runs.values()) + list(self.finetune_runs.values()):
             self._inspect(t)
-        tasks = []
+        tasks = [self.stage_runs[self.base]] if self.base else []
 
         def need(stage: str, for_row: Row):
             task = self.stage_runs[stage]

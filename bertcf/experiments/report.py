@@ -69,6 +69,9 @@ def settings_md(plan: Plan) -> str:
              f"multitask {steps_for('multitask', plan.ft_scale)} (the report: 10^4, 10^4, 10^4, 5000)",
              f"- seed {a.seed}, device {plan.device}, max length {a.max_length} in training, "
              f"{a.eval_max_length or 'whole sentences'} in evaluation"]
+    if plan.base:
+        lines.append(f"- mlm-base: MinBERT is the MLM base, {a.mlm_steps} steps of masked language modelling from the "
+                     f"random weights of `{a.config}` (stages/{plan.base}); Random weights is that encoder untrained")
     if a.stage_args:
         lines.append(f"- extra flags of every stage: `{a.stage_args}`")
     if a.finetune_args:
@@ -130,7 +133,7 @@ class Report:
             r = results[row.key]
             ours = {"sts_spearman": r["sts"]["sts_spearman"] if r["sts"] else None}
             ours |= r["finetune"] or {k: None for k in FINETUNE_METRICS}
-            report = REPORT_TABLE1[row.name]
+            report = REPORT_TABLE1.get(row.name, dict.fromkeys(REPORT_TABLE1["MinBERT"]))
             rows_json.append({"name": row.name, "ours": ours, "report": report} | r["info"])
             md_rows.append([row.name] + [c for k in ("sts_spearman", "sst_accuracy", "qqp_accuracy", "sts_pearson")
                                          for c in (fmt(ours[k]), fmt(report[k]))])

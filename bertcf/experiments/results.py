@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..data import read_quora, read_sts, task_file
 from ..files import write_json_atomic
-from .plan import Plan, Row, abs_if_path, read_json
+from .plan import RANDOM_ROW, Plan, Row, abs_if_path, read_json
 
 #: Our key -> its name in the multitask stage's metrics.json (multitask_model.METRICS and
 #: multitask_model.SELECTION_METRIC).
@@ -78,14 +78,20 @@ class Evaluation:
         sts = present_tasks(self.senteval_dir, STS_TASKS)
         return sts + present_tasks(self.senteval_dir, TRANSFER_TASKS) if sts and self.args.transfer else sts
 
+    def _source(self, row: Row) -> str | None:
+        """The stage whose best/ is the row's encoder (mlm-base's for --model rows there)."""
+        return None if row is RANDOM_ROW else row.stage or self.plan.base
+
     def present(self, row: Row) -> bool:
-        """The row's encoder exists: --model, or a usable finished stage."""
-        return row.stage is None or self.plan.usable(self.plan.stage_runs[row.stage])
+        """The row's encoder exists: --model, --config, or a usable finished stage."""
+        source = self._source(row)
+        return source is None or self.plan.usable(self.plan.stage_runs[source])
 
     def _stamp(self, row: Row):
-        if row.stage is None:
-            return {"model": abs_if_path(self.args.model)}
-        return {"stage": row.stage, "finished": self.plan.stage_runs[row.stage].marker.get("finished")}
+        source = self._source(row)
+        if source is None:  # --model, or --config's random weights (drawn with --seed)
+            return {"model": abs_if_path(self.plan.encoder_of(row)), "seed": self.args.seed}
+        return {"stage": source, "finished": self.plan.stage_runs[source].marker.get("finished")}
 
     def _cached(self, name: str, key: dict, compute):
         path = self.plan.out / "eval" / f"{name}.json"
@@ -98,7 +104,10 @@ class Evaluation:
         return value
 
     def _load_encoder(self, row: Row):
+        import torch
+
         from ..encoder import SentenceEncoder
+        torch.manual_seed(self.args.seed)  # a config-only --config: its random weights, the same every time
         encoder = SentenceEncoder.from_pretrained(self.plan.encoder_of(row))
         encoder.max_length = self.args.eval_max_length or encoder.bert.config.max_position_embeddings
         return encoder.to(self.plan.device).eval()
@@ -165,7 +174,7 @@ class Evaluation:
     def info(self, row: Row) -> dict:
         """The row's encoder, its stage's record (best STS dev Spearman, step, wall time) and its
         fine-tuning's directory and wall time."""
-        info = {"encoder": self.args.model}
+        info = {"encoder": self.plan.encoder_of(row)}
         if row.stage is not None:
             t = self.plan.stage_runs[row.stage]
             s = t.marker.get("summary") or {}
