@@ -33,7 +33,6 @@ real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import platform
 import statistics
@@ -549,7 +548,8 @@ def main(argv=None) -> dict:
     print(f"\nwall time {info['wall_s']:.1f} s")
     out = {"info": info, "results": results}
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        from .files import write_json_atomic
+        write_json_atomic(args.json, out)
         print(f"results written to {args.json}")
     return out
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -70,6 +71,12 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
     args.device = str(resolve_device(args.device))
     args.precision = resolve_precision(args.precision, args.device)
     return args
+
+
+def command_line(script: str, argv=None) -> str:
+    """The command that runs ``script`` with ``argv`` (default: this process's arguments), as a
+    shell line; config.json and the model card record it."""
+    return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
 
 
 def run_main(main, argv=None) -> int:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .data import DataError
+from .files import write_text_atomic
 
 
 class NetworkError(DataError):
@@ -222,7 +223,7 @@ def _ensure_record(path: Path) -> str:
     record = _record_path(path)
     if _recorded_sha256(path) is not None:
         return f"sha256 {sha256} matches {record.name}"
-    record.write_text(f"{sha256}  {path.name}\n", encoding="utf-8")
+    write_text_atomic(record, f"{sha256}  {path.name}\n")
     return f"sha256 {sha256}, recorded in {record.name}"
 
 

@@ -16,6 +16,8 @@ from tqdm.auto import tqdm
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 from minbert.model import has_weights
 
+from . import st_format
+from .files import write_json_atomic
 from .precision import autocast
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
@@ -35,7 +37,8 @@ def pool(last_hidden_state, attention_mask, pooling: str = "mean"):
 class SentenceEncoder(nn.Module):
     """Sentences -> vectors. ``forward`` works on token ids (for training); ``encode`` on text."""
 
-    def __init__(self, bert: BertModel, tokenizer, pooling: str = "mean", flow=None, max_length: int = 128):
+    def __init__(self, bert: BertModel, tokenizer, pooling: str = "mean", flow=None, max_length: int = 128,
+                 normalize: bool = False):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
@@ -44,6 +47,7 @@ class SentenceEncoder(nn.Module):
         self.pooling = pooling
         self.flow = flow
         self.max_length = max_length
+        self.normalize = normalize  # encode() returns unit vectors (a sentence-transformers Normalize module)
         self.precision = None  # autocast in encode(): bf16|fp16|fp32; None: bf16 on a GPU that has it, else fp32
 
     @property
@@ -73,7 +77,7 @@ class SentenceEncoder(nn.Module):
         return tokenize(self.tokenizer, sentences, self._max_length(max_length))
 
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
-               normalize: bool = False, max_length: int | None = None) -> torch.Tensor:
+               normalize: bool | None = None, max_length: int | None = None) -> torch.Tensor:
         """Encode sentences to a float32 CPU tensor [n, D] (a single string gives [D]).
 
         Runs in eval mode under ``torch.inference_mode``; sentences of similar length are
@@ -86,7 +90,7 @@ class SentenceEncoder(nn.Module):
             return torch.empty(0, self.dim)
         token_ids = self.tokenizer(sentences, truncation=True, max_length=self._max_length(max_length))["input_ids"]
         vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
-        if normalize:
+        if self.normalize if normalize is None else normalize:
             vectors = torch.nn.functional.normalize(vectors, dim=-1)
         return vectors[0] if single else vectors
 
@@ -120,37 +124,52 @@ class SentenceEncoder(nn.Module):
     # ---- checkpoints -------------------------------------------------------------------
     def save_pretrained(self, directory, link_weights_from=None) -> None:
         """A Hugging Face BERT directory (config.json, model.safetensors, tokenizer files)
-        plus ``sentence_encoder.json`` and, with a flow, ``flow.safetensors``.
-        ``link_weights_from``: see :meth:`minbert.BertModel.save_pretrained`."""
+        plus ``sentence_encoder.json``, with a flow ``flow.safetensors``, and the
+        sentence-transformers layout (``bertcf.st_format``), so that ``SentenceTransformer(dir)``
+        returns the vectors of :meth:`encode`. ``link_weights_from``: see
+        :meth:`minbert.BertModel.save_pretrained`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.bert.save_pretrained(directory, link_weights_from)
         self.tokenizer.save_pretrained(str(directory))
-        meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None}
-        (directory / ENCODER_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None,
+                "normalize": self.normalize}
+        write_json_atomic(directory / ENCODER_FILE, meta)
         if self.flow is not None:
             self.flow.save(directory / FLOW_FILE)
         elif (directory / FLOW_FILE).exists():
             os.remove(directory / FLOW_FILE)
+        st_format.write(directory, self.dim, self.pooling, self._max_length(),
+                        directory / FLOW_FILE if self.flow is not None else None, self.normalize)
 
     @classmethod
     def from_pretrained(cls, path, pooling: str | None = None, max_length: int | None = None,
                         vocab=None, **config_overrides) -> "SentenceEncoder":
         """Load a Hugging Face BERT (directory or hub name), a checkpoint written by this
-        project, or a run directory (its ``best/`` is used). ``vocab``: a vocab.txt for
-        directories that carry no tokenizer files."""
+        project, a sentence-transformers directory (its pooling, max_seq_length, Normalize and
+        bertcf's flow are read; another module is a CheckpointError naming it), or a run
+        directory (its ``best/`` is used). ``vocab``: a vocab.txt for directories that carry no
+        tokenizer files. Arguments given win over what the directory says."""
         path = resolve_encoder_path(path)
-        meta = {}
-        if (Path(path) / ENCODER_FILE).is_file():
-            meta = json.loads((Path(path) / ENCODER_FILE).read_text())
+        meta, layout = {}, {}
+        if Path(path).is_dir():
+            if (Path(path) / ENCODER_FILE).is_file():
+                try:
+                    meta = json.loads((Path(path) / ENCODER_FILE).read_text())
+                except ValueError:
+                    raise CheckpointError(f"{Path(path) / ENCODER_FILE} is not a readable JSON file") from None
+            layout = {k: v for k, v in (st_format.read(path) or {}).items() if v is not None}
         bert = BertModel.from_pretrained(path, **config_overrides)
         tokenizer = load_tokenizer(path, vocab_fallback=vocab)
+        flow_file = Path(path) / FLOW_FILE if (Path(path) / FLOW_FILE).is_file() else layout.get("flow")
         flow = None
-        if (Path(path) / FLOW_FILE).is_file():
+        if flow_file is not None:
             from .flow import Glow
-            flow = Glow.load(Path(path) / FLOW_FILE)
-        return cls(bert, tokenizer, pooling=pooling or meta.get("pooling", "mean"), flow=flow,
-                   max_length=max_length or meta.get("max_length", 128))
+            flow = Glow.load(flow_file)
+        settings = layout | meta  # this project's own file first
+        return cls(bert, tokenizer, pooling=pooling or settings.get("pooling", "mean"), flow=flow,
+                   max_length=max_length or settings.get("max_length", 128),
+                   normalize=bool(settings.get("normalize", False)))
 
 
 def resolve_encoder_path(path):

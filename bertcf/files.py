@@ -9,16 +9,20 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
+from minbert.model import default_file_mode
+
 
 @contextmanager
 def atomic_path(path):
     """Yield a temporary path beside ``path`` to write; when the block ends without an error it
-    replaces ``path`` in one rename, otherwise it is removed and ``path`` is left as it was."""
+    gets the mode ``open()`` would give and replaces ``path`` in one rename, otherwise it is
+    removed and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         yield tmp
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -27,6 +31,14 @@ def atomic_path(path):
 def write_text_atomic(path, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def save_tensors_atomic(path, tensors: dict, metadata: dict | None = None) -> None:
+    """A safetensors file of CPU tensors, written atomically with the umask's mode."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp), metadata=metadata)
 
 
 def write_json_atomic(path, obj) -> None:

@@ -26,7 +26,11 @@ import math
 import torch
 import torch.nn as nn
 
+from minbert import CheckpointError
+from minbert.model import load_state_dict_file
+
 from .distributed import is_distributed
+from .files import save_tensors_atomic
 
 # -----------------------------------------------------------------------------
 
@@ -274,21 +278,22 @@ class Glow(nn.Module):
 
     def save(self, path):
         """Write the state_dict to a safetensors file with the config JSON in metadata['config']."""
-        from safetensors.torch import save_file
-
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(path), metadata={"config": json.dumps(self.config())})
+        save_tensors_atomic(path, self.state_dict(), metadata={"config": json.dumps(self.config())})
 
     @classmethod
     def load(cls, path, map_location="cpu"):
+        """A flow written by :meth:`save`; a truncated or corrupt file is a CheckpointError naming it."""
         from safetensors import safe_open
-        from safetensors.torch import load_file
 
-        with safe_open(str(path), framework="pt") as f:
-            config = json.loads(f.metadata()["config"])
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                config = json.loads(f.metadata()["config"])
+        except Exception as e:  # SafetensorError, a missing or unreadable config
+            raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {str(e)[:120]}); "
+                                  f"write it again from its run, or use another checkpoint") from None
         model = cls.from_config(config)
         device = torch.device(map_location) if map_location is not None else torch.device("cpu")
-        state = load_file(str(path), device="cpu")
+        state = load_state_dict_file(path)
         dtype = next((v.dtype for k, v in state.items() if v.is_floating_point()), torch.float32)
         model.to(dtype).load_state_dict(state)
         return model.to(device)

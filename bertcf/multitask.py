@@ -367,6 +367,7 @@ def report(metrics: dict, out_dir) -> None:
 def main(argv=None) -> dict:
     args = parse(argv)
     check_args(args)
+    args.command = cli.command_line("run_multitask.py", argv)
     if args.predict_only:
         return predict_only(args)
     return run_distributed(train, args)

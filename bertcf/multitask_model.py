@@ -24,6 +24,7 @@ from minbert import CheckpointError
 
 from .encoder import SentenceEncoder
 from .evaluation import accuracy, pearson
+from .files import save_tensors_atomic, write_json_atomic
 
 HEADS_FILE = "heads.safetensors"
 HEADS_CONFIG_FILE = "multitask.json"
@@ -223,13 +224,10 @@ class MultitaskModel(nn.Module):
     def save_pretrained(self, directory, extra: dict | None = None) -> None:
         """The encoder checkpoint (Hugging Face directory, flow.safetensors with a flow) plus
         ``heads.safetensors`` and ``multitask.json`` (head settings; ``extra`` is added)."""
-        from safetensors.torch import save_file
-
         directory = Path(directory)
         self.encoder.save_pretrained(directory)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.heads_state_dict().items()},
-                  str(directory / HEADS_FILE))
-        (directory / HEADS_CONFIG_FILE).write_text(json.dumps(self.config | (extra or {}), indent=2) + "\n")
+        save_tensors_atomic(directory / HEADS_FILE, self.heads_state_dict())
+        write_json_atomic(directory / HEADS_CONFIG_FILE, self.config | (extra or {}))
 
     @classmethod
     def from_pretrained(cls, path, **encoder_kwargs) -> "MultitaskModel":

@@ -135,6 +135,7 @@ def load_encoder(args) -> SentenceEncoder:
 def main(argv=None) -> dict:
     parser = build_parser()
     args = cli.parse_args(parser, argv)
+    args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)
     return run_distributed(train, args)
 

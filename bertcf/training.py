@@ -21,9 +21,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from minbert import CheckpointError
+
 from .distributed import dist_info, mean_over_ranks, seed_dropout
 from .errors import NonFiniteLossError, UsageError
 from .files import recover_dir, save_dir_atomic, write_json_atomic, write_text_atomic
+from .model_card import write_model_card
 from .precision import autocast
 
 STATE_FILE = "training_state.pt"
@@ -149,9 +152,12 @@ class Run:
 
     def __init__(self, out_dir, config: dict, resume: bool = False):
         self.dir = Path(out_dir)
+        self.config = config
         self.resume = resume
         self.rank, _ = dist_info()
         self.writer = None
+        if self.dir.exists() and not self.dir.is_dir():
+            raise UsageError(f"--out-dir {self.dir} is a file, not a directory")
         if self.rank != 0:
             return
         if not resume and ((self.dir / "last").exists() or (self.dir / "metrics.jsonl").exists()):
@@ -258,8 +264,14 @@ class Trainer:
     def resume(self) -> None:
         last = recover_dir(self.run.dir / "last")
         if not (last / STATE_FILE).is_file():
-            raise UsageError(f"--resume: {last} holds no training state to continue from")
-        state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=False)
+            raise UsageError(f"--resume: {self.run.dir} never reached its first checkpoint ({last / STATE_FILE} "
+                             f"is missing); start it again without --resume, after deleting {self.run.dir} "
+                             f"or with another --out-dir")
+        try:
+            state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=False)
+        except Exception as e:  # a truncated zip, a corrupt pickle
+            raise CheckpointError(f"{last / STATE_FILE} is truncated or corrupt ({type(e).__name__}: "
+                                  f"{str(e)[:120]}); --resume cannot continue from it") from None
         if set(state["modules"]) != set(self.modules):
             raise UsageError(f"--resume: {last / STATE_FILE} holds {', '.join(sorted(state['modules']))}, not "
                              f"{', '.join(sorted(self.modules))}: it was written by another version of this "
@@ -277,7 +289,11 @@ class Trainer:
                 self.first_score = score
             if score > self.best:
                 self.best, self.best_step = score, self.step
-                save_dir_atomic(self.run.dir / "best", self.save_model)
+
+                def write_best(tmp):
+                    self.save_model(tmp)
+                    write_model_card(tmp, self.run.config, self.metric, score, self.step)
+                save_dir_atomic(self.run.dir / "best", write_best)
         if self.world > 1:
             torch.distributed.barrier()
 

@@ -487,6 +487,7 @@ class BertModel(nn.Module):
         else:
             tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
             save_file(tensors, str(tmp), metadata={"format": "pt"})
+            os.chmod(tmp, default_file_mode())  # readable by others on a shared server, like config.json
         os.replace(tmp, directory / "model.safetensors")
 
 
@@ -540,12 +541,24 @@ def _from_hub(name: str) -> tuple[Path, Path]:
 
 
 def load_state_dict_file(path) -> dict:
-    """Tensors of a ``model.safetensors`` or ``pytorch_model.bin`` file."""
+    """Tensors of a ``model.safetensors`` or ``pytorch_model.bin`` file; a truncated or corrupt
+    file is a CheckpointError naming it."""
     path = Path(path)
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-        return load_file(str(path))
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors' SafetensorError, torch's pickle and zip errors, EOFError
+        raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {str(e)[:120]}); "
+                              f"write it again from its run, or use another checkpoint") from None
+
+
+def default_file_mode() -> int:
+    """The mode ``open()`` gives a new file (0o666 less the umask); safetensors writes 0o600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _atomic_write_text(path: Path, text: str) -> None:

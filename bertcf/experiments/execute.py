@@ -10,6 +10,7 @@ import time
 from ..data import DataError
 from ..errors import NonFiniteLossError, UsageError
 from ..files import write_json_atomic
+from ..model_card import add_experiment_row
 from .plan import MARKER, Plan, PlannedRun, entry_module, now
 
 
@@ -73,6 +74,7 @@ def run_one(plan: Plan, task: PlannedRun) -> None:
         raise Interrupted(f"{what} was interrupted")
     if not (task.dir / "best").is_dir():
         raise UsageError(f"{what}: the run finished without a best/ checkpoint")
+    add_experiment_row(task.dir / "best", task.label, plan.command)
     marker |= {"status": "done", "finished": now(), "summary": summary}
     write_json_atomic(task.dir / MARKER, marker)
     task.marker, task.state = marker, "done"

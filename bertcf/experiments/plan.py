@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -128,8 +129,9 @@ class Plan:
     """What one command trains: its rows, every stage and fine-tuning run (``stage_runs``,
     ``finetune_runs``, each inspected on disk) and their checks, before anything runs."""
 
-    def __init__(self, args):
+    def __init__(self, args, argv=()):
         self.args = args
+        self.command = shlex.join(["python", "-m", "bertcf.experiments", *argv])  # as the outputs quote it
         self.out = Path(args.out_dir)
         self.data_dir = Path(args.data_dir)
         self.base = MLM_BASE.name if args.command == "mlm-base" else None

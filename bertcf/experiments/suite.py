@@ -18,7 +18,7 @@ def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     started = time.perf_counter()
-    plan = Plan(args)
+    plan = Plan(args, argv)
     runs = plan.runs()
     plan.preflight(runs)
     if args.dry_run:

@@ -1,0 +1,115 @@
+"""The sentence-transformers layout of a checkpoint directory, written beside the Hugging Face
+files and read back: ``modules.json`` (Transformer, Pooling, then the flow and Normalize when
+there are), ``sentence_bert_config.json`` (max_seq_length), ``1_Pooling/config.json`` (mean or
+[CLS]) and, with a flow, ``2_Flow/`` for ``bertcf.st.Flow``, the module sentence-transformers
+imports by that path. No sentence-transformers import here: writing and reading are plain files."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from minbert import CheckpointError
+
+from .files import write_json_atomic
+
+MODULES_FILE = "modules.json"
+ST_CONFIG_FILE = "sentence_bert_config.json"
+FLOW_MODULE = "bertcf.st.Flow"
+POOLING_MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+_OTHER_POOLING_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                        "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+
+
+def write(directory, dim: int, pooling: str, max_length: int, flow_file=None, normalize: bool = False) -> None:
+    """Write the layout into ``directory`` (which holds the Hugging Face files already).
+    ``flow_file``: the flow's safetensors file in ``directory``, hard-linked (or copied) as the
+    flow module's weights."""
+    directory = Path(directory)
+    modules = [("", "sentence_transformers.models.Transformer"), ("1_Pooling", "sentence_transformers.models.Pooling")]
+    pooling_config = {"word_embedding_dimension": dim, "include_prompt": True}
+    pooling_config |= {key: mode == pooling for mode, key in POOLING_MODES.items()} | dict.fromkeys(_OTHER_POOLING_MODES,
+                                                                                                    False)
+    write_json_atomic(directory / "1_Pooling" / "config.json", pooling_config)
+    if flow_file is not None:
+        flow_dir = directory / f"{len(modules)}_Flow"
+        flow_dir.mkdir(exist_ok=True)
+        target = flow_dir / "model.safetensors"
+        target.unlink(missing_ok=True)
+        try:
+            os.link(flow_file, target)
+        except OSError:
+            shutil.copyfile(flow_file, target)
+        modules.append((flow_dir.name, FLOW_MODULE))
+    if normalize:
+        normalize_dir = f"{len(modules)}_Normalize"
+        write_json_atomic(directory / normalize_dir / "config.json", {"module_input_name": "sentence_embedding",
+                                                                      "module_output_name": "sentence_embedding"})
+        modules.append((normalize_dir, "sentence_transformers.models.Normalize"))
+    write_json_atomic(directory / MODULES_FILE, [{"idx": i, "name": str(i), "path": path, "type": kind}
+                                                 for i, (path, kind) in enumerate(modules)])
+    write_json_atomic(directory / ST_CONFIG_FILE, {"max_seq_length": max_length, "do_lower_case": False})
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable JSON file ({type(e).__name__})") from None
+
+
+def read(directory) -> dict | None:
+    """What a sentence-transformers directory says the encoder is: {"pooling", "max_length",
+    "normalize", "flow"} (flow: the flow module's weights file or None), or None when there is no
+    ``modules.json``. A module the SentenceEncoder cannot represent is a CheckpointError naming it."""
+    directory = Path(directory)
+    if not (directory / MODULES_FILE).is_file():
+        return None
+    out = {"pooling": None, "max_length": None, "normalize": False, "flow": None}
+    for module in _read_json(directory / MODULES_FILE):
+        kind, path = module.get("type", ""), directory / module.get("path", "")
+        name = kind.rsplit(".", 1)[-1]
+        if kind == FLOW_MODULE:
+            out["flow"] = path / "model.safetensors"
+        elif kind.startswith("sentence_transformers.") and name == "Transformer":
+            if path != directory:
+                raise CheckpointError(f"{directory / MODULES_FILE}: the Transformer module must be the directory "
+                                      f"itself, not {module.get('path')!r}")
+        elif kind.startswith("sentence_transformers.") and name == "Pooling":
+            out["pooling"] = _pooling(path / "config.json")
+        elif kind.startswith("sentence_transformers.") and name == "Normalize":
+            out["normalize"] = True
+        else:
+            raise CheckpointError(f"{directory / MODULES_FILE}: module {kind!r} ({module.get('path')}) cannot be "
+                                  f"represented by a SentenceEncoder (Transformer, mean or [CLS] Pooling, "
+                                  f"bertcf's flow and Normalize can)")
+    out["max_length"] = _max_length(directory)
+    return out
+
+
+def _max_length(directory: Path) -> int | None:
+    """max_seq_length: in sentence_bert_config.json (before sentence-transformers 6), else the
+    tokenizer's model_max_length (where 6 keeps it; a huge number there means none is set)."""
+    if (directory / ST_CONFIG_FILE).is_file():
+        length = _read_json(directory / ST_CONFIG_FILE).get("max_seq_length")
+        if length is not None:
+            return int(length)
+    if (directory / "tokenizer_config.json").is_file():
+        length = _read_json(directory / "tokenizer_config.json").get("model_max_length")
+        if isinstance(length, int) and length < 1_000_000:
+            return length
+    return None
+
+
+def _pooling(config_path: Path) -> str:
+    """mean or cls, from a Pooling module's config: {"pooling_mode": ...} (sentence-transformers 6)
+    or one true "pooling_mode_*" flag (before)."""
+    config = _read_json(config_path)
+    modes = [config["pooling_mode"]] if "pooling_mode" in config else [
+        key for key, value in config.items() if key.startswith("pooling_mode_") and value]
+    chosen = [mode for mode, key in POOLING_MODES.items() if modes in ([key], [mode])]
+    if not chosen:
+        raise CheckpointError(f"{config_path}: pooling {', '.join(map(str, modes)) or 'none'} cannot be represented "
+                              f"by a SentenceEncoder (mean or [CLS] pooling can)")
+    return chosen[0]

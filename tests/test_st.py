@@ -1,0 +1,223 @@
+"""Checkpoints and the ecosystem: sentence-transformers loads what this project writes (flow
+included) and this project reads sentence-transformers directories; the model card; file modes;
+corrupt or missing checkpoint files as one line and exit status 2."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import stat
+
+import pytest
+import torch
+
+from bertcf import SentenceEncoder, multitask, pretrain
+from bertcf.cli import run_main
+from bertcf.flow import Glow
+from minbert import CheckpointError
+
+SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the morning sun.", "Hello",
+             "the quick brown fox jumps over the lazy dog " * 3]
+
+
+def sentence_transformer(path):
+    from sentence_transformers import SentenceTransformer
+    return SentenceTransformer(str(path), device="cpu", trust_remote_code=True)
+
+
+def assert_same_vectors(path, tol=1e-5):
+    ours = SentenceEncoder.from_pretrained(path).encode(SENTENCES)
+    theirs = torch.tensor(sentence_transformer(path).encode(SENTENCES))
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max().item() < tol
+
+
+def with_flow(tiny_bert_dir, pooling="mean"):
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling=pooling)
+    torch.manual_seed(0)
+    encoder.flow = Glow(encoder.dim, num_blocks=2)
+    with torch.no_grad():
+        encoder.flow.train()(torch.randn(32, encoder.dim))
+        for p in encoder.flow.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    return encoder.eval()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+@pytest.mark.parametrize("flow", [False, True])
+def test_sentence_transformers_loads_our_checkpoint(tiny_bert_dir, tmp_path, pooling, flow):
+    encoder = with_flow(tiny_bert_dir, pooling) if flow else SentenceEncoder.from_pretrained(tiny_bert_dir,
+                                                                                             pooling=pooling)
+    encoder.max_length = 12  # shorter than the last sentence: both must truncate alike
+    encoder.save_pretrained(tmp_path / "ckpt")
+    modules = json.loads((tmp_path / "ckpt" / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling"] + (["Flow"] if flow else [])
+    assert json.loads((tmp_path / "ckpt" / "sentence_bert_config.json").read_text())["max_seq_length"] == 12
+    assert_same_vectors(tmp_path / "ckpt")
+    if flow:  # F(x), not f(x)
+        plain = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling=pooling)
+        plain.max_length = 12
+        assert not torch.allclose(plain.encode(SENTENCES), SentenceEncoder.from_pretrained(tmp_path / "ckpt").encode(
+            SENTENCES), atol=1e-3)
+
+
+def test_a_flow_checkpoint_never_loads_silently_without_the_flow(tiny_bert_dir, tmp_path):
+    """sentence-transformers refuses the flow module unless told to run its code: an error, not f(x)."""
+    from sentence_transformers import SentenceTransformer
+
+    with_flow(tiny_bert_dir).save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match="bertcf.st.Flow"):
+        SentenceTransformer(str(tmp_path / "ckpt"), device="cpu")
+
+
+def test_we_read_a_sentence_transformers_directory(tiny_bert_dir, tmp_path):
+    """Pooling, max_seq_length and Normalize of a directory sentence-transformers wrote."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Normalize
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    for pooling, normalize in (("cls", True), ("mean", False)):
+        transformer = Transformer(str(tiny_bert_dir), max_seq_length=10)
+        modules = [transformer, Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)]
+        model = SentenceTransformer(modules=modules + ([Normalize()] if normalize else []), device="cpu")
+        out = tmp_path / f"st-{pooling}"
+        model.save(str(out))
+        encoder = SentenceEncoder.from_pretrained(out)
+        assert (encoder.pooling, encoder.max_length, encoder.normalize) == (pooling, 10, normalize)
+        theirs = torch.tensor(model.encode(SENTENCES))
+        assert (encoder.encode(SENTENCES) - theirs).abs().max().item() < 1e-5
+
+
+def test_a_module_we_cannot_represent_is_a_clear_error(tiny_bert_dir, tmp_path):
+    SentenceEncoder.from_pretrained(tiny_bert_dir).save_pretrained(tmp_path / "ckpt")
+    modules = json.loads((tmp_path / "ckpt" / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(CheckpointError, match="sentence_transformers.models.Dense"):
+        SentenceEncoder.from_pretrained(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
+    modules.pop()
+    (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(CheckpointError, match="pooling_mode_max_tokens"):
+        SentenceEncoder.from_pretrained(tmp_path / "ckpt")
+
+
+def test_real_minilm_agrees_in_its_own_layout(real_bert_dir):
+    """The real all-MiniLM-L6-v2 as published (mean pooling, max_seq_length 256, Normalize)."""
+    encoder = SentenceEncoder.from_pretrained(real_bert_dir)
+    assert (encoder.pooling, encoder.max_length, encoder.normalize) == ("mean", 256, True)
+    assert_same_vectors(real_bert_dir)
+
+
+# ---- checkpoints written by training runs ----------------------------------------------------------
+
+def pretrain_argv(bert, data, out, *more):
+    return ["--model", str(bert), "--data-dir", str(data), "--corpus-from-tasks", "--out-dir", str(out),
+            "--steps", "2", "--batch-size", "4", "--max-length", "16", "--eval-every", "1", "--device", "cpu",
+            "--precision", "fp32", *more]
+
+
+def quiet(main, argv):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return main(argv)
+
+
+def test_run_checkpoints_load_both_ways_with_card_and_modes(tiny_bert_dir, tiny_data_dir, tmp_path):
+    mirror = tmp_path / "mirror"
+    quiet(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, mirror))
+    joint = tmp_path / "joint"
+    quiet(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, joint, "--stage", "joint", "--init",
+                                       str(mirror)))
+    tuned = tmp_path / "tuned"
+    quiet(multitask.main, ["--encoder", str(joint), "--data-dir", str(tiny_data_dir), "--out-dir", str(tuned),
+                           "--steps", "2", "--eval-every", "1", "--sst-batch-size", "4", "--para-batch-size", "4",
+                           "--sts-batch-size", "4", "--proj-dim", "8", "--max-length", "16", "--device", "cpu",
+                           "--precision", "fp32"])
+    for checkpoint in (mirror / "best", mirror / "last", joint / "best", joint / "last", tuned / "best"):
+        assert_same_vectors(checkpoint)
+        for name in ("model.safetensors", "config.json", "modules.json") + (("flow.safetensors",) if "joint" in str(
+                checkpoint) or "tuned" in str(checkpoint) else ()):
+            mode = stat.S_IMODE(os.stat(checkpoint / name).st_mode)
+            assert mode == 0o666 & ~current_umask(), (checkpoint / name, oct(mode))
+    card = (joint / "best" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: sentence-transformers\n")
+    assert "run_pretrain.py" in card and "--stage joint" in card and "stage `joint`, method `mirror`" in card
+    best = json.loads((joint / "metrics.jsonl").read_text().splitlines()[-1])  # the run's last evaluation
+    assert "sts_spearman = " in card and "trust_remote_code=True" in card and best["step"] == 2
+    assert "multitask fine-tuning" in (tuned / "best" / "README.md").read_text()
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---- bad checkpoints: one line, exit status 2 -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tiny_bert_dir, tmp_path_factory):
+    from conftest import write_cs224n_files
+
+    data = write_cs224n_files(tmp_path_factory.mktemp("st-data"))
+    out = tmp_path_factory.mktemp("st-runs") / "joint"
+    quiet(pretrain.main, pretrain_argv(tiny_bert_dir, data, out, "--stage", "joint"))
+    return out, data
+
+
+def one_error_line(capsys, *needles):
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = [line for line in captured.err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, captured.err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "flow.safetensors", "training_state.pt"])
+def test_a_truncated_checkpoint_file_is_one_line(finished_run, tmp_path, capsys, name):
+    out, data = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(out, copy)
+    for checkpoint in ("last", "best"):
+        target = copy / checkpoint / name
+        if target.exists():
+            data_bytes = target.read_bytes()
+            target.unlink()  # hard-linked between best/ and last/: break the link first
+            target.write_bytes(data_bytes[: len(data_bytes) // 2])
+    capsys.readouterr()
+    if name != "flow.safetensors":  # --resume takes the flow from training_state.pt, the frozen encoder from last/
+        assert run_main(pretrain.main, ["--resume", "--out-dir", str(copy), "--steps", "3"]) == 2
+        one_error_line(capsys, name)
+    if name != "training_state.pt":
+        assert run_main(multitask.main, ["--encoder", str(copy), "--data-dir", str(data), "--out-dir",
+                                         str(tmp_path / "mt"), "--device", "cpu"]) == 2
+        one_error_line(capsys, name)
+
+
+def test_corrupt_heads_file_is_one_line(tiny_bert_dir, tmp_path, capsys):
+    from conftest import write_cs224n_files
+
+    data = write_cs224n_files(tmp_path / "data")
+    out = tmp_path / "mt"
+    quiet(multitask.main, ["--encoder", str(tiny_bert_dir), "--data-dir", str(data), "--out-dir", str(out),
+                           "--steps", "1", "--eval-every", "1", "--proj-dim", "8", "--device", "cpu"])
+    (out / "best" / "heads.safetensors").write_bytes(b"not a safetensors file")
+    capsys.readouterr()
+    assert run_main(multitask.main, ["--predict-only", "--checkpoint", str(out)]) == 2
+    one_error_line(capsys, "heads.safetensors")
+
+
+def test_resume_before_the_first_checkpoint_and_an_out_dir_that_is_a_file(tiny_bert_dir, tiny_data_dir, tmp_path,
+                                                                          capsys):
+    run = tmp_path / "early"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"stage": "mirror"}))
+    assert run_main(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, run, "--resume")) == 2
+    one_error_line(capsys, "never reached its first checkpoint", "without --resume")
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    assert run_main(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, file)) == 2
+    one_error_line(capsys, "is a file, not a directory")
