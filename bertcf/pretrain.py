@@ -33,6 +33,10 @@ from .senteval import STSB_FILES, read_stsb
 
 STAGES = tuple(objectives.METHODS)
 STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}
+#: --select-on -> the evaluation's metric that picks best/.
+SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy"}
+SELECTION_LABEL = {"cs224n-sts": "STS dev Spearman", "stsb-dev": "STS-B dev Spearman",
+                   "mlm-heldout": "held-out masked-token accuracy"}
 HELDOUT_SENTENCES = 512
 
 
@@ -57,8 +61,9 @@ def build_parser() -> cli.ArgumentParser:
                    help="tokens per sentence in the STS-dev evaluation (default: the model's "
                         "max_position_embeddings, i.e. whole sentences, as SentEval); --max-length is for training")
     g = p.add_argument_group("model selection")
-    g.add_argument("--select-on", choices=("cs224n-sts", "stsb-dev"), default="cs224n-sts",
-                   help="the STS dev set that picks best/: the CS224N one (the report's) or SentEval's STS-B dev")
+    g.add_argument("--select-on", choices=tuple(SELECTION), default="cs224n-sts",
+                   help="what picks best/: CS224N STS dev Spearman (the report's), SentEval's STS-B dev Spearman, or "
+                        "(--method mlm) the held-out masked-token accuracy, for an MLM base whose STS falls as it learns")
     g.add_argument("--senteval-dir", default=None, help="SentEval's data (default DATA_DIR/SentEval; data/README.md)")
     objectives.add_args(p)
     cli.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32)
@@ -79,6 +84,8 @@ def check_args(args) -> None:
         raise UsageError(f"--batch-size must be at least 2 for contrastive learning, not {args.batch_size}")
     if not 0 <= args.dropout < 1:
         raise UsageError(f"--dropout must be in [0, 1), not {args.dropout}")
+    if args.select_on == "mlm-heldout" and args.method != "mlm":
+        raise UsageError("--select-on mlm-heldout is for --method mlm")
     if args.eval_max_length is not None and args.eval_max_length < 2:
         raise UsageError(f"--eval-max-length must be at least 2, not {args.eval_max_length}")
     objectives.check_args(args)
@@ -155,8 +162,8 @@ def train(args, device) -> dict:
         args.out_dir = out_dir[0]
     training.set_seed(args.seed)
     sentences = load_corpus(args)
-    dev_pairs = (read_sts(task_file(args.data_dir, "sts", "dev")) if args.select_on == "cs224n-sts" else
-                 read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"]))
+    dev_pairs = (read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"])
+                 if args.select_on == "stsb-dev" else read_sts(task_file(args.data_dir, "sts", "dev")))
     evaluator = STSDevEvaluator(dev_pairs)
     encoder = load_encoder(args)
     generator = torch.Generator().manual_seed(args.seed)  # every random choice of the objective
@@ -203,7 +210,7 @@ def train(args, device) -> dict:
     optimizer = training.make_optimizer(objective.parameter_groups(), args.lr, args.weight_decay, device)
     scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
     trainer = training.Trainer(args, run, objective.checkpoint_modules(), optimizer, scheduler, {"corpus": sampler},
-                               metric=evaluator.primary_metric, save_model=save_model, evaluate=evaluate,
+                               metric=SELECTION[args.select_on], save_model=save_model, evaluate=evaluate,
                                items_per_step=args.batch_size, extra_state={"span": GeneratorState(generator)})
     if args.resume:
         if objective.encoder_frozen:  # the encoder as this run used it, whatever --init holds now
@@ -212,15 +219,16 @@ def train(args, device) -> dict:
         trainer.resume()
     summary = trainer.fit(step_fn, after_step=objective.after_step)
     if rank == 0:
-        print(final_line(summary, run.dir))
+        print(final_line(summary, run.dir, SELECTION_LABEL[args.select_on]))
     return summary
 
 
-def final_line(summary: dict, run_dir) -> str:
-    """The closing line: step-0 and best STS dev Spearman, and where the best checkpoint is."""
+def final_line(summary: dict, run_dir, label: str = "STS dev Spearman") -> str:
+    """The closing line: the selection metric (``label``) at step 0 and at its best, and where the
+    best checkpoint is."""
     def score(x):
         return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
     if summary["best_step"] is None:  # every evaluation gave nan (e.g. constant cosines)
-        return f"STS dev Spearman: step 0 {score(summary['first'])}; no best checkpoint written"
-    return (f"STS dev Spearman: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
+        return f"{label}: step 0 {score(summary['first'])}; no best checkpoint written"
+    return (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
             f"{summary['best_step']}; best checkpoint: {Path(run_dir) / 'best'}")

@@ -70,6 +70,9 @@ def read(directory) -> dict | None:
     for module in _read_json(directory / MODULES_FILE):
         kind, path = module.get("type", ""), directory / module.get("path", "")
         name = kind.rsplit(".", 1)[-1]
+        if out["normalize"]:  # the encoder normalises last, after pooling and the flow
+            raise CheckpointError(f"{directory / MODULES_FILE}: module {kind!r} after Normalize cannot be represented "
+                                  f"by a SentenceEncoder (it normalises last)")
         if kind == FLOW_MODULE:
             out["flow"] = path / "model.safetensors"
         elif kind.startswith("sentence_transformers.") and name == "Transformer":

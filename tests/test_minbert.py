@@ -454,7 +454,15 @@ def test_missing_local_paths_raise(tmp_path, hf_dir):
     no_weights.mkdir()
     shutil.copy(hf_dir[0] / "config.json", no_weights)
     with pytest.raises(CheckpointError, match="model.safetensors"):
-        BertModel.from_pretrained(no_weights)
+        minbert.model.resolve_checkpoint(no_weights)  # weights asked for explicitly
+    # from_pretrained of a config-only directory: random weights (pretraining from scratch), seeded.
+    torch.manual_seed(5)
+    a = BertModel.from_pretrained(no_weights)
+    torch.manual_seed(5)
+    b = BertModel.from_pretrained(no_weights, hidden_dropout_prob=0.0)
+    assert a.config.hidden_size == hf_dir[1].config.hidden_size and b.config.hidden_dropout_prob == 0.0
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    assert not torch.equal(a.embeddings.word_embeddings.weight, hf_dir[1].embeddings.word_embeddings.weight)
     with pytest.raises(CheckpointError, match="is a file; pass the checkpoint directory"):
         BertModel.from_pretrained(hf_dir[0] / "model.safetensors")
 

@@ -97,6 +97,12 @@ def test_a_module_we_cannot_represent_is_a_clear_error(tiny_bert_dir, tmp_path):
     (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(CheckpointError, match="sentence_transformers.models.Dense"):
         SentenceEncoder.from_pretrained(tmp_path / "ckpt")
+    modules[2] = {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+    modules.append({"idx": 3, "name": "3", "path": "3_Flow", "type": "bertcf.st.Flow"})
+    (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(CheckpointError, match="after Normalize"):
+        SentenceEncoder.from_pretrained(tmp_path / "ckpt")
+    modules.pop()
     (tmp_path / "ckpt" / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
     modules.pop()
     (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
