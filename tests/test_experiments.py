@@ -367,8 +367,7 @@ def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypa
     mlm = json.loads((base / "config.json").read_text())
     assert (mlm["method"], mlm["steps"], mlm["batch_size"], mlm["lr_schedule"]) == ("mlm", 3, 4, "linear")
     assert mlm["select_on"] == "mlm-heldout"  # MLM lowers STS at first: STS would keep the random step 0
-    best = max(json.loads(line)["mlm_heldout_accuracy"] for line in (base / "metrics.jsonl").read_text().splitlines())
-    assert "mlm_heldout_accuracy = " in (base / "best" / "README.md").read_text() and best >= 0
+    assert "mlm_heldout_accuracy = " in (base / "best" / "README.md").read_text()
     assert mlm["model"] == str(config)
     mirror = json.loads((out / "stages" / "mirror" / "config.json").read_text())
     assert mirror["model"] == str((base / "best").resolve())

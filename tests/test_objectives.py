@@ -483,6 +483,24 @@ def test_config_only_directory_trains_mlm_from_random_weights(vocab_path, tiny_d
     assert torch.isfinite(encoder.encode(["A man plays a guitar."])).all()
 
 
+def test_mlm_from_random_weights_can_select_on_heldout_accuracy(vocab_path, tiny_data_dir, tmp_path, capsys):
+    """--select-on mlm-heldout: best/ is the evaluation with the highest held-out masked-token
+    accuracy (0 at the random step 0), not the highest STS dev Spearman, which MLM from random
+    weights first lowers; STS is still evaluated and logged."""
+    config_dir = config_only_dir(tmp_path / "bert-config", vocab_path)
+    out = tmp_path / "run"
+    summary = pretrain(config_dir, tiny_data_dir, out, "mlm", "--steps", "6", "--lr", "3e-3",
+                       "--select-on", "mlm-heldout")
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    accuracy = [m["mlm_heldout_accuracy"] for m in metrics]
+    assert all("sts_spearman" in m for m in metrics)
+    assert accuracy[0] == 0 and max(accuracy) > 0, accuracy  # the test needs training to move it
+    assert summary["best"] == max(accuracy) and summary["best_step"] == metrics[accuracy.index(max(accuracy))]["step"]
+    assert summary["best_step"] > 0
+    assert "held-out masked-token accuracy: step 0 0.0000" in capsys.readouterr().out
+    assert SentenceEncoder.from_pretrained(out / "best") is not None
+
+
 def test_mlm_loss_of_a_random_model_starts_near_uniform(real_vocab_path, tmp_path):
     """With BERT's initialisation (std 0.02) the logits are near 0 (std 0.16 here), so the loss at
     step 0 is near the uniform baseline ln V (V = 30522: 10.33): the logits' spread adds

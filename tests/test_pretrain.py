@@ -442,7 +442,7 @@ def exit_status(argv) -> int:
 
 @pytest.mark.parametrize("case", ["missing-corpus", "empty-corpus", "short-corpus", "missing-sts-dev", "empty-sts-dev",
                                   "unknown-method", "flow-method-for-mirror", "batch-size-1", "span-p-0",
-                                  "span-p-1.5", "missing-model"])
+                                  "span-p-1.5", "missing-model", "select-on-mlm-heldout-for-mirror"])
 def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
@@ -475,6 +475,8 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
         flags, needle = {"span_p": 1.5}, "--span-p"
     elif case == "missing-model":
         flags, needle = {"model": tmp_path / "no-such-bert"}, "no-such-bert"
+    elif case == "select-on-mlm-heldout-for-mirror":
+        flags, needle = {"select_on": "mlm-heldout"}, "--select-on mlm-heldout is for --method mlm"
     out = tmp_path / "run"
     assert exit_status(base_args(tiny_bert_dir, data, out, **flags)) == 2
     assert_one_error_line(capsys, needle)
@@ -579,6 +581,9 @@ def test_final_line_handles_missing_scores(tmp_path):
     assert line == f"STS dev Spearman: step 0 0.1235, best 0.5000 at step 250; best checkpoint: {tmp_path / 'best'}"
     line = pretrain.final_line({"first": float("nan"), "best": float("-inf"), "best_step": None}, tmp_path)
     assert "step 0 n/a" in line and "no best checkpoint" in line
+    line = pretrain.final_line({"first": 0.0, "best": 0.25, "best_step": 4}, tmp_path,
+                              pretrain.SELECTION_LABEL["mlm-heldout"])
+    assert line.startswith("held-out masked-token accuracy: step 0 0.0000, best 0.2500 at step 4;")
 
 
 # ---- torchrun: a data-parallel run is one process's run on the global batch -------------------------
