@@ -73,6 +73,7 @@ def load_models(model: str | None, tiny: bool = False, seed: int = 11711):
     import transformers
 
     from minbert import BertConfig, BertModel, CheckpointError
+    from minbert.model import has_weights
 
     torch.manual_seed(seed)
     note = ""
@@ -81,8 +82,7 @@ def load_models(model: str | None, tiny: bool = False, seed: int = 11711):
     else:
         path = Path(model)
         config_file = path if path.is_file() else path / "config.json"
-        has_weights = path.is_dir() and any((path / w).is_file() for w in ("model.safetensors", "pytorch_model.bin"))
-        if has_weights:
+        if path.is_dir() and has_weights(path):
             mb, note = BertModel.from_pretrained(path), "checkpoint weights"
         elif config_file.is_file():
             mb, note = BertModel(BertConfig.from_json_file(config_file)), "config only, random weights"

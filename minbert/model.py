@@ -428,13 +428,15 @@ class BertModel(nn.Module):
         ``config_overrides`` (e.g. ``hidden_dropout_prob=0.1``) replace config values."""
         path = Path(name_or_path)
         if path.is_dir() and (path / "config.json").is_file() and not has_weights(path):
-            model = cls(replace(BertConfig.from_json_file(path / "config.json"), **config_overrides))
-            print(f"minbert: {path} holds a config.json and no weights: starting from random weights")
-            return model
-        config_path, weights_path = resolve_checkpoint(name_or_path)
+            config_path, weights_path = path / "config.json", None
+        else:
+            config_path, weights_path = resolve_checkpoint(name_or_path)
         config = replace(BertConfig.from_json_file(config_path), **config_overrides)  # a misspelt key is a TypeError
         model = cls(config)
-        model.load_hf_state_dict(load_state_dict_file(weights_path), source=str(name_or_path))
+        if weights_path is None:
+            print(f"minbert: {path} holds a config.json and no weights: starting from random weights")
+        else:
+            model.load_hf_state_dict(load_state_dict_file(weights_path), source=str(name_or_path))
         return model
 
     def load_hf_state_dict(self, state_dict: dict, source: str = "checkpoint") -> None:

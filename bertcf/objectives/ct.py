@@ -45,7 +45,7 @@ class ContrastiveTension(Objective):
         partner, labels = self.pairs(ids.shape[0])  # over the global batch: B_i may be another rank's row
         rows = local_rows(ids.shape[0], rank, world)
         partner, labels = partner[rows], labels[rows]
-        a = self.encoder.embed(ids[rows].to(self.device), mask[rows].to(self.device))
+        a = self.embed(ids[rows], mask[rows])
         b_ids, b_mask = ids[partner].to(self.device), mask[partner].to(self.device)
         b = pool(self.second(b_ids, b_mask)["last_hidden_state"], b_mask, self.encoder.pooling)
         logits = (a.float() * b.float()).sum(-1)

@@ -84,7 +84,7 @@ class TSDAE(Objective):
         count = max(int(mask[:, 1:].sum()), 1)  # target tokens of the global batch
         rows = local_rows(ids.shape[0], rank, world)
         ids, mask, special, damaged, damaged_mask = (x[rows] for x in (ids, mask, special, damaged, damaged_mask))
-        u = self.encoder.embed(damaged.to(self.device), damaged_mask.to(self.device))
+        u = self.embed(damaged, damaged_mask)
         original, original_mask = ids.to(self.device), mask.to(self.device)
         inputs = original[:, :-1]
         labels = original[:, 1:].masked_fill(original_mask[:, 1:] == 0, IGNORE_INDEX)
