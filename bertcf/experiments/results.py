@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from functools import cached_property
 from pathlib import Path
 
 from ..data import read_quora, read_sts, task_file
@@ -70,9 +71,10 @@ class Evaluation:
     def senteval_dir(self) -> Path:
         return Path(self.args.senteval_dir or self.plan.data_dir / "SentEval")
 
-    @property
+    @cached_property
     def senteval_tasks(self) -> list[str]:
-        """The SentEval tasks whose files are there: STS (test sets), + transfer with --transfer."""
+        """The SentEval tasks whose files are there: STS (test sets), + transfer with --transfer
+        (looked up once, not for every row)."""
         from ..evaluate import present_tasks
         from ..senteval import STS_TASKS, TRANSFER_TASKS
         sts = present_tasks(self.senteval_dir, STS_TASKS)
