@@ -245,7 +245,7 @@ class Workload:
 
 class Mirror(Workload):
     """Pretraining's own objective (``bertcf.objectives``) on batches of 16 corpus sentences on the
-    host, as the stage hands them over: it draws the views, copies them to the device, encodes."""
+    host, as pretraining hands them over: it draws the views, copies them to the device, encodes."""
 
     stage = "mirror"
 
@@ -295,23 +295,23 @@ class Joint(Mirror):
 
     def flops(self, inputs):
         d = self.config.hidden_size
-        flow_params = 3 * (d * d + (d // 2) * d + d * (d - d // 2))  # 1x1 + coupling MLP, roughly
-        return super().flops(inputs) + sum(6 * flow_params * 2 * len(b.lengths) for b in inputs)
+        flow_qqpms = 3 * (d * d + (d // 2) * d + d * (d - d // 2))  # 1x1 + coupling MLP, roughly
+        return super().flops(inputs) + sum(6 * flow_qqpms * 2 * len(b.lengths) for b in inputs)
 
 
 class Multitask(Workload):
     """bertcf.multitask's training step itself: MultitaskModel (one encoder pass over all 288
     sentences, the heads) and MultitaskLoss, around either implementation."""
 
-    sizes = {"sst": 32, "para": 96, "sts": 32}
+    sizes = {"sst": 32, "qqp": 96, "sts": 32}
 
     def make_inputs(self, n):
         out = []
         for _ in range(n):
             lengths = []
-            for task, kind in (("sst", "sst"), ("para", "qqp"), ("sts", "sts")):
-                median, max_len = LENGTHS[kind]
-                rows = self.sizes[task] * (1 if task == "sst" else 2)
+            for task, size in self.sizes.items():
+                median, max_len = LENGTHS[task]
+                rows = size * (1 if task == "sst" else 2)
                 lengths += sample_lengths(rows, median, min(max_len, self.config.max_position_embeddings), self.g)
             out.append([make_batch(lengths, self.config.vocab_size, self.g, self.device, (self.cls, self.sep))])
         return out
@@ -322,14 +322,14 @@ class Multitask(Workload):
 
         torch.manual_seed(0)  # the same initial heads for both implementations
         model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), proj_dim=768, sst_dropout=0.3,
-                               para_dropout=0.0, sts_dropout=0.1).to(self.device)
+                               qqp_dropout=0.0, sts_dropout=0.1).to(self.device)
         model.requires_grad_(True)
         model.train()
         g = torch.Generator(device=self.device).manual_seed(0)
         labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
-                  "para": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
+                  "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
                   "sts": torch.rand(32, generator=g, device=self.device) * 5}
-        multitask_loss = MultitaskLoss({"sst": 5.0, "para": 20.0, "sts": 1.0}, para_margin=0.7, sts_margin=0.0)
+        multitask_loss = MultitaskLoss({"sst": 5.0, "qqp": 20.0, "sts": 1.0}, qqp_margin=0.7, sts_margin=0.0)
 
         def loss(inputs):
             (b,) = inputs
@@ -339,7 +339,7 @@ class Multitask(Workload):
 
     def flops(self, inputs):
         d = self.config.hidden_size
-        heads = 6 * d * (5 * self.sizes["sst"] + 768 * 2 * (self.sizes["para"] + self.sizes["sts"]))
+        heads = 6 * d * (5 * self.sizes["sst"] + 768 * 2 * (self.sizes["qqp"] + self.sizes["sts"]))
         return super().flops(inputs) + heads
 
 

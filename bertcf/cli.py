@@ -21,7 +21,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def add_common_args(parser: argparse.ArgumentParser, **defaults) -> argparse.ArgumentParser:
-    """The flags every stage has (README, "The main job"); a stage passes its own defaults."""
+    """The flags of every training command (README, "The main job"), with the command's defaults."""
     d = dict(model="bert-base-uncased", steps=10_000, batch_size=16, lr=1e-4, eval_every=250,
              max_length=32, log_every=10) | defaults
     g = parser.add_argument_group("common")
@@ -49,9 +49,24 @@ def add_common_args(parser: argparse.ArgumentParser, **defaults) -> argparse.Arg
     return parser
 
 
-def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+def add_renamed_flags(parser: argparse.ArgumentParser, renames: dict) -> None:
+    """Accept each old flag of ``renames`` (old -> new) as the new one, with a note on stderr,
+    so that commands written before a rename still run; --help shows the new names only."""
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            print(f"note: {option_string} is now {renames[option_string]}", file=sys.stderr)
+            setattr(namespace, self.dest, values)
+
+    for old, new in renames.items():
+        target = next(a for a in parser._actions if new in a.option_strings)
+        parser.add_argument(old, dest=target.dest, type=target.type, action=Renamed,
+                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def parse_args(parser: argparse.ArgumentParser, argv=None, upgrade=None) -> argparse.Namespace:
     """Parse flags; with --resume, settings not given on the command line come from the
-    run's config.json, so a resumed run continues with the settings it started with."""
+    run's config.json, so a resumed run continues with the settings it started with
+    (``upgrade``: applied to the saved settings, for names that changed since)."""
     args = parser.parse_args(argv)
     if args.resume:
         if not args.out_dir:
@@ -60,6 +75,7 @@ def parse_args(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace
         if not config.is_file():
             raise UsageError(f"--resume: {config} not found")
         saved = json.loads(config.read_text())
+        saved = upgrade(saved) if upgrade else saved
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved.items() if k in known})
         args = parser.parse_args(argv)

@@ -28,7 +28,7 @@ logger = logging.getLogger("bertcf.data")
 
 __all__ = [
     "DataError", "SentenceExample", "PairExample", "TASKS", "SPLITS", "TASK_FILES", "task_file",
-    "read_sst", "read_quora", "read_sts", "read_task", "read_corpus", "task_sentences",
+    "read_sst", "read_qqp", "read_sts", "READERS", "read_task", "read_corpus", "task_sentences",
 ]
 
 
@@ -59,16 +59,16 @@ class PairExample:
 # Standard file names
 # --------------------------------------------------------------------------------------
 
-TASKS = ("sst", "quora", "sts")
+TASKS = ("sst", "qqp", "sts")  # QQP's files keep CS224N's "quora" names
 SPLITS = ("train", "dev", "test")
 
 TASK_FILES: dict[tuple[str, str], str] = {
     ("sst", "train"): "ids-sst-train.csv",
     ("sst", "dev"): "ids-sst-dev.csv",
     ("sst", "test"): "ids-sst-test-student.csv",
-    ("quora", "train"): "quora-train.csv",
-    ("quora", "dev"): "quora-dev.csv",
-    ("quora", "test"): "quora-test-student.csv",
+    ("qqp", "train"): "quora-train.csv",
+    ("qqp", "dev"): "quora-dev.csv",
+    ("qqp", "test"): "quora-test-student.csv",
     ("sts", "train"): "sts-train.csv",
     ("sts", "dev"): "sts-dev.csv",
     ("sts", "test"): "sts-test-student.csv",
@@ -76,7 +76,7 @@ TASK_FILES: dict[tuple[str, str], str] = {
 
 
 def task_file(data_dir: str | os.PathLike, task: str, split: str) -> Path:
-    """Path of the standard file for ``task`` ('sst', 'quora', 'sts') and ``split``
+    """Path of the standard file for ``task`` ('sst', 'qqp', 'sts') and ``split``
     ('train', 'dev', 'test') in ``data_dir``.  Raises ValueError for unknown names."""
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r} (expected one of {', '.join(TASKS)})")
@@ -251,7 +251,7 @@ def read_sst(path: str | os.PathLike, labeled: bool | None = None) -> list[Sente
     return [SentenceExample(id_, texts[0], label) for id_, texts, label in rows]
 
 
-def read_quora(path: str | os.PathLike, labeled: bool | None = None) -> list[PairExample]:
+def read_qqp(path: str | os.PathLike, labeled: bool | None = None) -> list[PairExample]:
     """Read a Quora Question Pairs file (id, sentence1, sentence2[, is_duplicate]).
 
     Labels are 0.0 / 1.0 ("0", "1", "0.0" and "1.0" are accepted).  Rows with an empty
@@ -267,13 +267,13 @@ def read_sts(path: str | os.PathLike, labeled: bool | None = None) -> list[PairE
     return [PairExample(id_, s1, s2, label) for id_, (s1, s2), label in rows]
 
 
-_READERS = {"sst": read_sst, "quora": read_quora, "sts": read_sts}
+READERS = {"sst": read_sst, "qqp": read_qqp, "sts": read_sts}
 
 
 def read_task(data_dir: str | os.PathLike, task: str, split: str,
               labeled: bool | None = None) -> list[SentenceExample] | list[PairExample]:
     """Read the standard file of ``task``/``split`` in ``data_dir`` (see :func:`task_file`)."""
-    return _READERS[task](task_file(data_dir, task, split), labeled=labeled)
+    return READERS[task](task_file(data_dir, task, split), labeled=labeled)
 
 
 # --------------------------------------------------------------------------------------
@@ -333,7 +333,7 @@ def task_sentences(data_dir: str | os.PathLike, min_words: int = 0) -> list[str]
         raise DataError(f"{data_dir}: missing task train file(s) {', '.join(missing)} "
                         f"needed for the task corpus ({_not_found_hint(Path(data_dir))})")
     sentences: list[str] = [ex.sentence for ex in read_sst(paths["sst"], labeled=False)]
-    for reader, path in ((read_quora, paths["quora"]), (read_sts, paths["sts"])):
+    for reader, path in ((read_qqp, paths["qqp"]), (read_sts, paths["sts"])):
         for pair in reader(path, labeled=False):
             sentences += (pair.sentence1, pair.sentence2)
     unique = [s for s in dict.fromkeys(sentences) if len(s.split()) >= min_words]

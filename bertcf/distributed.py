@@ -152,7 +152,7 @@ def wrap_ddp(module: torch.nn.Module, device=None, find_unused_parameters: bool 
     takes part in the forward but not in the loss, e.g. minBERT's pooler under mean or [CLS]
     pooling: without it DDP stops at step 2 ("Expected to have finished reduction"), and
     ``static_graph=True`` is worse (silently wrong gradients at step 2, an error at step 3).
-    For speed, a stage may freeze what its loss never uses
+    For speed, a command may freeze what its loss never uses
     (``encoder.bert.pooler.requires_grad_(False)``) and pass ``find_unused_parameters=False``."""
     _, world = dist_info()
     if world == 1 or not any(p.requires_grad for p in module.parameters()):

@@ -26,7 +26,7 @@ import torch
 from minbert import pad_batch
 
 from . import cli, training
-from .data import DataError, read_quora, read_sst, read_sts, task_file
+from .data import READERS, DataError, task_file
 from .distributed import dist_info, local_rows, run_distributed, wrap_ddp
 from .encoder import SentenceEncoder
 from .encoder import resolve_encoder_path as resolve_encoder_source  # --encoder: a run directory -> its best/
@@ -34,15 +34,18 @@ from .errors import UsageError
 from .files import save_dir_atomic, write_json_atomic
 from .multitask_model import (METRICS, SELECTION_METRIC, TASKS, MultitaskLoss, MultitaskModel, checkpoint_meta,
                               clamped_cosine, mean_dev, predict_paraphrase, predict_sentiment, predict_similarity,
-                              resolve_checkpoint, run_dir_of, task_metric)
+                              renamed_from_para, resolve_checkpoint, run_dir_of, task_metric)
 
 logger = logging.getLogger("bertcf.multitask")
 
 SPLITS = ("train", "dev", "test")
-_DATA_TASK = {"sst": "sst", "para": "quora", "sts": "sts"}  # our task names -> bertcf.data's
-_READERS = {"sst": read_sst, "para": read_quora, "sts": read_sts}
-PREDICTION_HEADERS = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase",
+PREDICTION_HEADERS = {"sst": "Predicted_Sentiment", "qqp": "Predicted_Is_Paraphrase",
                       "sts": "Predicted_Similiary"}  # sic: the CS224N starter's spelling
+
+
+def prediction_file(task: str, split: str) -> str:
+    """The CS224N name of a prediction file: QQP's are para-{split}-output.csv."""
+    return f"{'para' if task == 'qqp' else task}-{split}-output.csv"
 
 
 # ---- data -------------------------------------------------------------------------------------------
@@ -92,7 +95,7 @@ def load_task(task: str, split: str, path, tokenizer, max_length: int, limit: in
     """Read and tokenise one file. train: labeled rows (the first ``limit``); dev: every row,
     with the labels of the labeled ones (every id gets a prediction); test: every row."""
     path = Path(path)
-    reader = _READERS[task]
+    reader = READERS[task]
     if split == "train":
         rows = reader(path, labeled=True)[:limit]
         labels = [r.label for r in rows]
@@ -121,7 +124,7 @@ def file_flag(task: str, split: str) -> str:
 
 def task_paths(args) -> dict:
     """(task, split) -> Path from the per-file flags (defaults: the standard names in --data-dir)."""
-    return {(t, s): Path(getattr(args, file_flag(t, s)) or task_file(args.data_dir, _DATA_TASK[t], s))
+    return {(t, s): Path(getattr(args, file_flag(t, s)) or task_file(args.data_dir, t, s))
             for t in TASKS for s in SPLITS}
 
 
@@ -188,17 +191,17 @@ def predict(model: MultitaskModel, data: TaskData, batch_size: int = 128, precis
         if data.task == "sst":
             return predict_sentiment(head(vectors[0]).float()).cpu()
         y = clamped_cosine(head(vectors[0]), head(vectors[1]),
-                           model.para_margin if data.task == "para" else model.sts_margin).cpu()
+                           model.qqp_margin if data.task == "qqp" else model.sts_margin).cpu()
     finally:
         model.train(was_training)
-    if data.task == "para":
-        return predict_paraphrase(y, model.para_margin)
+    if data.task == "qqp":
+        return predict_paraphrase(y, model.qqp_margin)
     return predict_similarity(y, model.sts_margin)
 
 
 def evaluate(model: MultitaskModel, dev: dict, batch_size: int = 128, precision: str | None = None,
              limit: int | None = None) -> dict:
-    """{'sst_acc', 'para_acc', 'sts_pearson', 'mean_dev'} on the labeled rows of the dev sets
+    """{'sst_acc', 'qqp_acc', 'sts_pearson', 'mean_dev'} on the labeled rows of the dev sets
     (``dev``: task -> TaskData; ``limit``: the first rows of each only)."""
     metrics = {}
     for task in TASKS:
@@ -227,7 +230,7 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
             predicted = predict(model, d, batch_size, precision)
             lines = [f"id \t {PREDICTION_HEADERS[task]} \n"]
             lines += [f"{i} , {format_prediction(task, v)} \n" for i, v in zip(d.ids, predicted.tolist())]
-            files[f"{task}-{split}-output.csv"] = "".join(lines)
+            files[prediction_file(task, split)] = "".join(lines)
             if split == "dev":
                 rows = [k for k, label in enumerate(d.labels) if label is not None]
                 metrics[METRICS[task]] = task_metric(task, predicted[rows], [d.labels[k] for k in rows])
@@ -258,16 +261,16 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     g.add_argument("--proj-dim", type=int, default=768, help="output width of the QQP and STS heads")
     g.add_argument("--sst-dropout", type=float, default=0.3)
-    g.add_argument("--para-dropout", type=float, default=0.0)
+    g.add_argument("--qqp-dropout", type=float, default=0.0)
     g.add_argument("--sts-dropout", type=float, default=0.1)
-    g.add_argument("--para-margin", type=float, default=0.7, help="h of the QQP hinge y = max(cos, h)")
+    g.add_argument("--qqp-margin", type=float, default=0.7, help="h of the QQP hinge y = max(cos, h)")
     g.add_argument("--sts-margin", type=float, default=0.0, help="h of the STS y = max(cos, h)")
     g = p.add_argument_group("training")
     g.add_argument("--sst-batch-size", type=int, default=32, help="SST sentences per step")
-    g.add_argument("--para-batch-size", type=int, default=96, help="QQP pairs per step")
+    g.add_argument("--qqp-batch-size", type=int, default=96, help="QQP pairs per step")
     g.add_argument("--sts-batch-size", type=int, default=32, help="STS pairs per step")
     g.add_argument("--sst-weight", type=float, default=5.0)
-    g.add_argument("--para-weight", type=float, default=20.0)
+    g.add_argument("--qqp-weight", type=float, default=20.0)
     g.add_argument("--sts-weight", type=float, default=1.0)
     g.add_argument("--max-train-examples", type=int, default=None, help="use the first N rows of each training file")
     g.add_argument("--max-eval-examples", type=int, default=None,
@@ -287,7 +290,9 @@ def build_parser() -> cli.ArgumentParser:
     cli.add_common_args(p, steps=5000, lr=1e-5, batch_size=128, eval_every=500, max_length=128)
     for action in p._actions:
         if action.dest == "batch_size":
-            action.help = "sentences per batch in evaluation and prediction (training: --sst/para/sts-batch-size)"
+            action.help = "sentences per batch in evaluation and prediction (training: --sst/qqp/sts-batch-size)"
+    cli.add_renamed_flags(p, {f"--para-{name}": f"--qqp-{name}"
+                              for name in ("dropout", "margin", "batch-size", "weight", *SPLITS)})
     return p
 
 
@@ -307,27 +312,28 @@ def parse(argv=None):
         if config.is_file():
             saved = json.loads(config.read_text())
             if isinstance(saved, dict) and "sst_train" in saved:  # a multitask run's settings
+                saved = renamed_from_para(saved)
                 parser.set_defaults(**{k: saved[k] for k in _PREDICT_SETTINGS if k in saved})
     elif args.checkpoint:
         raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
-    return cli.parse_args(parser, argv)
+    return cli.parse_args(parser, argv, upgrade=renamed_from_para)
 
 
 def check_args(args) -> None:
-    for name in ("sst_batch_size", "para_batch_size", "sts_batch_size", "proj_dim"):
+    for name in ("sst_batch_size", "qqp_batch_size", "sts_batch_size", "proj_dim"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     for name in ("max_train_examples", "max_eval_examples"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    for name in ("sst_weight", "para_weight", "sts_weight"):
+    for name in ("sst_weight", "qqp_weight", "sts_weight"):
         value = getattr(args, name)
         if not (math.isfinite(value) and value >= 0):
             raise UsageError(f"--{name.replace('_', '-')} must be a number >= 0, not {value}")
-    for name in ("dropout", "sst_dropout", "para_dropout", "sts_dropout"):
+    for name in ("dropout", "sst_dropout", "qqp_dropout", "sts_dropout"):
         if not 0 <= getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be in [0, 1), not {getattr(args, name)}")
-    for name in ("para_margin", "sts_margin"):
+    for name in ("qqp_margin", "sts_margin"):
         if not -1 <= getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be in [-1, 1), not {getattr(args, name)}")
     args.encoder = str(args.encoder or args.init or args.model)
@@ -359,7 +365,7 @@ def predict_only(args) -> dict:
 
 
 def report(metrics: dict, out_dir) -> None:
-    print(f"dev: SST acc {metrics['sst_acc']:.4f}, QQP acc {metrics['para_acc']:.4f}, "
+    print(f"dev: SST acc {metrics['sst_acc']:.4f}, QQP acc {metrics['qqp_acc']:.4f}, "
           f"STS r {metrics['sts_pearson']:.4f}, mean {metrics['mean_dev']:.4f}; "
           f"predictions in {Path(out_dir) / 'predictions'}")
 
@@ -381,8 +387,8 @@ def train(args, device) -> dict:
     encoder.max_length = max_length
     data = load_data(args, encoder.tokenizer, max_length)
     model = MultitaskModel(encoder, proj_dim=args.proj_dim, sst_dropout=args.sst_dropout,
-                           para_dropout=args.para_dropout, sts_dropout=args.sts_dropout,
-                           para_margin=args.para_margin, sts_margin=args.sts_margin)
+                           qqp_dropout=args.qqp_dropout, sts_dropout=args.sts_dropout,
+                           qqp_margin=args.qqp_margin, sts_margin=args.sts_margin)
     if args.freeze_encoder:
         encoder.requires_grad_(False)
     elif args.freeze_flow and encoder.flow is not None:
@@ -393,9 +399,9 @@ def train(args, device) -> dict:
 
     train_sets = {t: data[t, "train"] for t in TASKS}
     dev_sets = {t: data[t, "dev"] for t in TASKS}
-    batch_sizes = {"sst": args.sst_batch_size, "para": args.para_batch_size, "sts": args.sts_batch_size}
-    weights = {"sst": args.sst_weight, "para": args.para_weight, "sts": args.sts_weight}
-    multitask_loss = MultitaskLoss(weights, args.para_margin, args.sts_margin)
+    batch_sizes = {"sst": args.sst_batch_size, "qqp": args.qqp_batch_size, "sts": args.sts_batch_size}
+    weights = {"sst": args.sst_weight, "qqp": args.qqp_weight, "sts": args.sts_weight}
+    multitask_loss = MultitaskLoss(weights, args.qqp_margin, args.sts_margin)
     samplers = make_samplers({t: len(d) for t, d in train_sets.items()}, args.seed)
     rank, world = dist_info()
     pad_id = encoder.tokenizer.pad_token_id
@@ -418,10 +424,10 @@ def train(args, device) -> dict:
     def save_model(directory):
         model.save_pretrained(directory, extra={"step": trainer.step})
 
-    items = args.sst_batch_size + 2 * args.para_batch_size + 2 * args.sts_batch_size
+    items = args.sst_batch_size + 2 * args.qqp_batch_size + 2 * args.sts_batch_size
     trainer = training.Trainer(args, run, {"model": model}, optimizer, scheduler, samplers,
                                metric=SELECTION_METRIC, save_model=save_model, evaluate=evaluate_fn,
-                               items_per_step=items)
+                               items_per_step=items, upgrade_state=renamed_from_para)
     if args.resume:
         trainer.resume()
     summary = trainer.fit(step_fn)

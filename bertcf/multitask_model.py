@@ -29,10 +29,20 @@ from .files import save_tensors_atomic, write_json_atomic
 HEADS_FILE = "heads.safetensors"
 HEADS_CONFIG_FILE = "multitask.json"
 NUM_SENTIMENTS = 5
-TASKS = ("sst", "para", "sts")
-COLUMNS = {"sst": 1, "para": 2, "sts": 2}  # sentences per example
-METRICS = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_pearson"}
+TASKS = ("sst", "qqp", "sts")
+COLUMNS = {"sst": 1, "qqp": 2, "sts": 2}  # sentences per example
+METRICS = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson"}
 SELECTION_METRIC = "mean_dev"
+
+
+def renamed_from_para(d: dict) -> dict:
+    """``d`` (and the dicts inside it) with QQP's old name in keys replaced: 'para' -> 'qqp',
+    'para_*' -> 'qqp_*' (flags para_batch_size, metric para_acc, tensors para_head.*). Files
+    written before QQP had one name in the code (config.json, metrics.json, multitask.json,
+    heads and training state) are read through it."""
+    def key(k):
+        return "qqp" + k[4:] if isinstance(k, str) and (k == "para" or k.startswith("para_")) else k
+    return {key(k): renamed_from_para(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
 # ---- losses ----------------------------------------------------------------------------------------
@@ -107,17 +117,17 @@ def scale_scores(scores: torch.Tensor, margin: float) -> torch.Tensor:
 
 
 class MultitaskLoss(nn.Module):
-    """The report's multitask objective: w_sst L_sst + w_para L_qqp + w_sts L_sts (5, 20 and 1),
+    """The report's multitask objective: w_sst L_sst + w_qqp L_qqp + w_sts L_sts (5, 20 and 1),
     from :class:`SSTLoss`, :class:`HingeCosineLoss` and :class:`CosineRegressionLoss`.
 
-    Inputs: ``out``, :meth:`MultitaskModel.forward`'s dict ({'sst': logits [b, 5], 'para':
+    Inputs: ``out``, :meth:`MultitaskModel.forward`'s dict ({'sst': logits [b, 5], 'qqp':
     (p1, p2), 'sts': (p1, p2)}), and ``labels``, a dict of the same tasks ([b] each). Output:
     (the weighted sum, a float32 scalar; {task: its unweighted loss})."""
 
-    def __init__(self, weights: dict, para_margin: float = 0.7, sts_margin: float = 0.0):
+    def __init__(self, weights: dict, qqp_margin: float = 0.7, sts_margin: float = 0.0):
         super().__init__()
         self.weights = dict(weights)
-        self.losses = nn.ModuleDict({"sst": SSTLoss(), "para": HingeCosineLoss(para_margin),
+        self.losses = nn.ModuleDict({"sst": SSTLoss(), "qqp": HingeCosineLoss(qqp_margin),
                                      "sts": CosineRegressionLoss(sts_margin)})
 
     def forward(self, out: dict, labels: dict) -> tuple[torch.Tensor, dict]:
@@ -171,25 +181,25 @@ class MultitaskModel(nn.Module):
     (F(x) with a flow, else f(x)).
 
     - ``sst_head``: Dropout(sst_dropout) + Linear(D, 5) -> logits [b, 5]
-    - ``para_head``: Dropout(para_dropout) + Linear(D, proj_dim) -> [b, proj_dim]
+    - ``qqp_head``: Dropout(qqp_dropout) + Linear(D, proj_dim) -> [b, proj_dim]
     - ``sts_head``: Dropout(sts_dropout) + Linear(D, proj_dim) -> [b, proj_dim]
 
-    ``para_margin`` / ``sts_margin`` are the h of the QQP and STS similarity y = max(cos, h);
+    ``qqp_margin`` / ``sts_margin`` are the h of the QQP and STS similarity y = max(cos, h);
     they are part of the model because its predictions depend on them.
     ``save_pretrained(dir)`` writes the encoder checkpoint plus ``heads.safetensors`` and
     ``multitask.json``; ``from_pretrained(dir)`` rebuilds the whole model."""
 
     def __init__(self, encoder: SentenceEncoder, proj_dim: int = 768, sst_dropout: float = 0.3,
-                 para_dropout: float = 0.0, sts_dropout: float = 0.1, para_margin: float = 0.7,
+                 qqp_dropout: float = 0.0, sts_dropout: float = 0.1, qqp_margin: float = 0.7,
                  sts_margin: float = 0.0):
         super().__init__()
         self.encoder = encoder
         d = encoder.dim
-        self.config = dict(proj_dim=proj_dim, sst_dropout=sst_dropout, para_dropout=para_dropout,
-                           sts_dropout=sts_dropout, para_margin=para_margin, sts_margin=sts_margin)
-        self.para_margin, self.sts_margin = float(para_margin), float(sts_margin)
+        self.config = dict(proj_dim=proj_dim, sst_dropout=sst_dropout, qqp_dropout=qqp_dropout,
+                           sts_dropout=sts_dropout, qqp_margin=qqp_margin, sts_margin=sts_margin)
+        self.qqp_margin, self.sts_margin = float(qqp_margin), float(sts_margin)
         self.sst_head = nn.Sequential(nn.Dropout(sst_dropout), nn.Linear(d, NUM_SENTIMENTS))
-        self.para_head = nn.Sequential(nn.Dropout(para_dropout), nn.Linear(d, proj_dim))
+        self.qqp_head = nn.Sequential(nn.Dropout(qqp_dropout), nn.Linear(d, proj_dim))
         self.sts_head = nn.Sequential(nn.Dropout(sts_dropout), nn.Linear(d, proj_dim))
 
     @property
@@ -197,7 +207,7 @@ class MultitaskModel(nn.Module):
         return self.encoder.device
 
     def head(self, task: str) -> nn.Module:
-        return {"sst": self.sst_head, "para": self.para_head, "sts": self.sts_head}[task]
+        return {"sst": self.sst_head, "qqp": self.qqp_head, "sts": self.sts_head}[task]
 
     def forward(self, input_ids, attention_mask, sizes: dict, num_tokens: int | None = None) -> dict:
         """One training step's outputs, from one encoder pass over all of its sentences.
@@ -205,7 +215,7 @@ class MultitaskModel(nn.Module):
         ``input_ids``, ``attention_mask`` [n, t]: the rows of each task of ``sizes`` (task ->
         number of examples, in the order of ``TASKS``), column by column: the SST sentences,
         then the QQP first and second questions, then the STS first and second sentences (see
-        :func:`train_batch`). Returns {'sst': logits [b, 5], 'para': (p1, p2), 'sts': (p1, p2)}
+        :func:`train_batch`). Returns {'sst': logits [b, 5], 'qqp': (p1, p2), 'sts': (p1, p2)}
         for the tasks in ``sizes``. One pass instead of one per task: a third of the kernel
         launches, and with the unpadded encoder the common padding costs nothing."""
         tasks = [t for t in TASKS if t in sizes]
@@ -236,11 +246,11 @@ class MultitaskModel(nn.Module):
         from safetensors.torch import load_file
 
         path = resolve_checkpoint(path)
-        config = json.loads((path / HEADS_CONFIG_FILE).read_text()) if (path / HEADS_CONFIG_FILE).is_file() else {}
+        config = renamed_from_para(checkpoint_meta(path)) if (path / HEADS_CONFIG_FILE).is_file() else {}
         encoder = SentenceEncoder.from_pretrained(path, **encoder_kwargs)
         model = cls(encoder, **{k: v for k, v in config.items() if k in cls.config_keys()})
         try:
-            heads = load_file(str(path / HEADS_FILE))
+            heads = renamed_from_para(load_file(str(path / HEADS_FILE)))
             result = model.load_state_dict(heads, strict=False)
             wrong = result.unexpected_keys + [k for k in result.missing_keys if not k.startswith("encoder.")]
             if wrong:
@@ -251,7 +261,7 @@ class MultitaskModel(nn.Module):
 
     @staticmethod
     def config_keys():
-        return ("proj_dim", "sst_dropout", "para_dropout", "sts_dropout", "para_margin", "sts_margin")
+        return ("proj_dim", "sst_dropout", "qqp_dropout", "sts_dropout", "qqp_margin", "sts_margin")
 
 
 def checkpoint_meta(path) -> dict:

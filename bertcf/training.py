@@ -1,10 +1,11 @@
-"""The training loop every stage uses (``Trainer``) and what it keeps: the optimiser and its
+"""The training loop of every training command (``Trainer``) and what it keeps: the optimiser and its
 schedule, a resumable data order, seeds, the run directory (config.json, metrics.jsonl,
 TensorBoard) and the checkpoints (best/, last/, --resume); progress bar, evaluation, non-finite
 losses and Ctrl-C.
 
-A stage supplies three functions to ``Trainer.fit``: ``step_fn(step)`` returning the loss
-and some scalars to log, ``evaluate(step)`` returning metrics, and ``save_model(dir)``.
+A command (pretraining, multitask) supplies three functions to ``Trainer.fit``: ``step_fn(step)``
+returning the loss and some scalars to log, ``evaluate(step)`` returning metrics, and
+``save_model(dir)``.
 """
 from __future__ import annotations
 
@@ -208,19 +209,21 @@ class Run:
 
 # ---- the loop ------------------------------------------------------------------------------------
 class Trainer:
-    """The training loop every stage uses.
+    """The training loop of every training command.
 
     ``modules``: name -> nn.Module whose state dicts go into last/ (the encoder, heads, flow);
     ``samplers``: name -> EpochSampler; ``metric``: the evaluate() key that picks best/
-    (higher is better)."""
+    (higher is better); ``upgrade_state``: applied to a resumed state before it is loaded, for
+    names that changed since it was written."""
 
     def __init__(self, args, run: Run, modules: dict, optimizer, scheduler, samplers: dict,
-                 metric: str, save_model, evaluate, items_per_step: int, extra_state=None):
+                 metric: str, save_model, evaluate, items_per_step: int, extra_state=None, upgrade_state=None):
         self.args, self.run = args, run
         self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
         self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
         self.items_per_step = items_per_step
         self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
+        self.upgrade_state = upgrade_state
         self.rank, self.world = dist_info()
         self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
         self.scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
@@ -272,10 +275,12 @@ class Trainer:
         except Exception as e:  # a truncated zip, a corrupt pickle
             raise CheckpointError(f"{last / STATE_FILE} is truncated or corrupt ({type(e).__name__}: "
                                   f"{str(e)[:120]}); --resume cannot continue from it") from None
+        if self.upgrade_state is not None:
+            state = self.upgrade_state(state)
         if set(state["modules"]) != set(self.modules):
             raise UsageError(f"--resume: {last / STATE_FILE} holds {', '.join(sorted(state['modules']))}, not "
                              f"{', '.join(sorted(self.modules))}: it was written by another version of this "
-                             f"stage; start a new run")
+                             f"command; start a new run")
         self.load_state_dict(state)
 
     # -- evaluation ----------------------------------------------------------------------------------

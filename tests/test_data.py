@@ -70,7 +70,7 @@ class TestRealFiles:
             data.read_sst(SHARED / "ids-sst-test-student.csv", labeled=True)
 
     def test_quora_dev_skips_two_empty_labels(self, caplog):
-        dev = data.read_quora(SHARED / "quora-dev.csv")
+        dev = data.read_qqp(SHARED / "quora-dev.csv")
         assert len(dev) == 20212
         (message,) = data_warnings(caplog)
         assert "skipped 2 of 20214 rows" in message and "lines 2577, 14222" in message
@@ -88,7 +88,7 @@ class TestRealFiles:
 
     def test_quora_dev_unlabeled_skips_blank_question(self):
         # Row 264614 also has an empty sentence2; row 65479 is usable without its label.
-        assert len(data.read_quora(SHARED / "quora-dev.csv", labeled=False)) == 20213
+        assert len(data.read_qqp(SHARED / "quora-dev.csv", labeled=False)) == 20213
 
     def test_sts(self):
         train = data.read_sts(SHARED / "sts-train.csv")
@@ -110,7 +110,7 @@ class TestRealFiles:
     def test_read_task_and_missing_quora_train(self):
         assert len(data.read_task(SHARED, "sts", "dev")) == 863
         with pytest.raises(DataError, match=r"quora-train\.csv not found"):
-            data.read_task(SHARED, "quora", "train")
+            data.read_task(SHARED, "qqp", "train")
 
     def test_shared_files_match_downloader_checksums(self):
         for source in download.SOURCES["cs224n"]:
@@ -132,14 +132,14 @@ def test_task_file_names(tmp_path):
     assert names == {
         ("sst", "train"): "ids-sst-train.csv", ("sst", "dev"): "ids-sst-dev.csv",
         ("sst", "test"): "ids-sst-test-student.csv",
-        ("quora", "train"): "quora-train.csv", ("quora", "dev"): "quora-dev.csv",
-        ("quora", "test"): "quora-test-student.csv",
+        ("qqp", "train"): "quora-train.csv", ("qqp", "dev"): "quora-dev.csv",
+        ("qqp", "test"): "quora-test-student.csv",
         ("sts", "train"): "sts-train.csv", ("sts", "dev"): "sts-dev.csv",
         ("sts", "test"): "sts-test-student.csv",
     }
     assert data.task_file(tmp_path, "sts", "dev").parent == tmp_path
     with pytest.raises(ValueError, match="unknown task"):
-        data.task_file(tmp_path, "qqp", "dev")
+        data.task_file(tmp_path, "quora", "dev")  # the task is "qqp"; only its files say quora
     with pytest.raises(ValueError, match="unknown split"):
         data.task_file(tmp_path, "sts", "valid")
 
@@ -175,9 +175,9 @@ def test_labeled_modes(tmp_path):
     (data.read_sst, SST_HEADER, ["1", "b", "s", "-1"], "sentiment '-1' is out of range"),
     (data.read_sst, SST_HEADER, ["1", "b", "s", "2.5"], "sentiment '2.5' is not an integer"),
     (data.read_sst, SST_HEADER, ["1", "b", "s", "pos"], "sentiment 'pos' is not a number"),
-    (data.read_quora, QQP_HEADER, ["1", "b", "s", "t", "2"], "is_duplicate '2' is not 0 or 1"),
-    (data.read_quora, QQP_HEADER, ["1", "b", "s", "t", "0.5"], "is_duplicate '0.5' is not 0"),
-    (data.read_quora, QQP_HEADER, ["1", "b", "s", "t", "yes"],
+    (data.read_qqp, QQP_HEADER, ["1", "b", "s", "t", "2"], "is_duplicate '2' is not 0 or 1"),
+    (data.read_qqp, QQP_HEADER, ["1", "b", "s", "t", "0.5"], "is_duplicate '0.5' is not 0"),
+    (data.read_qqp, QQP_HEADER, ["1", "b", "s", "t", "yes"],
      "is_duplicate 'yes' is not a number"),
     (data.read_sts, STS_HEADER, ["1", "b", "s", "t", "5.5"], "similarity '5.5' is out of range"),
     (data.read_sts, STS_HEADER, ["1", "b", "s", "t", "nan"], "similarity 'nan' is out of range"),
@@ -202,7 +202,7 @@ def test_accepted_label_spellings(tmp_path):
     labels = ["0", "1", "0.0", "1.0"]
     qqp = write(tmp_path / "q.csv", [QQP_HEADER] + [[str(i), f"id{i}", "s", "t", label]
                                                     for i, label in enumerate(labels)])
-    assert [ex.label for ex in data.read_quora(qqp)] == [0.0, 1.0, 0.0, 1.0]
+    assert [ex.label for ex in data.read_qqp(qqp)] == [0.0, 1.0, 0.0, 1.0]
     sst = write(tmp_path / "s.csv", [SST_HEADER, ["0", "a", "s", "4"], ["1", "b", "s", "0.0"]])
     assert [ex.label for ex in data.read_sst(sst)] == [4, 0]
     sts = write(tmp_path / "t.csv", [STS_HEADER, ["0", "a", "s", "t", "0"],
@@ -220,7 +220,7 @@ def test_blank_sentences_and_empty_labels_skipped_with_one_warning(tmp_path, cap
         ["4", "e", "first?", "second?", "0"],
     ])
     with caplog.at_level(logging.WARNING, logger="bertcf.data"):
-        examples = data.read_quora(path)
+        examples = data.read_qqp(path)
     assert [ex.id for ex in examples] == ["a", "e"]
     (message,) = data_warnings(caplog)
     assert "skipped 3 of 5 rows" in message
@@ -492,9 +492,9 @@ def test_real_cs224n_files_read_whole(cs224n_dir, offline_data_dir):
             assert len(examples) == n, (directory, task, split)
         assert {e.label for e in data.read_task(directory, "sst", "train")} == {0, 1, 2, 3, 4}
         assert all(0.0 <= e.label <= 5.0 for e in data.read_task(directory, "sts", "dev"))
-    assert len(data.read_task(cs224n_dir, "quora", "dev")) == 20214 - 2
-    assert [len(data.read_task(offline_data_dir, "quora", s)) for s in ("train", "dev")] == [16260 - 2, 3954]
-    assert {e.label for e in data.read_task(offline_data_dir, "quora", "train")} == {0.0, 1.0}
+    assert len(data.read_task(cs224n_dir, "qqp", "dev")) == 20214 - 2
+    assert [len(data.read_task(offline_data_dir, "qqp", s)) for s in ("train", "dev")] == [16260 - 2, 3954]
+    assert {e.label for e in data.read_task(offline_data_dir, "qqp", "train")} == {0.0, 1.0}
 
 
 def _senteval_tar(path: Path, prefix: str = "SentEval/data/downstream/") -> Path:

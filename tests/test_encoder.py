@@ -340,8 +340,8 @@ def test_encode_tiny_data_dir(encoder, tiny_data_dir):
     from bertcf import data
 
     sizes = {(task, split): len(data.read_task(tiny_data_dir, task, split))
-             for task in ("sst", "quora", "sts") for split in ("train", "dev", "test")}
-    assert sizes == {(t, s): n for t in ("sst", "quora", "sts") for s, n in (("train", 24), ("dev", 12), ("test", 8))}
+             for task in ("sst", "qqp", "sts") for split in ("train", "dev", "test")}
+    assert sizes == {(t, s): n for t in ("sst", "qqp", "sts") for s, n in (("train", 24), ("dev", 12), ("test", 8))}
     sst = data.read_task(tiny_data_dir, "sst", "train")
     assert {ex.label for ex in sst} == {0, 1, 2, 3, 4}
     sts = data.read_task(tiny_data_dir, "sts", "dev")

@@ -64,9 +64,10 @@ def test_finetune_metric_names_and_prediction_files(tmp_path):
     # The names are the ones bertcf.multitask writes to metrics.json.
     assert (set(experiments.FINETUNE_METRICS.values())
             == set(multitask_model.METRICS.values()) | {multitask_model.SELECTION_METRIC})
-    m = experiments.finetune_metrics({"sst_acc": 0.4, "para_acc": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
-                                      "sst_dev_examples": 12})
-    assert m == {"sst_accuracy": 0.4, "qqp_accuracy": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3}
+    for qqp in ("qqp_acc", "para_acc"):  # para_acc: a metrics.json written before QQP had one name
+        m = experiments.finetune_metrics({"sst_acc": 0.4, qqp: 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
+                                          "sst_dev_examples": 12})
+        assert m == {"sst_accuracy": 0.4, "qqp_accuracy": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3}
     (tmp_path / "p.csv").write_text("id \t Predicted_Is_Paraphrase \nabc , 1.0\n def , 0\n")
     assert experiments.read_predictions(tmp_path / "p.csv") == {"abc": "1.0", "def": "0"}
 
@@ -85,7 +86,7 @@ def suite_data(tmp_path_factory) -> Path:
 def suite_argv(command, bert, data, out, *more) -> list[str]:
     return [command, "--model", str(bert), "--data-dir", str(data), "--out-dir", str(out),
             "--corpus", str(data.parent / "corpus.txt"), "--steps-scale", "0.0002", "--max-length", "24",
-            "--stage-args", "--batch-size 4 --log-every 1", "--device", "cpu", "--seed", "3", *more]
+            "--pretrain-args", "--batch-size 4 --log-every 1", "--device", "cpu", "--seed", "3", *more]
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +221,26 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, t
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["no-data-dir", "bad-flag", "bad-row", "bad-stage-args", "no-corpus", "bad-scale"])
+def test_an_output_directory_from_before_the_renames_is_reused(suite, tmp_path, monkeypatch, capsys):
+    """suite.json written when --pretrain-args was --stage-args: its settings still apply, and the
+    old flag still parses (with a note)."""
+    out = tmp_path / "out"
+    shutil.copytree(suite[0], out)
+    saved = json.loads((out / "suite.json").read_text())
+    saved["settings"]["stage_args"] = saved["settings"].pop("pretrain_args")
+    (out / "suite.json").write_text(json.dumps(saved))
+    calls = []
+    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
+    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])
+    experiments.main(["all", "--out-dir", str(out), "--no-finetune", "--stage-args", "--batch-size 4 --log-every 1"])
+    assert calls == []
+    captured = capsys.readouterr()
+    assert sum("finished earlier, reused" in line for line in captured.out.splitlines()) == 14
+    assert "note: --stage-args is now --pretrain-args" in captured.err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["no-data-dir", "bad-flag", "bad-row", "bad-pretrain-args", "no-corpus", "bad-scale"])
 def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp_path, capsys):
     out = tmp_path / "out"
     argv = suite_argv("table1", tiny_bert_dir, suite_data, out, "--no-finetune")
@@ -230,8 +250,8 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp
         argv.append("--no-such-flag")
     elif case == "bad-row":
         argv += ["--rows", "MinBERT,Nope"]
-    elif case == "bad-stage-args":
-        argv[argv.index("--stage-args") + 1] = "--batch-size 1"
+    elif case == "bad-pretrain-args":
+        argv[argv.index("--pretrain-args") + 1] = "--batch-size 1"
     elif case == "no-corpus":
         i = argv.index("--corpus")
         del argv[i:i + 2]
@@ -312,7 +332,7 @@ def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
     for key in ("sst_accuracy", "qqp_accuracy", "sts_pearson", "mean_dev"):
         assert row["ours"][key] is not None and math.isfinite(row["ours"][key]), key
     metrics = json.loads((out / "finetune" / "minbert" / "metrics.json").read_text())
-    assert row["ours"]["qqp_accuracy"] == metrics["para_acc"]
+    assert row["ours"]["qqp_accuracy"] == metrics["qqp_acc"]
     assert "| MinBERT |" in (out / "table1.md").read_text()
     assert not (out / "stages").exists()  # the MinBERT row needs no pretraining stage
     qualitative = (out / "qualitative.md").read_text()

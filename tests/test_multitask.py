@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from bertcf import multitask as mt
 from bertcf import multitask_model as mtm
-from bertcf.data import read_quora, read_sst, read_sts
+from bertcf.data import read_qqp, read_sst, read_sts
 from bertcf.encoder import SentenceEncoder
 from bertcf.flow import Glow
 from bertcf.cli import run_main
@@ -25,9 +25,9 @@ from bertcf.training import EpochSampler
 from conftest import write_cs224n_files
 from minbert import pad_batch
 
-PREDICTION_FILES = [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")]
+PREDICTION_FILES = [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")]  # CS224N's names
 INPUT_FILES = {"sst": ("ids-sst-dev.csv", "ids-sst-test-student.csv", read_sst),
-               "para": ("quora-dev.csv", "quora-test-student.csv", read_quora),
+               "qqp": ("quora-dev.csv", "quora-test-student.csv", read_qqp),
                "sts": ("sts-dev.csv", "sts-test-student.csv", read_sts)}
 
 
@@ -104,13 +104,13 @@ def test_prediction_rules():
 
 def test_metrics_on_known_inputs():
     assert mtm.task_metric("sst", [1, 2, 3, 4], [1, 2, 0, 0]) == pytest.approx(0.5)
-    assert mtm.task_metric("para", [1, 0, 1], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
+    assert mtm.task_metric("qqp", [1, 0, 1], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
     assert mtm.task_metric("sts", [0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
     assert mtm.task_metric("sts", [2.0, 1.0, 0.0], [1.0, 3.0, 5.0]) == pytest.approx(-1.0)
     # r of [1, 2, 3] and [1, 3, 2] is 0.5
     assert mtm.task_metric("sts", [1.0, 2.0, 3.0], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
     assert mtm.task_metric("sts", [2.5, 2.5, 2.5], [1.0, 3.0, 5.0]) == 0.0  # constant: 0, not NaN
-    assert mtm.mean_dev({"sst_acc": 0.5, "para_acc": 0.8, "sts_pearson": 0.2}) == pytest.approx(0.5)
+    assert mtm.mean_dev({"sst_acc": 0.5, "qqp_acc": 0.8, "sts_pearson": 0.2}) == pytest.approx(0.5)
 
 
 # ---- per-task batch cycling -------------------------------------------------------------------------
@@ -123,15 +123,15 @@ def test_small_task_wraps_around_within_a_batch():
 
 
 def test_tasks_cycle_independently():
-    sizes = {"sst": 5, "para": 11, "sts": 7}
+    sizes = {"sst": 5, "qqp": 11, "sts": 7}
     a, b = mt.make_samplers(sizes, seed=3), mt.make_samplers(sizes, seed=3)
     for _ in range(4):  # draw a lot from one task of `a` only
         a["sst"].next(32)
-    for task in ("para", "sts"):
+    for task in ("qqp", "sts"):
         assert a[task].next(9) == b[task].next(9)
     # Different seeds per task: the orders of equal-sized tasks differ.
-    c = mt.make_samplers({"sst": 50, "para": 50, "sts": 50}, seed=3)
-    assert c["sst"].next(50) != c["para"].next(50)
+    c = mt.make_samplers({"sst": 50, "qqp": 50, "sts": 50}, seed=3)
+    assert c["sst"].next(50) != c["qqp"].next(50)
 
 
 def test_train_batch_pads_and_wraps():
@@ -159,8 +159,8 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
     g = torch.Generator().manual_seed(1)
     lists = {task: [[2] + torch.randint(5, 90, (int(n),), generator=g).tolist() + [3]
                     for n in torch.randint(1, 12, (rows,), generator=g)]
-             for task, rows in (("sst", 3), ("para", 4), ("sts", 2))}
-    sizes = {"sst": 3, "para": 2, "sts": 1}
+             for task, rows in (("sst", 3), ("qqp", 4), ("sts", 2))}
+    sizes = {"sst": 3, "qqp": 2, "sts": 1}
     ids, mask = pad_batch([t for task in mt.TASKS for t in lists[task]], 0)
     out = model(ids, mask, sizes, num_tokens=int(mask.sum()))
 
@@ -169,24 +169,24 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
         return model.head(task)(model.encoder(ids, mask))
 
     torch.testing.assert_close(out["sst"], alone("sst"), rtol=1e-5, atol=1e-6)
-    for task in ("para", "sts"):
+    for task in ("qqp", "sts"):
         torch.testing.assert_close(torch.cat(out[task]), alone(task), rtol=1e-5, atol=1e-6)
         assert out[task][0].shape == (sizes[task], 8)
 
     # MultitaskLoss is the weighted sum of the three losses on those outputs.
-    labels = {"sst": torch.tensor([0, 4, 2]), "para": torch.tensor([1.0, 0.0]), "sts": torch.tensor([3.5])}
-    loss, parts = mtm.MultitaskLoss({"sst": 5, "para": 20, "sts": 1}, para_margin=0.7, sts_margin=0.0)(out, labels)
+    labels = {"sst": torch.tensor([0, 4, 2]), "qqp": torch.tensor([1.0, 0.0]), "sts": torch.tensor([3.5])}
+    loss, parts = mtm.MultitaskLoss({"sst": 5, "qqp": 20, "sts": 1}, qqp_margin=0.7, sts_margin=0.0)(out, labels)
     expected = {"sst": mtm.SSTLoss()(out["sst"], labels["sst"]),
-                "para": mtm.HingeCosineLoss(0.7)(*out["para"], labels["para"]),
+                "qqp": mtm.HingeCosineLoss(0.7)(*out["qqp"], labels["qqp"]),
                 "sts": mtm.CosineRegressionLoss(0.0)(*out["sts"], labels["sts"])}
     assert parts == expected
-    torch.testing.assert_close(loss, 5 * expected["sst"] + 20 * expected["para"] + expected["sts"])
+    torch.testing.assert_close(loss, 5 * expected["sst"] + 20 * expected["qqp"] + expected["sts"])
 
 
 # ---- end to end ------------------------------------------------------------------------------------
 def argv(bert_dir, data_dir, out_dir, steps=4, **flags) -> list[str]:
     settings = {"encoder": bert_dir, "data-dir": data_dir, "out-dir": out_dir, "steps": steps, "eval-every": 2,
-                "log-every": 1, "sst-batch-size": 8, "para-batch-size": 12, "sts-batch-size": 8, "proj-dim": 16,
+                "log-every": 1, "sst-batch-size": 8, "qqp-batch-size": 12, "sts-batch-size": 8, "proj-dim": 16,
                 "max-length": 24, "device": "cpu", "precision": "fp32"} | {k.replace("_", "-"): v for k, v in flags.items()}
     out = []
     for k, v in settings.items():
@@ -211,7 +211,7 @@ def straight_run(tiny_bert_dir, data_dir, tmp_path_factory) -> Path:
     """4 steps uninterrupted, default batch sizes larger than the 24 training rows (the QQP one is
     96 pairs, wrapping every step)."""
     out = tmp_path_factory.mktemp("mt-run") / "run"
-    run_quiet(argv(tiny_bert_dir, data_dir, out, **{"sst-batch-size": 32, "para-batch-size": 96,
+    run_quiet(argv(tiny_bert_dir, data_dir, out, **{"sst-batch-size": 32, "qqp-batch-size": 96,
                                                      "sts-batch-size": 32, "proj-dim": 768}))
     return out
 
@@ -234,20 +234,20 @@ def test_run_writes_every_prediction_file_once_per_id(straight_run, data_dir):
     assert sorted(p.name for p in (out / "predictions").iterdir()) == sorted(PREDICTION_FILES)
     for task, (dev, test, reader) in INPUT_FILES.items():
         for split, name in (("dev", dev), ("test", test)):
-            header, ids, values = read_predictions(out / "predictions" / f"{task}-{split}-output.csv")
+            header, ids, values = read_predictions(out / "predictions" / mt.prediction_file(task, split))
             assert header == f"id \t {mt.PREDICTION_HEADERS[task]} "
             assert ids == [r.id for r in reader(data_dir / name, labeled=False)]
             assert len(set(ids)) == len(ids)
             numbers = [float(v) for v in values]
             if task == "sst":
                 assert set(numbers) <= {0, 1, 2, 3, 4}
-            elif task == "para":
+            elif task == "qqp":
                 assert set(numbers) <= {0, 1}
             else:
                 assert all(0 <= v <= 5 for v in numbers)
     metrics = json.loads((out / "metrics.json").read_text())
-    assert set(metrics) >= {"sst_acc", "para_acc", "sts_pearson", "mean_dev", "step", "checkpoint"}
-    assert metrics["mean_dev"] == pytest.approx((metrics["sst_acc"] + metrics["para_acc"] + metrics["sts_pearson"]) / 3)
+    assert set(metrics) >= {"sst_acc", "qqp_acc", "sts_pearson", "mean_dev", "step", "checkpoint"}
+    assert metrics["mean_dev"] == pytest.approx((metrics["sst_acc"] + metrics["qqp_acc"] + metrics["sts_pearson"]) / 3)
     # The dev metrics in metrics.json agree with the prediction files.
     gold = {r.id: r.label for r in read_sst(data_dir / "ids-sst-dev.csv")}
     _, ids, values = read_predictions(out / "predictions" / "sst-dev-output.csv")
@@ -258,7 +258,7 @@ def test_run_writes_every_prediction_file_once_per_id(straight_run, data_dir):
     assert metrics["step"] == best["step"]
     assert metrics["mean_dev"] == pytest.approx(best["mean_dev"], abs=1e-6)  # same rows, same model
     config = json.loads((out / "config.json").read_text())
-    assert config["para_batch_size"] == 96 and config["lr"] == 1e-5 and config["sst_weight"] == 5.0
+    assert config["qqp_batch_size"] == 96 and config["lr"] == 1e-5 and config["sst_weight"] == 5.0
 
 
 def test_tensorboard_has_each_loss_and_metric(straight_run):
@@ -266,17 +266,17 @@ def test_tensorboard_has_each_loss_and_metric(straight_run):
 
     events = EventAccumulator(str(straight_run / "tb")).Reload()
     tags = set(events.Tags()["scalars"])
-    assert tags >= {"train/loss", "train/loss_sst", "train/loss_para", "train/loss_sts", "train/lr",
-                    "eval/sst_acc", "eval/para_acc", "eval/sts_pearson", "eval/mean_dev"}
+    assert tags >= {"train/loss", "train/loss_sst", "train/loss_qqp", "train/loss_sts", "train/lr",
+                    "eval/sst_acc", "eval/qqp_acc", "eval/sts_pearson", "eval/mean_dev"}
 
 
 def test_best_checkpoint_rebuilds_the_model(straight_run):
     model = mtm.MultitaskModel.from_pretrained(straight_run)  # a run directory stands for its best/
-    assert model.config["proj_dim"] == 768 and model.para_margin == 0.7 and model.sts_margin == 0.0
+    assert model.config["proj_dim"] == 768 and model.qqp_margin == 0.7 and model.sts_margin == 0.0
     heads = load_file(str(straight_run / "best" / "heads.safetensors"))
     assert set(heads) == set(model.heads_state_dict())
     assert heads["sst_head.1.weight"].shape == (5, model.encoder.dim)
-    assert heads["para_head.1.weight"].shape == (768, model.encoder.dim)
+    assert heads["qqp_head.1.weight"].shape == (768, model.encoder.dim)
     # The encoder part is a plain sentence encoder checkpoint too.
     assert SentenceEncoder.from_pretrained(straight_run / "best").dim == model.encoder.dim
 
@@ -304,7 +304,7 @@ def test_missing_test_file_is_skipped_and_frozen_encoder_stays(tiny_bert_dir, da
     out = tmp_path / "run"
     with caplog.at_level("WARNING", logger="bertcf.multitask"):
         run_quiet(argv(tiny_bert_dir, data_dir, out, steps=2, freeze_encoder=True,
-                       para_test=tmp_path / "absent.csv"))
+                       qqp_test=tmp_path / "absent.csv"))
     assert "absent.csv" in caplog.text
     names = sorted(p.name for p in (out / "predictions").iterdir())
     assert names == sorted(n for n in PREDICTION_FILES if n != "para-test-output.csv")
@@ -337,6 +337,47 @@ def test_resume_is_bit_identical(tiny_bert_dir, data_dir, tmp_path):
     assert [json.loads(l)["step"] for l in (part / "metrics.jsonl").read_text().splitlines()] == [0, 2, 4]
     assert (part / "predictions" / "sst-dev-output.csv").read_bytes() == \
         (straight / "predictions" / "sst-dev-output.csv").read_bytes()
+
+
+def with_old_qqp_name(d):
+    """``d`` as runs wrote it before QQP had one name: 'qqp' -> 'para', 'qqp_*' -> 'para_*'."""
+    if not isinstance(d, dict):
+        return d
+    return {("para" + k[3:] if isinstance(k, str) and (k == "qqp" or k.startswith("qqp_")) else k): with_old_qqp_name(v)
+            for k, v in d.items()}
+
+
+def test_a_run_from_before_the_qqp_rename_loads_and_resumes(tiny_bert_dir, data_dir, tmp_path, capsys):
+    """A run written when QQP was "para" (--para-* flags, para_head tensors, para_* settings, a
+    "para" sampler) still loads, predicts and resumes bit-identically; old flags still parse."""
+    from safetensors.torch import save_file
+
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    run_quiet(argv(tiny_bert_dir, data_dir, straight, steps=4, max_train_examples=10))
+    run_quiet(argv(tiny_bert_dir, data_dir, part, steps=2, max_train_examples=10, qqp_batch_size=None,
+                   para_batch_size=12, para_test=tmp_path / "absent.csv"))
+    assert "note: --para-batch-size is now --qqp-batch-size" in capsys.readouterr().err
+    for name in ("config.json", "best/multitask.json", "last/multitask.json"):
+        (part / name).write_text(json.dumps(with_old_qqp_name(json.loads((part / name).read_text()))))
+    for name in ("best/heads.safetensors", "last/heads.safetensors"):
+        save_file(with_old_qqp_name(load_file(str(part / name))), str(part / name))
+    state = torch.load(part / "last" / "training_state.pt", weights_only=False)
+    torch.save(with_old_qqp_name(state), part / "last" / "training_state.pt")
+    assert json.loads((part / "config.json").read_text())["para_batch_size"] == 12  # not the default 96
+    assert "para_head.1.weight" in load_file(str(part / "last" / "heads.safetensors"))
+
+    assert mtm.MultitaskModel.from_pretrained(part).qqp_head[1].weight.shape == (16, 32)
+    run_quiet(["--predict-only", "--checkpoint", str(part), "--out-dir", str(tmp_path / "again")])
+    assert not (tmp_path / "again" / "predictions" / "para-test-output.csv").exists()  # the saved para_test
+    assert (tmp_path / "again" / "predictions" / "para-dev-output.csv").is_file()
+    summary = run_quiet(["--resume", "--out-dir", str(part), "--steps", "4"])
+    assert summary["step"] == 4
+    a, b = last_tensors(straight), last_tensors(part)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert json.loads((part / "metrics.json").read_text()) | {"checkpoint": None} == \
+        json.loads((straight / "metrics.json").read_text()) | {"checkpoint": None}
 
 
 def test_flow_checkpoint_gives_F_x_and_the_flow_is_fine_tuned(tiny_bert_dir, data_dir, tmp_path):
@@ -380,7 +421,7 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
         "missing_data_dir": argv(tiny_bert_dir, tmp_path / "no-data", out),
         "bad_flag": argv(tiny_bert_dir, data_dir, out, sst_batch_size=0),
         "unknown_flag": argv(tiny_bert_dir, data_dir, out) + ["--bogus"],
-        "bad_margin": argv(tiny_bert_dir, data_dir, out, para_margin=1.0),
+        "bad_margin": argv(tiny_bert_dir, data_dir, out, qqp_margin=1.0),
         "predict_only_no_checkpoint": ["--predict-only"],
         "predict_only_bad_checkpoint": ["--predict-only", "--checkpoint", str(tmp_path)],
         "bad_encoder": argv(tmp_path / "no-such-bert", data_dir, out),

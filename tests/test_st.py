@@ -138,7 +138,7 @@ def test_run_checkpoints_load_both_ways_with_card_and_modes(tiny_bert_dir, tiny_
                                        str(mirror)))
     tuned = tmp_path / "tuned"
     quiet(multitask.main, ["--encoder", str(joint), "--data-dir", str(tiny_data_dir), "--out-dir", str(tuned),
-                           "--steps", "2", "--eval-every", "1", "--sst-batch-size", "4", "--para-batch-size", "4",
+                           "--steps", "2", "--eval-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "4",
                            "--sts-batch-size", "4", "--proj-dim", "8", "--max-length", "16", "--device", "cpu",
                            "--precision", "fp32"])
     for checkpoint in (mirror / "best", mirror / "last", joint / "best", joint / "last", tuned / "best"):

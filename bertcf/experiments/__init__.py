@@ -3,7 +3,7 @@
     python -m bertcf.experiments table1     --model DIR --data-dir DIR --out-dir runs/experiments
     python -m bertcf.experiments ablations  ...
     python -m bertcf.experiments analysis   ...
-    python -m bertcf.experiments all        ...   (the three, stages trained once)
+    python -m bertcf.experiments all        ...   (the three, each pretraining run once)
     python -m bertcf.experiments objectives ...   (not in all: four more pretraining runs)
 
 Encoders (report table 1): MinBERT (``--model`` untouched), MinBERT-SimCSE (mirror stage,
@@ -15,9 +15,10 @@ MinBERT-BSL, -CT, -TSDAE and -MLM (mirror stage, ``--method bsl|ct|tsdae|mlm``, 
 ``--model``; see bertcf/objectives/), each one more pretraining run, with MinBERT and
 MinBERT-Mirror as reference rows (the latter once table1 or all has trained it in ``OUT``).
 
-Every stage is a run of ``bertcf.pretrain`` (``run_pretrain.py``) in ``OUT/stages/<name>/``,
-every fine-tuning a run of ``bertcf.multitask`` (``run_multitask.py``) in
-``OUT/finetune/<row>/``. A stage shared by several rows is trained once; a finished one
+Every pretraining (stage 1 or 2 of the report) is a run of ``bertcf.pretrain``
+(``run_pretrain.py``) in ``OUT/stages/<name>/``, every fine-tuning (stage 3) a run of
+``bertcf.multitask`` (``run_multitask.py``) in ``OUT/finetune/<row>/``. A pretraining shared by
+several rows is trained once; a finished one
 (``experiment.json`` with status ``done``) is reused, an interrupted one is continued with
 ``--resume``, so rerunning the same command carries on where it stopped. Settings not given
 on the command line default to the ones ``OUT`` was started with (``OUT/suite.json``).
@@ -31,10 +32,11 @@ on disk), ``execute`` (running them), ``results`` (evaluating each row, cached),
 (rendering the outputs from those results) and ``suite`` (the command).
 """
 from .options import build_parser, parse_args
-from .plan import MARKER, STAGES, Plan, Row
+from .plan import MARKER, PRETRAININGS, Plan, Row
 from .report import REPORT_ABLATIONS, REPORT_ANALYSIS, REPORT_TABLE1
 from .results import FINETUNE_METRICS, finetune_metrics, pair_analysis, read_predictions
 from .suite import cli, main
 
-__all__ = ["build_parser", "parse_args", "MARKER", "STAGES", "Plan", "Row", "REPORT_ABLATIONS", "REPORT_ANALYSIS",
-           "REPORT_TABLE1", "FINETUNE_METRICS", "finetune_metrics", "pair_analysis", "read_predictions", "cli", "main"]
+__all__ = ["build_parser", "parse_args", "MARKER", "PRETRAININGS", "Plan", "Row", "REPORT_ABLATIONS",
+           "REPORT_ANALYSIS", "REPORT_TABLE1", "FINETUNE_METRICS", "finetune_metrics", "pair_analysis",
+           "read_predictions", "cli", "main"]

@@ -1,4 +1,4 @@
-"""Running the planned stages and fine-tunings, one after the other in this process: each keeps
+"""Running the planned pretraining and fine-tuning runs, one after the other in this process: each keeps
 a marker (``experiment.json``: running, done, interrupted) so that the same command continues
 where it stopped."""
 from __future__ import annotations
@@ -15,11 +15,11 @@ from .plan import MARKER, Plan, PlannedRun, entry_module, now
 
 
 class Interrupted(Exception):
-    """A stage stopped on Ctrl-C (its state is saved); rerunning the command continues it."""
+    """A run stopped on Ctrl-C (its state is saved); rerunning the command continues it."""
 
 
 def command_line(task: PlannedRun) -> str:
-    script = "run_pretrain.py" if task.kind == "stage" else "run_multitask.py"
+    script = "run_pretrain.py" if task.kind == "pretraining" else "run_multitask.py"
     resume = ["--resume"] if task.state == "resume" else []
     return shlex.join(["python", script] + task.argv + resume)
 
@@ -37,11 +37,11 @@ def execute(plan: Plan, tasks: list[PlannedRun]) -> None:
         run_one(plan, task)
 
 def run_one(plan: Plan, task: PlannedRun) -> None:
-    """One stage or fine-tuning, in this process, with its marker (experiment.json) kept up to date."""
+    """One pretraining or fine-tuning run, in this process, with its marker (experiment.json) kept up to date."""
     if task.state == "restart":
         shutil.rmtree(task.dir)
     task.dir.mkdir(parents=True, exist_ok=True)
-    dep = plan.stage_runs.get(task.depends) if task.depends else None
+    dep = plan.pretraining_runs.get(task.depends) if task.depends else None
     marker = {"status": "running", "kind": task.kind, "row": task.label, "settings": task.settings,
               "argv": task.argv, "command": command_line(task),
               "init_finished": (dep.marker.get("finished") if dep else None),

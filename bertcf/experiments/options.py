@@ -7,7 +7,7 @@ import math
 import shlex
 from pathlib import Path
 
-from ..cli import ArgumentParser
+from ..cli import ArgumentParser, add_renamed_flags
 from ..errors import UsageError
 
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
@@ -16,8 +16,9 @@ ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
-              "stage_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
+              "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
               "mlm_args")
+RENAMED_SETTINGS = {"stage_args": "pretrain_args"}  # old name -> new, in suite.json files written before
 
 
 def build_parser() -> ArgumentParser:
@@ -30,26 +31,26 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model", default="bert-base-uncased", help="the BERT every encoder starts from (default %(default)s)")
     p.add_argument("--data-dir", default="data", help="CS224N files (default %(default)s)")
     p.add_argument("--out-dir", default="runs/experiments", help="everything goes here (default %(default)s)")
-    g = p.add_argument_group("pretraining corpus (passed to every stage)")
+    g = p.add_argument_group("pretraining corpus (passed to every pretraining run)")
     g.add_argument("--corpus", default=None, help="one sentence per line (default: DATA_DIR/wiki1m_for_simcse.txt)")
     g.add_argument("--corpus-from-tasks", action="store_true", help="the unlabeled sentences of the task train files")
     g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
     g = p.add_argument_group("scale")
     g.add_argument("--steps-scale", type=float, default=1.0,
-                   help="multiplies the report's steps (stages 10^4 each, multitask 5000); default %(default)s")
+                   help="multiplies the report's steps (10^4 per pretraining stage, 5000 multitask); default %(default)s")
     g.add_argument("--finetune-steps-scale", type=float, default=None,
                    help="multiplies the report's 5000 multitask steps (default: --steps-scale)")
-    g.add_argument("--eval-every", type=int, default=None, help="passed to every run (default: each stage's own)")
+    g.add_argument("--eval-every", type=int, default=None, help="passed to every run (default: each command's own)")
     g.add_argument("--max-train-examples", type=int, default=None, help="passed to every fine-tuning run")
     g.add_argument("--max-length", type=int, default=32,
-                   help="tokens per sentence in the stages' training (default %(default)s)")
+                   help="tokens per sentence in pretraining (default %(default)s)")
     g.add_argument("--eval-max-length", type=int, default=None,
-                   help="tokens per sentence in every unsupervised evaluation: the stages' best-checkpoint choice, "
+                   help="tokens per sentence in every unsupervised evaluation: each pretraining's best-checkpoint choice, "
                         "the unsupervised column, analysis and qualitative tables (default: the model's "
                         "max_position_embeddings, i.e. whole sentences)")
     g.add_argument("--seed", type=int, default=11711)
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
-    g.add_argument("--stage-args", default="", help="more flags for every run_pretrain.py run, e.g. '--batch-size 32'")
+    g.add_argument("--pretrain-args", default="", help="more flags for every run_pretrain.py run, e.g. '--batch-size 32'")
     g.add_argument("--finetune-args", default="", help="more flags for every run_multitask.py run")
     g = p.add_argument_group("what to run")
     g.add_argument("--rows", default=None,
@@ -58,17 +59,18 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--max-analysis-pairs", type=int, default=5000,
                    help="analysis: QQP train pairs sampled for alignment/uniformity (0: all; default %(default)s)")
     g.add_argument("--qualitative-pairs", type=int, default=10, help="examples in each qualitative table")
-    g.add_argument("--dry-run", action="store_true", help="print the plan and the stage commands, run nothing")
+    g.add_argument("--dry-run", action="store_true", help="print the plan and its commands, run nothing")
     g = p.add_argument_group("mlm-base: an MLM encoder from random weights, then table1 and the ablations from it")
     g.add_argument("--config", default=None,
                    help="mlm-base: a directory with a BERT config.json and a vocab.txt (or tokenizer files), no weights")
     g.add_argument("--mlm-steps", type=int, default=10_000,
                    help="mlm-base: steps of MLM pretraining, not scaled by --steps-scale (default %(default)s)")
-    g.add_argument("--mlm-args", default="", help="mlm-base: more flags for the MLM stage, e.g. '--batch-size 128'")
+    g.add_argument("--mlm-args", default="", help="mlm-base: more flags for the MLM pretraining, e.g. '--batch-size 128'")
     g = p.add_argument_group("SentEval (when its STS files are there)")
     g.add_argument("--senteval-dir", default=None,
                    help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
     g.add_argument("--transfer", action="store_true", help="also the transfer tasks' average (fasttest) in table1")
+    add_renamed_flags(p, {"--stage-args": "--pretrain-args"})
     return p
 
 
@@ -81,7 +83,8 @@ def parse_args(argv=None):
     if suite.is_file():
         try:
             saved = json.loads(suite.read_text())["settings"]
-        except (ValueError, KeyError, TypeError):
+            saved = {RENAMED_SETTINGS.get(k, k): v for k, v in saved.items()}
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise UsageError(f"{suite} is not a settings file written by this command") from None
         parser.set_defaults(**{k: v for k, v in saved.items() if k in SUITE_KEYS})
         args = parser.parse_args(argv)
@@ -103,7 +106,7 @@ def parse_args(argv=None):
         raise UsageError("mlm-base needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
     if args.mlm_steps < 1:
         raise UsageError(f"--mlm-steps must be at least 1, not {args.mlm_steps}")
-    for name in ("stage_args", "finetune_args", "mlm_args"):
+    for name in ("pretrain_args", "finetune_args", "mlm_args"):
         try:
             setattr(args, name + "_list", shlex.split(getattr(args, name)))
         except ValueError as e:

@@ -1,6 +1,6 @@
-"""What the experiments train (the report's stages and rows), and the plan of one command: every
-stage and fine-tuning as a ``PlannedRun`` with its command line and its state on disk (finished,
-interrupted, new), checked before anything runs."""
+"""What the experiments train (the report's rows and the pretraining runs behind them), and the
+plan of one command: every pretraining and fine-tuning run as a ``PlannedRun`` with its command
+line and its state on disk (finished, interrupted, new), checked before anything runs."""
 from __future__ import annotations
 
 import contextlib
@@ -11,50 +11,51 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from ..data import DataError, task_file
+from ..data import TASKS, DataError, task_file
 from ..errors import UsageError
 from ..files import recover_dir
 from ..precision import resolve_device
 from ..training import STATE_FILE
 from .options import ALL
 
-MARKER = "experiment.json"  # in every stage / fine-tuning directory this command runs
+MARKER = "experiment.json"  # in every pretraining / fine-tuning directory this command runs
 #: The report's steps per stage; ``--steps-scale`` multiplies them.
 REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 5000}
 
 
 @dataclass(frozen=True)
-class StageSpec:
-    """One run of ``run_pretrain.py`` in OUT/stages/<name>."""
+class Pretraining:
+    """One run of ``run_pretrain.py`` (stage 1 or 2 of the report) in OUT/stages/<name>."""
     name: str
-    stage: str              # mirror | joint | flow
+    stage: str              # its --stage: mirror | joint | flow
     method: str
-    init: str | None        # another StageSpec's name, or None for --model
+    init: str | None        # another Pretraining's name, or None for --model
     flags: tuple = ()
     what: str = ""
 
 
-STAGES = {s.name: s for s in (
-    StageSpec("simcse", "mirror", "simcse", None, what="SimCSE pretraining (dropout only)"),
-    StageSpec("mirror", "mirror", "mirror", None, what="Mirror-BERT pretraining (dropout + span masking)"),
-    StageSpec("flow", "flow", "flow", None, what="flow on L_flow alone, encoder frozen"),
-    StageSpec("bertcf", "joint", "mirror", "mirror", what="joint flow + 0.3 L_mirror, encoder frozen"),
-    StageSpec("simcse-joint", "joint", "simcse", "simcse", what="joint flow + 0.3 L_simcse, encoder frozen"),
-    StageSpec("minbert-joint", "joint", "mirror", None, ("--unfreeze-encoder",),
-              what="joint flow + 0.3 L_mirror, encoder unfrozen"),
-    StageSpec("mirror-flow", "flow", "flow", "mirror", what="flow on L_flow alone (no regulariser)"),
-    StageSpec("bsl", "mirror", "bsl", None, what="BSL: BYOL-style bootstrapping to an EMA target, no negatives"),
-    StageSpec("ct", "mirror", "ct", None, what="Contrastive Tension: two encoder copies, pair dot products, BCE"),
-    StageSpec("tsdae", "mirror", "tsdae", None, what="TSDAE: rebuild the sentence from one vector after token deletion"),
-    StageSpec("mlm", "mirror", "mlm", None, what="masked language modelling"),
+PRETRAININGS = {s.name: s for s in (
+    Pretraining("simcse", "mirror", "simcse", None, what="SimCSE pretraining (dropout only)"),
+    Pretraining("mirror", "mirror", "mirror", None, what="Mirror-BERT pretraining (dropout + span masking)"),
+    Pretraining("flow", "flow", "flow", None, what="flow on L_flow alone, encoder frozen"),
+    Pretraining("bertcf", "joint", "mirror", "mirror", what="joint flow + 0.3 L_mirror, encoder frozen"),
+    Pretraining("simcse-joint", "joint", "simcse", "simcse", what="joint flow + 0.3 L_simcse, encoder frozen"),
+    Pretraining("minbert-joint", "joint", "mirror", None, ("--unfreeze-encoder",),
+                what="joint flow + 0.3 L_mirror, encoder unfrozen"),
+    Pretraining("mirror-flow", "flow", "flow", "mirror", what="flow on L_flow alone (no regulariser)"),
+    Pretraining("bsl", "mirror", "bsl", None, what="BSL: BYOL-style bootstrapping to an EMA target, no negatives"),
+    Pretraining("ct", "mirror", "ct", None, what="Contrastive Tension: two encoder copies, pair dot products, BCE"),
+    Pretraining("tsdae", "mirror", "tsdae", None,
+                what="TSDAE: rebuild the sentence from one vector after token deletion"),
+    Pretraining("mlm", "mirror", "mlm", None, what="masked language modelling"),
 )}
 
 
 @dataclass(frozen=True)
 class Row:
-    name: str               # as in the report
-    key: str                # directory-safe name
-    stage: str | None       # the StageSpec whose best/ is the row's encoder; None: --model itself
+    name: str                # as in the report
+    key: str                 # directory-safe name
+    pretraining: str | None  # the Pretraining whose best/ is the row's encoder; None: --model itself
 
 
 TABLE1_ROWS = (Row("MinBERT", "minbert", None), Row("MinBERT-SimCSE", "simcse", "simcse"),
@@ -65,12 +66,12 @@ ABLATION_ROWS = (Row("SimCSE-joint", "simcse-joint", "simcse-joint"),
                  Row("Mirror-flow", "mirror-flow", "mirror-flow"))
 OBJECTIVE_ROWS = (Row("MinBERT-BSL", "bsl", "bsl"), Row("MinBERT-CT", "ct", "ct"),
                   Row("MinBERT-TSDAE", "tsdae", "tsdae"), Row("MinBERT-MLM", "mlm", "mlm"))
-ROW_OF_STAGE = {r.stage: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS if r.stage}
+ROW_OF_PRETRAINING = {r.pretraining: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS if r.pretraining}
 
 #: mlm-base: MLM pretraining from random weights (--config), whose best/ is then every row's
 #: --model; batch 64, lr 5e-4 with a linear warm-up over the first tenth of the steps and a
 #: linear decay, 15% masking (80/10/10), the head tied to the word embeddings.
-MLM_BASE = StageSpec("mlm-base", "mirror", "mlm", None, what="masked language modelling from random weights")
+MLM_BASE = Pretraining("mlm-base", "mirror", "mlm", None, what="masked language modelling from random weights")
 RANDOM_ROW = Row("Random weights", "random", None)  # mlm-base: the --config encoder itself, untrained
 
 
@@ -83,16 +84,16 @@ def mlm_base_flags(steps: int) -> list[str]:
 
 @dataclass
 class PlannedRun:
-    """One run of ``run_pretrain.py`` (a stage) or ``run_multitask.py`` (a fine-tuning)."""
-    kind: str                       # "stage" or "finetune"
+    """One run of ``run_pretrain.py`` (a pretraining) or ``run_multitask.py`` (a fine-tuning)."""
+    kind: str                       # "pretraining" or "finetune"
     label: str                      # the row it is for, as printed
     dir: Path
     argv: list
     settings: dict
     description: str
-    spec: StageSpec | None = None
+    spec: Pretraining | None = None
     row: Row | None = None
-    depends: str | None = None      # the stage this one starts from
+    depends: str | None = None      # the pretraining this one starts from
     state: str = "new"              # new | done | resume | restart
     marker: dict = field(default_factory=dict)
 
@@ -121,7 +122,7 @@ def now() -> str:
 
 def entry_module(kind: str):
     """The module behind a planned run's command: bertcf.pretrain or bertcf.multitask."""
-    if kind == "stage":
+    if kind == "pretraining":
         from .. import pretrain
         return pretrain
     from .. import multitask
@@ -129,7 +130,7 @@ def entry_module(kind: str):
 
 
 class Plan:
-    """What one command trains: its rows, every stage and fine-tuning run (``stage_runs``,
+    """What one command trains: its rows, every pretraining and fine-tuning run (``pretraining_runs``,
     ``finetune_runs``, each inspected on disk) and their checks, before anything runs."""
 
     def __init__(self, args, argv=()):
@@ -139,7 +140,7 @@ class Plan:
         self.data_dir = Path(args.data_dir)
         self.base = MLM_BASE.name if args.command == "mlm-base" else None
         if self.base:  # every row starts from the MLM base (an absolute path: the same before and after it exists)
-            args.model = str((self.stage_dir(self.base) / "best").resolve())
+            args.model = str((self.pretraining_dir(self.base) / "best").resolve())
         self.commands = (list(ALL) if args.command == "all" else ["table1", "ablations"] if self.base
                          else [args.command])
         self.finetune = "table1" in self.commands and not args.no_finetune
@@ -172,8 +173,8 @@ class Plan:
             objectives = [r for r in objectives if r in chosen]
         return table1, ablations, objectives
 
-    def stage_dir(self, name: str) -> Path:
-        return self.out / "stages" / name
+    def pretraining_dir(self, name: str) -> Path:
+        return self.out / "stages" / name  # stages 1 and 2 (the name output directories have always had)
 
     def finetune_dir(self, row: Row) -> Path:
         return self.out / "finetune" / row.key
@@ -185,11 +186,11 @@ class Plan:
             return str(path)
 
     def encoder_of(self, row: Row) -> str:
-        """The row's encoder: --model (--config for mlm-base's random row), or its stage's best/
+        """The row's encoder: --model (--config for mlm-base's random row), or its pretraining's best/
         checkpoint (named explicitly: a run directory also holds a config.json, the run's settings)."""
         if row is RANDOM_ROW:
             return self.args.config
-        return self.args.model if row.stage is None else str(self.stage_dir(row.stage) / "best")
+        return self.args.model if row.pretraining is None else str(self.pretraining_dir(row.pretraining) / "best")
 
     def _common(self, model: str) -> list[str]:
         a = self.args
@@ -200,7 +201,7 @@ class Plan:
             argv += ["--device", a.device]
         return argv
 
-    def stage_run(self, spec: StageSpec, label: str) -> PlannedRun:
+    def pretraining_run(self, spec: Pretraining, label: str) -> PlannedRun:
         a = self.args
         is_base = spec is MLM_BASE
         model = a.config if is_base else a.model
@@ -208,8 +209,8 @@ class Plan:
         flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags)
         argv = ["--stage", spec.stage, "--method", spec.method]
         if spec.init:
-            argv += ["--init", str(self.stage_dir(spec.init) / "best")]
-        argv += self._common(model) + ["--out-dir", str(self.stage_dir(spec.name)), "--steps", str(steps),
+            argv += ["--init", str(self.pretraining_dir(spec.init) / "best")]
+        argv += self._common(model) + ["--out-dir", str(self.pretraining_dir(spec.name)), "--steps", str(steps),
                                        "--max-length", str(a.max_length)]
         if a.corpus:
             argv += ["--corpus", a.corpus]
@@ -219,19 +220,19 @@ class Plan:
             argv += ["--max-sentences", str(a.max_sentences)]
         if a.eval_max_length:
             argv += ["--eval-max-length", str(a.eval_max_length)]
-        argv += flags + a.stage_args_list
+        argv += flags + a.pretrain_args_list
         settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
                     "model": abs_if_path(model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
                     "eval_every": a.eval_every, "seed": a.seed, "max_length": a.max_length,
                     "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus),
                     "corpus_from_tasks": a.corpus_from_tasks,
-                    "max_sentences": a.max_sentences, "flags": flags, "extra_args": a.stage_args_list}
+                    "max_sentences": a.max_sentences, "flags": flags, "extra_args": a.pretrain_args_list}
         start = f"stages/{spec.init}" if spec.init else "--config" if is_base else "--model"
         method = f" --method {spec.method}" if spec.stage != "flow" else ""
         shown = f" {' '.join(spec.flags)}" if spec.flags else ""
         description = (f"{spec.stage} stage{method}{shown} from {start} -> stages/{spec.name}, "
                        f"{steps} steps ({spec.what})")
-        return PlannedRun("stage", label, self.stage_dir(spec.name), argv, settings, description, spec=spec,
+        return PlannedRun("pretraining", label, self.pretraining_dir(spec.name), argv, settings, description, spec=spec,
                           depends=spec.init or (None if is_base else self.base))
 
     def finetune_run(self, row: Row) -> PlannedRun:
@@ -242,39 +243,40 @@ class Plan:
         if a.max_train_examples:
             argv += ["--max-train-examples", str(a.max_train_examples)]
         argv += a.finetune_args_list
-        settings = {"encoder": row.stage or "--model", "model": abs_if_path(a.model),
+        settings = {"encoder": row.pretraining or "--model", "model": abs_if_path(a.model),
                     "data_dir": abs_if_path(a.data_dir), "steps": steps, "eval_every": a.eval_every,
                     "seed": a.seed, "max_train_examples": a.max_train_examples, "extra_args": a.finetune_args_list}
-        source = f"stages/{row.stage}" if row.stage else "--model"
+        source = f"stages/{row.pretraining}" if row.pretraining else "--model"
         description = f"multitask fine-tuning of {source} -> finetune/{row.key}, {steps} steps"
         return PlannedRun("finetune", row.name, self.finetune_dir(row), argv, settings, description, row=row,
-                          depends=row.stage or self.base)
+                          depends=row.pretraining or self.base)
 
     def runs(self) -> list[PlannedRun]:
-        """Every stage and fine-tuning as a PlannedRun (inspected on disk); returns the ones this
+        """Every pretraining and fine-tuning run as a PlannedRun (inspected on disk); returns the ones this
         command runs, dependencies first."""
         wanted_rows = self.table1_rows + self.ablation_rows + self.objective_rows
-        self.stage_runs = {name: self.stage_run(spec, ROW_OF_STAGE[name].name) for name, spec in STAGES.items()}
+        self.pretraining_runs = {name: self.pretraining_run(spec, ROW_OF_PRETRAINING[name].name)
+                                 for name, spec in PRETRAININGS.items()}
         if self.base:
-            self.stage_runs[self.base] = self.stage_run(MLM_BASE, "MLM base (from --config)")
+            self.pretraining_runs[self.base] = self.pretraining_run(MLM_BASE, "MLM base (from --config)")
         self.finetune_runs = {row.key: self.finetune_run(row) for row in self.table1_rows}
-        for t in list(self.stage_runs.values()) + list(self.finetune_runs.values()):
+        for t in list(self.pretraining_runs.values()) + list(self.finetune_runs.values()):
             self._inspect(t)
-        tasks = [self.stage_runs[self.base]] if self.base else []
+        tasks = [self.pretraining_runs[self.base]] if self.base else []
 
-        def need(stage: str, for_row: Row):
-            task = self.stage_runs[stage]
+        def need(name: str, for_row: Row):
+            task = self.pretraining_runs[name]
             if any(t is task for t in tasks):
                 return
-            if STAGES[stage].init:
-                need(STAGES[stage].init, for_row)
-            owner = ROW_OF_STAGE[stage]
+            if PRETRAININGS[name].init:
+                need(PRETRAININGS[name].init, for_row)
+            owner = ROW_OF_PRETRAINING[name]
             task.label = owner.name if owner in wanted_rows else f"{owner.name} (for {for_row.name})"
             tasks.append(task)
 
         for row in wanted_rows:
-            if row.stage:
-                need(row.stage, row)
+            if row.pretraining:
+                need(row.pretraining, row)
         if self.finetune:
             tasks += [self.finetune_runs[r.key] for r in self.table1_rows]
         return tasks
@@ -300,7 +302,7 @@ class Plan:
 
     def _problem(self, task: PlannedRun) -> str | None:
         """Why a finished or interrupted run cannot be used as it is: it was started with
-        other settings, or from a version of its starting stage that has changed since."""
+        other settings, or from a version of the pretraining it starts from that has changed since."""
         if task.state not in ("done", "resume"):
             return None
         if task.marker.get("settings") is not None:
@@ -310,7 +312,7 @@ class Plan:
             if diff:
                 return f"{task.dir} was started with other settings: {', '.join(diff)}"
         if task.depends:
-            dep = self.stage_runs[task.depends]
+            dep = self.pretraining_runs[task.depends]
             dep_finished = dep.marker.get("finished") if dep.state == "done" else None
             if task.marker.get("init_finished") not in (None, dep_finished):
                 return f"{task.dir} was trained from a stages/{task.depends} that has changed since"
@@ -337,13 +339,13 @@ class Plan:
             raise DataError(f"--data-dir {self.data_dir} is not a directory (see data/README.md)")
         needed = [task_file(self.data_dir, "sts", "dev")]
         if "analysis" in self.commands:
-            needed += [task_file(self.data_dir, "quora", "train")]
+            needed += [task_file(self.data_dir, "qqp", "train")]
         if self.finetune:
-            needed += [task_file(self.data_dir, t, s) for t in ("sst", "quora", "sts") for s in ("train", "dev")]
-        pretraining = any(t.kind == "stage" and t.state != "done" for t in tasks)
+            needed += [task_file(self.data_dir, t, s) for t in TASKS for s in ("train", "dev")]
+        pretraining = any(t.kind == "pretraining" and t.state != "done" for t in tasks)
         if pretraining:
             if a.corpus_from_tasks:
-                needed += [task_file(self.data_dir, t, "train") for t in ("sst", "quora", "sts")]
+                needed += [task_file(self.data_dir, t, "train") for t in TASKS]
             elif a.corpus:
                 needed += [Path(a.corpus)]
             elif not (self.data_dir / "wiki1m_for_simcse.txt").is_file():
@@ -359,14 +361,14 @@ class Plan:
         self.device = resolve_device(a.device)
 
     def _validate_flags(self, task: PlannedRun) -> None:
-        """Parse a run's command line with its own parser now, so a bad --stage-args fails
+        """Parse a run's command line with its own parser now, so a bad --pretrain-args fails
         before hours of training instead of after."""
         module = entry_module(task.kind)
         stderr = io.StringIO()
         try:
             with contextlib.redirect_stderr(stderr):
                 ns = module.build_parser().parse_args(task.argv)
-                if task.kind == "stage":
+                if task.kind == "pretraining":
                     module.check_args(ns)
         except SystemExit:
             message = stderr.getvalue().strip().splitlines()

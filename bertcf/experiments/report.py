@@ -8,10 +8,11 @@ import random
 import shlex
 from pathlib import Path
 
-from ..data import read_quora, read_sst, read_sts, task_file
+from ..data import read_qqp, read_sst, read_sts, task_file
 from ..files import atomic_path, save_dir_atomic, write_json_atomic, write_text_atomic
+from ..multitask import prediction_file
 from .options import SUITE_KEYS
-from .plan import STAGES, TABLE1_ROWS, Plan, Row, steps_for
+from .plan import PRETRAININGS, TABLE1_ROWS, Plan, Row, steps_for
 from .results import FINETUNE_METRICS, read_predictions
 
 # ---- the report ------------------------------------------------------------------------------
@@ -72,8 +73,8 @@ def settings_md(plan: Plan) -> str:
     if plan.base:
         lines.append(f"- mlm-base: MinBERT is the MLM base, {a.mlm_steps} steps of masked language modelling from the "
                      f"random weights of `{a.config}` (stages/{plan.base}); Random weights is that encoder untrained")
-    if a.stage_args:
-        lines.append(f"- extra flags of every stage: `{a.stage_args}`")
+    if a.pretrain_args:
+        lines.append(f"- extra flags of every pretraining run: `{a.pretrain_args}`")
     if a.finetune_args:
         lines.append(f"- extra flags of every fine-tuning: `{a.finetune_args}`")
     if a.max_train_examples:
@@ -175,7 +176,8 @@ class Report:
         with the report's table 1 number) whose encoder is there (evaluated: in ``results``)."""
         def entry(row: Row, report_value) -> dict:
             r = results[row.key]
-            return {"name": row.name, "what": STAGES[row.stage].what if row.stage else "--model, untouched",
+            what = PRETRAININGS[row.pretraining].what if row.pretraining else "--model, untouched"
+            return {"name": row.name, "what": what,
                     "ours": {"sts_spearman": r["sts"]["sts_spearman"] if r["sts"] else None,
                              "senteval": r["senteval"]},
                     "report": {"sts_spearman": report_value}} | r["info"]
@@ -274,7 +276,7 @@ class Report:
         if not tuned:
             return md + "\nNo fine-tuned encoders (table1 with fine-tuning adds QQP and SST predictions here).\n"
         for task, title, reader, fields in (
-                ("quora", "QQP dev: duplicate label and each fine-tuned encoder's prediction", read_quora,
+                ("qqp", "QQP dev: duplicate label and each fine-tuned encoder's prediction", read_qqp,
                  lambda p: [md_cell(p.sentence1, 60), md_cell(p.sentence2, 60), f"{p.label:g}"]),
                 ("sst", "SST-5 dev: sentiment label and each fine-tuned encoder's prediction", read_sst,
                  lambda p: [md_cell(p.sentence, 100), str(p.label)])):
@@ -283,10 +285,10 @@ class Report:
                 continue
             examples = reader(path)
             picked = rng.sample(examples, min(k, len(examples)))
-            file = "para-dev-output.csv" if task == "quora" else "sst-dev-output.csv"
+            file = prediction_file(task, "dev")
             preds = {r.name: read_predictions(Path(results[r.key]["info"]["finetune_dir"]) / "predictions" / file)
                      for r in tuned}
-            header = (["Question 1", "Question 2", "Label"] if task == "quora" else ["Sentence", "Label"])
+            header = (["Question 1", "Question 2", "Label"] if task == "qqp" else ["Sentence", "Label"])
             table = [fields(p) + [_pred(preds[r.name].get(p.id)) for r in tuned] for p in picked]
             md += (f"\n## {title}\n\n"
                    + md_table(header + [r.name for r in tuned], table, "l" * (len(header) - 1) + "r" * (1 + len(tuned))))

@@ -1,6 +1,6 @@
 """The numbers the tables show, per row: each encoder evaluated once (unsupervised STS dev, the
 SentEval suite when its files are there, alignment and uniformity on QQP train), cached in
-``OUT/eval/`` by what they depend on, plus the fine-tuned metrics and the stage's own record."""
+``OUT/eval/`` by what they depend on, plus the fine-tuned metrics and the pretraining run's own record."""
 from __future__ import annotations
 
 import json
@@ -8,18 +8,20 @@ import random
 from functools import cached_property
 from pathlib import Path
 
-from ..data import read_quora, read_sts, task_file
+from ..data import read_qqp, read_sts, task_file
 from ..files import write_json_atomic
+from ..multitask_model import renamed_from_para
 from .plan import RANDOM_ROW, Plan, Row, abs_if_path, read_json
 
-#: Our key -> its name in the multitask stage's metrics.json (multitask_model.METRICS and
+#: Our key -> its name in run_multitask.py's metrics.json (multitask_model.METRICS and
 #: multitask_model.SELECTION_METRIC).
-FINETUNE_METRICS = {"sst_accuracy": "sst_acc", "qqp_accuracy": "para_acc", "sts_pearson": "sts_pearson",
+FINETUNE_METRICS = {"sst_accuracy": "sst_acc", "qqp_accuracy": "qqp_acc", "sts_pearson": "sts_pearson",
                     "mean_dev": "mean_dev"}
 
 
 def finetune_metrics(metrics: dict) -> dict:
     """Our four supervised keys from a multitask metrics.json (None where one is missing)."""
+    metrics = renamed_from_para(metrics)
     return {ours: None if metrics.get(name) is None else float(metrics[name])
             for ours, name in FINETUNE_METRICS.items()}
 
@@ -81,19 +83,20 @@ class Evaluation:
         return sts + present_tasks(self.senteval_dir, TRANSFER_TASKS) if sts and self.args.transfer else sts
 
     def _source(self, row: Row) -> str | None:
-        """The stage whose best/ is the row's encoder (mlm-base's for --model rows there)."""
-        return None if row is RANDOM_ROW else row.stage or self.plan.base
+        """The pretraining whose best/ is the row's encoder (mlm-base's for --model rows there)."""
+        return None if row is RANDOM_ROW else row.pretraining or self.plan.base
 
     def present(self, row: Row) -> bool:
-        """The row's encoder exists: --model, --config, or a usable finished stage."""
+        """The row's encoder exists: --model, --config, or a usable finished pretraining run."""
         source = self._source(row)
-        return source is None or self.plan.usable(self.plan.stage_runs[source])
+        return source is None or self.plan.usable(self.plan.pretraining_runs[source])
 
     def _stamp(self, row: Row):
         source = self._source(row)
         if source is None:  # --model, or --config's random weights (drawn with --seed)
             return {"model": abs_if_path(self.plan.encoder_of(row)), "seed": self.args.seed}
-        return {"stage": source, "finished": self.plan.stage_runs[source].marker.get("finished")}
+        # "stage": the key eval/ caches have always had (a new name would re-evaluate every row)
+        return {"stage": source, "finished": self.plan.pretraining_runs[source].marker.get("finished")}
 
     def _cached(self, name: str, key: dict, compute):
         path = self.plan.out / "eval" / f"{name}.json"
@@ -120,7 +123,7 @@ class Evaluation:
         return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode)
 
     def _analysis_pairs(self):
-        pairs = read_quora(task_file(self.plan.data_dir, "quora", "train"))
+        pairs = read_qqp(task_file(self.plan.data_dir, "qqp", "train"))
         k = self.args.max_analysis_pairs
         if k and k < len(pairs):
             pairs = random.Random(self.args.seed).sample(pairs, k)
@@ -174,11 +177,11 @@ class Evaluation:
         return finetune_metrics(metrics) if isinstance(metrics, dict) else None
 
     def info(self, row: Row) -> dict:
-        """The row's encoder, its stage's record (best STS dev Spearman, step, wall time) and its
+        """The row's encoder, its pretraining run's record (best STS dev Spearman, step, wall time) and its
         fine-tuning's directory and wall time."""
         info = {"encoder": self.plan.encoder_of(row)}
-        if row.stage is not None:
-            t = self.plan.stage_runs[row.stage]
+        if row.pretraining is not None:
+            t = self.plan.pretraining_runs[row.pretraining]
             s = t.marker.get("summary") or {}
             info = {"encoder": str(t.dir / "best"), "stage_best_sts_spearman": s.get("best"),
                     "stage_best_step": s.get("best_step"), "stage_wall_s": t.marker.get("wall_s")}

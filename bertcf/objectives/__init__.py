@@ -2,7 +2,7 @@
 shape (``base.Objective``): built from the encoder, its settings and a seeded generator;
 ``objective(ids, mask, special, rank, world) -> (loss, scalars)`` on a batch of the corpus; its
 extra modules (predictor, EMA target, second encoder, decoder, MLM head, flow) and what of them
-a checkpoint keeps. The pretraining stage (``bertcf.pretrain``) builds one and hands it to the
+a checkpoint keeps. Pretraining (``bertcf.pretrain``) builds one and hands it to the
 Trainer; the bench times the same objects.
 
   --stage mirror:  mirror (Mirror-BERT), simcse, bsl, ct, tsdae, mlm

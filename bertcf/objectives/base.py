@@ -49,10 +49,10 @@ class Objective(nn.Module):
     """One pretraining method, as one ``nn.Module`` that owns the encoder it trains (``encoder``,
     the one that is kept and evaluated) and every extra module its method needs.
 
-    Built from ``encoder`` (a SentenceEncoder), ``args`` (the stage's flags: any object with the
+    Built from ``encoder`` (a SentenceEncoder), ``args`` (run_pretrain.py's flags: any object with the
     attributes of ``objectives.add_args``; missing ones take their defaults) and ``generator``
-    (the CPU torch.Generator of every random choice: views, pairs, deletions, masks; the stage
-    checkpoints its state, so a resumed run continues exactly).
+    (the CPU torch.Generator of every random choice: views, pairs, deletions, masks; the pretraining
+    run checkpoints its state, so a resumed run continues exactly).
 
     - ``objective(ids, mask, special, rank, world) -> (loss, scalars)``: one step's loss (``loss``);
     - ``parameter_groups()``: what the optimiser gets (groups may carry their own "lr");
