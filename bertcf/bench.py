@@ -443,7 +443,7 @@ def time_workload(workload: Workload, encoders: dict, steps: int, warmup: int, p
 
 # ---- command line -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    from .cli import ArgumentParser
+    from .cli import AT_LEAST_0, AT_LEAST_1, ArgumentParser
 
     p = ArgumentParser(prog="python -m bertcf.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="bert-base-uncased",
@@ -452,18 +452,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
-    p.add_argument("--steps", type=int, default=20, help="timed steps per model and workload (default %(default)s)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default %(default)s)")
+    p.add_argument("--steps", type=AT_LEAST_1, default=20,
+                   help="timed steps per model and workload (default %(default)s)")
+    p.add_argument("--warmup", type=AT_LEAST_0, default=3, help="untimed steps first (default %(default)s)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of %(default)s")
-    p.add_argument("--encode-sentences", type=int, default=256, help="sentences per encode step (default %(default)s)")
+    p.add_argument("--encode-sentences", type=AT_LEAST_1, default=256,
+                   help="sentences per encode step (default %(default)s)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile both models (minBERT layer by layer, transformers whole; dynamic shapes)")
     p.add_argument("--no-unpad", action="store_true",
                    help="minBERT computes the padding too, as transformers does (shows what unpadding gains)")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
+    p.add_argument("--profile", type=AT_LEAST_0, default=0, metavar="N",
                    help="after timing, profile N of minBERT's steps of each workload (torch.profiler) and print "
                         "the operator table (default: off)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--threads", type=AT_LEAST_1, default=None, help="torch.set_num_threads (CPU)")
     p.add_argument("--seed", type=int, default=11711)
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     return p
@@ -484,8 +486,6 @@ def main(argv=None) -> dict:
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown or not workloads:
         raise UsageError(f"--workloads: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(WORKLOADS)}")
-    if args.steps < 1 or args.warmup < 0 or args.profile < 0:
-        raise UsageError("--steps must be at least 1, --warmup and --profile at least 0")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

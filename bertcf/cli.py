@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -20,6 +21,26 @@ class ArgumentParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+# ---- checked flags: a type that also refuses bad values, beside the flag it guards ------------------
+def checked(convert, good, what: str):
+    """An argparse ``type``: ``convert`` the text, then refuse a value that fails ``good``; argparse
+    reports it in one line ("argument --steps: must be at least 1, not 0") with exit status 2."""
+    def parse(text):
+        value = convert(text)
+        if not good(value):
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text}")
+        return value
+    parse.__name__ = convert.__name__  # argparse names the type when the text does not convert
+    return parse
+
+
+AT_LEAST_1 = checked(int, lambda v: v >= 1, "at least 1")
+AT_LEAST_0 = checked(int, lambda v: v >= 0, "at least 0")
+POSITIVE = checked(float, lambda v: 0 < v < math.inf, "positive")
+NON_NEGATIVE = checked(float, lambda v: 0 <= v < math.inf, "a number >= 0")
+PROBABILITY = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
+
+
 def add_common_args(parser: argparse.ArgumentParser, **defaults) -> argparse.ArgumentParser:
     """The flags of every training command (README, "The main job"), with the command's defaults."""
     d = dict(model="bert-base-uncased", steps=10_000, batch_size=16, lr=1e-4, eval_every=250,
@@ -29,17 +50,18 @@ def add_common_args(parser: argparse.ArgumentParser, **defaults) -> argparse.Arg
     g.add_argument("--init", default=None, help="start from this run directory or checkpoint instead of --model")
     g.add_argument("--data-dir", default="data", help="directory with the CS224N files (default %(default)s)")
     g.add_argument("--out-dir", default=None, help="run directory (default runs/<stage>-<method>-<time>)")
-    g.add_argument("--steps", type=int, default=d["steps"])
-    g.add_argument("--batch-size", type=int, default=d["batch_size"], help="global batch size")
-    g.add_argument("--lr", type=float, default=d["lr"])
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--warmup-steps", type=int, default=0)
+    g.add_argument("--steps", type=AT_LEAST_1, default=d["steps"])
+    g.add_argument("--batch-size", type=AT_LEAST_1, default=d["batch_size"], help="global batch size")
+    g.add_argument("--lr", type=POSITIVE, default=d["lr"])
+    g.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.01)
+    g.add_argument("--warmup-steps", type=AT_LEAST_0, default=0)
     g.add_argument("--lr-schedule", choices=("constant", "linear"), default="constant",
                    help="constant (the CS224N starter's) or linear decay to 0 after warm-up")
-    g.add_argument("--max-grad-norm", type=float, default=0.0, help="clip gradients to this norm (0: off)")
-    g.add_argument("--eval-every", type=int, default=d["eval_every"])
-    g.add_argument("--log-every", type=int, default=d["log_every"], help="steps between logged training scalars")
-    g.add_argument("--max-length", type=int, default=d["max_length"], help="tokens per sentence after truncation")
+    g.add_argument("--max-grad-norm", type=NON_NEGATIVE, default=0.0, help="clip gradients to this norm (0: off)")
+    g.add_argument("--eval-every", type=AT_LEAST_1, default=d["eval_every"])
+    g.add_argument("--log-every", type=AT_LEAST_1, default=d["log_every"], help="steps between logged training scalars")
+    g.add_argument("--max-length", type=AT_LEAST_1, default=d["max_length"],
+                   help="tokens per sentence after truncation")
     g.add_argument("--seed", type=int, default=11711)
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
@@ -79,11 +101,6 @@ def parse_args(parser: argparse.ArgumentParser, argv=None, upgrade=None) -> argp
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved.items() if k in known})
         args = parser.parse_args(argv)
-    for name in ("steps", "batch_size", "eval_every", "max_length", "log_every"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    if args.lr is not None and not args.lr > 0:
-        raise UsageError(f"--lr must be positive, not {args.lr}")
     args.device = str(resolve_device(args.device))
     args.precision = resolve_precision(args.precision, args.device)
     return args

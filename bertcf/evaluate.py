@@ -19,7 +19,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from . import senteval as se
-from .cli import ArgumentParser, run_main
+from .cli import AT_LEAST_1, ArgumentParser, run_main
 from .data import DataError
 from .errors import UsageError
 from .evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, CVClassificationEvaluator, ProbeSettings, STSEvaluator,
@@ -186,8 +186,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names (default %(default)s)")
     p.add_argument("--mode", choices=MODES, default="test",
                    help="test; dev (STS-B dev + SICK-R trial); fasttest (5 folds, fixed probe strength)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--max-length", type=int, default=None,
+    p.add_argument("--batch-size", type=AT_LEAST_1, default=64)
+    p.add_argument("--max-length", type=AT_LEAST_1, default=None,
                    help="tokens per sentence (default: whole sentences, up to the model's maximum)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
@@ -201,9 +201,6 @@ def main(argv=None) -> dict:
     from .encoder import SentenceEncoder
 
     args = build_parser().parse_args(argv)
-    for name in ("batch_size", "max_length"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
     tasks = parse_tasks(args.tasks)  # bad flags before the model loads
     device = resolve_device(args.device)
     encoder = SentenceEncoder.from_pretrained(args.encoder).to(device)

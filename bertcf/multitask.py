@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import sys
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -248,6 +247,9 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
 
 
 # ---- command line -----------------------------------------------------------------------------------
+MARGIN = cli.checked(float, lambda v: -1 <= v < 1, "in [-1, 1)")  # h of y = max(cos, h)
+
+
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(prog="run_multitask.py", description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("model")
@@ -256,24 +258,25 @@ def build_parser() -> cli.ArgumentParser:
                         "Hugging Face BERT name or directory (default: --init, else --model)")
     g.add_argument("--freeze-encoder", action="store_true", help="train the heads only (encoder and flow frozen)")
     g.add_argument("--freeze-flow", action="store_true", help="with a flow: keep the flow fixed, train the encoder")
-    g.add_argument("--dropout", type=float, default=0.1, help="encoder dropout (hidden and attention)")
+    g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
     g.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the checkpoint's (mean)")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
-    g.add_argument("--proj-dim", type=int, default=768, help="output width of the QQP and STS heads")
-    g.add_argument("--sst-dropout", type=float, default=0.3)
-    g.add_argument("--qqp-dropout", type=float, default=0.0)
-    g.add_argument("--sts-dropout", type=float, default=0.1)
-    g.add_argument("--qqp-margin", type=float, default=0.7, help="h of the QQP hinge y = max(cos, h)")
-    g.add_argument("--sts-margin", type=float, default=0.0, help="h of the STS y = max(cos, h)")
+    g.add_argument("--proj-dim", type=cli.AT_LEAST_1, default=768, help="output width of the QQP and STS heads")
+    g.add_argument("--sst-dropout", type=cli.PROBABILITY, default=0.3)
+    g.add_argument("--qqp-dropout", type=cli.PROBABILITY, default=0.0)
+    g.add_argument("--sts-dropout", type=cli.PROBABILITY, default=0.1)
+    g.add_argument("--qqp-margin", type=MARGIN, default=0.7, help="h of the QQP hinge y = max(cos, h)")
+    g.add_argument("--sts-margin", type=MARGIN, default=0.0, help="h of the STS y = max(cos, h)")
     g = p.add_argument_group("training")
-    g.add_argument("--sst-batch-size", type=int, default=32, help="SST sentences per step")
-    g.add_argument("--qqp-batch-size", type=int, default=96, help="QQP pairs per step")
-    g.add_argument("--sts-batch-size", type=int, default=32, help="STS pairs per step")
-    g.add_argument("--sst-weight", type=float, default=5.0)
-    g.add_argument("--qqp-weight", type=float, default=20.0)
-    g.add_argument("--sts-weight", type=float, default=1.0)
-    g.add_argument("--max-train-examples", type=int, default=None, help="use the first N rows of each training file")
-    g.add_argument("--max-eval-examples", type=int, default=None,
+    g.add_argument("--sst-batch-size", type=cli.AT_LEAST_1, default=32, help="SST sentences per step")
+    g.add_argument("--qqp-batch-size", type=cli.AT_LEAST_1, default=96, help="QQP pairs per step")
+    g.add_argument("--sts-batch-size", type=cli.AT_LEAST_1, default=32, help="STS pairs per step")
+    g.add_argument("--sst-weight", type=cli.NON_NEGATIVE, default=5.0)
+    g.add_argument("--qqp-weight", type=cli.NON_NEGATIVE, default=20.0)
+    g.add_argument("--sts-weight", type=cli.NON_NEGATIVE, default=1.0)
+    g.add_argument("--max-train-examples", type=cli.AT_LEAST_1, default=None,
+                   help="use the first N rows of each training file")
+    g.add_argument("--max-eval-examples", type=cli.AT_LEAST_1, default=None,
                    help="evaluate during training on the first N rows of each dev file (default all; "
                         "the final metrics.json always uses all)")
     g = p.add_argument_group("files (default: the standard CS224N names in --data-dir)")
@@ -319,23 +322,8 @@ def parse(argv=None):
     return cli.parse_args(parser, argv, upgrade=renamed_from_para)
 
 
-def check_args(args) -> None:
-    for name in ("sst_batch_size", "qqp_batch_size", "sts_batch_size", "proj_dim"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    for name in ("max_train_examples", "max_eval_examples"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {getattr(args, name)}")
-    for name in ("sst_weight", "qqp_weight", "sts_weight"):
-        value = getattr(args, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise UsageError(f"--{name.replace('_', '-')} must be a number >= 0, not {value}")
-    for name in ("dropout", "sst_dropout", "qqp_dropout", "sts_dropout"):
-        if not 0 <= getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be in [0, 1), not {getattr(args, name)}")
-    for name in ("qqp_margin", "sts_margin"):
-        if not -1 <= getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be in [-1, 1), not {getattr(args, name)}")
+def fill_defaults(args) -> None:
+    """--encoder defaults to --init, else --model; --out-dir to runs/multitask-<encoder>-<time>."""
     args.encoder = str(args.encoder or args.init or args.model)
     if args.out_dir is None and not args.predict_only:
         source = Path(str(resolve_encoder_source(args.encoder)))
@@ -372,7 +360,7 @@ def report(metrics: dict, out_dir) -> None:
 
 def main(argv=None) -> dict:
     args = parse(argv)
-    check_args(args)
+    fill_defaults(args)
     args.command = cli.command_line("run_multitask.py", argv)
     if args.predict_only:
         return predict_only(args)

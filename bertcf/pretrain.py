@@ -54,10 +54,10 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--min-words", type=int, default=6, help="drop corpus sentences with fewer words")
     g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
     g = p.add_argument_group("encoder")
-    g.add_argument("--dropout", type=float, default=0.1, help="encoder dropout (hidden and attention)")
+    g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
     g.add_argument("--pooling", choices=("mean", "cls"), default="mean")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
-    g.add_argument("--eval-max-length", type=int, default=None,
+    g.add_argument("--eval-max-length", type=cli.checked(int, lambda v: v >= 2, "at least 2"), default=None,
                    help="tokens per sentence in the STS-dev evaluation (default: the model's "
                         "max_position_embeddings, i.e. whole sentences, as SentEval); --max-length is for training")
     g = p.add_argument_group("model selection")
@@ -82,12 +82,8 @@ def check_args(args) -> None:
         args.lr = STAGE_LR[args.stage]
     if args.batch_size < 2:
         raise UsageError(f"--batch-size must be at least 2 for contrastive learning, not {args.batch_size}")
-    if not 0 <= args.dropout < 1:
-        raise UsageError(f"--dropout must be in [0, 1), not {args.dropout}")
     if args.select_on == "mlm-heldout" and args.method != "mlm":
         raise UsageError("--select-on mlm-heldout is for --method mlm")
-    if args.eval_max_length is not None and args.eval_max_length < 2:
-        raise UsageError(f"--eval-max-length must be at least 2, not {args.eval_max_length}")
     objectives.check_args(args)
     if args.out_dir is None:
         args.out_dir = training.default_out_dir(args.stage, args.method)

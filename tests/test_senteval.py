@@ -239,12 +239,16 @@ def test_missing_task_skipped_with_warning_and_none_left_is_an_error(tmp_path, t
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "nope"], "unknown task 'nope'"),
     (["--mode", "dev", "--tasks", "transfer"], "--mode dev scores STS-B dev"),
-    (["--batch-size", "0"], "--batch-size must be at least 1"),
+    (["--batch-size", "0"], "argument --batch-size: must be at least 1, not 0"),
     (["--senteval-dir", "/nonexistent/x"], "is not a directory"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, tiny_bert_dir, capsys, args, message):
     root = write_senteval(tmp_path / "SentEval")
-    assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--no-progress", *args]) == 2
+    try:
+        status = cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--no-progress", *args])
+    except SystemExit as e:  # argparse's error(): exit status 2 at parsing
+        status = e.code
+    assert status == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
 

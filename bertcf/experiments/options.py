@@ -3,11 +3,10 @@ flags not given default to the ones ``OUT`` was started with."""
 from __future__ import annotations
 
 import json
-import math
 import shlex
 from pathlib import Path
 
-from ..cli import ArgumentParser, add_renamed_flags
+from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, ArgumentParser, add_renamed_flags
 from ..errors import UsageError
 
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
@@ -34,38 +33,41 @@ def build_parser() -> ArgumentParser:
     g = p.add_argument_group("pretraining corpus (passed to every pretraining run)")
     g.add_argument("--corpus", default=None, help="one sentence per line (default: DATA_DIR/wiki1m_for_simcse.txt)")
     g.add_argument("--corpus-from-tasks", action="store_true", help="the unlabeled sentences of the task train files")
-    g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
+    g.add_argument("--max-sentences", type=AT_LEAST_1, default=None, help="use at most this many corpus sentences")
     g = p.add_argument_group("scale")
-    g.add_argument("--steps-scale", type=float, default=1.0,
-                   help="multiplies the report's steps (10^4 per pretraining stage, 5000 multitask); default %(default)s")
-    g.add_argument("--finetune-steps-scale", type=float, default=None,
+    g.add_argument("--steps-scale", type=POSITIVE, default=1.0,
+                   help="multiplies the report's steps (10^4 a pretraining, 5000 multitask); default %(default)s")
+    g.add_argument("--finetune-steps-scale", type=POSITIVE, default=None,
                    help="multiplies the report's 5000 multitask steps (default: --steps-scale)")
-    g.add_argument("--eval-every", type=int, default=None, help="passed to every run (default: each command's own)")
-    g.add_argument("--max-train-examples", type=int, default=None, help="passed to every fine-tuning run")
-    g.add_argument("--max-length", type=int, default=32,
+    g.add_argument("--eval-every", type=AT_LEAST_1, default=None,
+                   help="passed to every run (default: each command's own)")
+    g.add_argument("--max-train-examples", type=AT_LEAST_1, default=None, help="passed to every fine-tuning run")
+    g.add_argument("--max-length", type=AT_LEAST_1, default=32,
                    help="tokens per sentence in pretraining (default %(default)s)")
-    g.add_argument("--eval-max-length", type=int, default=None,
-                   help="tokens per sentence in every unsupervised evaluation: each pretraining's best-checkpoint choice, "
+    g.add_argument("--eval-max-length", type=AT_LEAST_1, default=None,
+                   help="tokens per sentence in every unsupervised evaluation: the best-checkpoint choice, "
                         "the unsupervised column, analysis and qualitative tables (default: the model's "
                         "max_position_embeddings, i.e. whole sentences)")
     g.add_argument("--seed", type=int, default=11711)
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
-    g.add_argument("--pretrain-args", default="", help="more flags for every run_pretrain.py run, e.g. '--batch-size 32'")
+    g.add_argument("--pretrain-args", default="",
+                   help="more flags for every run_pretrain.py run, e.g. '--batch-size 32'")
     g.add_argument("--finetune-args", default="", help="more flags for every run_multitask.py run")
     g = p.add_argument_group("what to run")
     g.add_argument("--rows", default=None,
                    help="comma-separated rows to run (names or keys, e.g. MinBERT,BERT-CF; default: all of the command's)")
     g.add_argument("--no-finetune", action="store_true", help="table1: no multitask fine-tuning (unsupervised column only)")
-    g.add_argument("--max-analysis-pairs", type=int, default=5000,
+    g.add_argument("--max-analysis-pairs", type=AT_LEAST_0, default=5000,
                    help="analysis: QQP train pairs sampled for alignment/uniformity (0: all; default %(default)s)")
-    g.add_argument("--qualitative-pairs", type=int, default=10, help="examples in each qualitative table")
+    g.add_argument("--qualitative-pairs", type=AT_LEAST_1, default=10, help="examples in each qualitative table")
     g.add_argument("--dry-run", action="store_true", help="print the plan and its commands, run nothing")
     g = p.add_argument_group("mlm-base: an MLM encoder from random weights, then table1 and the ablations from it")
     g.add_argument("--config", default=None,
                    help="mlm-base: a directory with a BERT config.json and a vocab.txt (or tokenizer files), no weights")
-    g.add_argument("--mlm-steps", type=int, default=10_000,
+    g.add_argument("--mlm-steps", type=AT_LEAST_1, default=10_000,
                    help="mlm-base: steps of MLM pretraining, not scaled by --steps-scale (default %(default)s)")
-    g.add_argument("--mlm-args", default="", help="mlm-base: more flags for the MLM pretraining, e.g. '--batch-size 128'")
+    g.add_argument("--mlm-args", default="",
+                   help="mlm-base: more flags for the MLM pretraining, e.g. '--batch-size 128'")
     g = p.add_argument_group("SentEval (when its STS files are there)")
     g.add_argument("--senteval-dir", default=None,
                    help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
@@ -89,23 +91,10 @@ def parse_args(argv=None):
         parser.set_defaults(**{k: v for k, v in saved.items() if k in SUITE_KEYS})
         args = parser.parse_args(argv)
         args.saved_settings = saved
-    if args.steps_scale <= 0 or not math.isfinite(args.steps_scale):
-        raise UsageError(f"--steps-scale must be positive, not {args.steps_scale}")
-    if args.finetune_steps_scale is not None and not args.finetune_steps_scale > 0:
-        raise UsageError(f"--finetune-steps-scale must be positive, not {args.finetune_steps_scale}")
-    for name in ("eval_every", "max_train_examples", "max_sentences", "max_length", "eval_max_length",
-                 "qualitative_pairs"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}")
-    if args.max_analysis_pairs < 0:
-        raise UsageError(f"--max-analysis-pairs must be >= 0, not {args.max_analysis_pairs}")
     if args.corpus and args.corpus_from_tasks:
         raise UsageError("give either --corpus or --corpus-from-tasks, not both")
     if args.command == "mlm-base" and not args.config:
         raise UsageError("mlm-base needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
-    if args.mlm_steps < 1:
-        raise UsageError(f"--mlm-steps must be at least 1, not {args.mlm_steps}")
     for name in ("pretrain_args", "finetune_args", "mlm_args"):
         try:
             setattr(args, name + "_list", shlex.split(getattr(args, name)))

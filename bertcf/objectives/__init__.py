@@ -13,6 +13,7 @@ Trainer; the bench times the same objects.
 """
 from __future__ import annotations
 
+from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, checked
 from ..errors import UsageError
 from ..flow import FLOW_LOSS_UNITS, PERMUTATIONS
 from .base import DEFAULTS, Objective
@@ -40,15 +41,15 @@ def build_objective(stage: str, method: str, encoder, args=None, generator=None)
 def add_args(parser) -> None:
     """The objectives' flags, one argument group per family."""
     g = parser.add_argument_group("contrastive (mirror, simcse, joint, bsl)")
-    g.add_argument("--span-p", type=float, default=DEFAULTS["span_p"],
+    g.add_argument("--span-p", type=checked(float, lambda v: 0 < v <= 1, "in (0, 1]"), default=DEFAULTS["span_p"],
                    help="geometric success probability of the span length")
-    g.add_argument("--span-cap", type=int, default=DEFAULTS["span_cap"], help="longest masked span (simcse: 0)")
-    g.add_argument("--temperature", type=float, default=DEFAULTS["temperature"])
+    g.add_argument("--span-cap", type=AT_LEAST_0, default=DEFAULTS["span_cap"], help="longest masked span (simcse: 0)")
+    g.add_argument("--temperature", type=POSITIVE, default=DEFAULTS["temperature"])
     g = parser.add_argument_group("flow (--stage joint and flow)")
     g.add_argument("--lambda-mirror", type=float, default=DEFAULTS["lambda_mirror"],
                    help="weight of L_mirror in the joint loss")
-    g.add_argument("--flow-blocks", type=int, default=DEFAULTS["flow_blocks"])
-    g.add_argument("--flow-hidden", type=int, default=None, help="coupling network width (default: D)")
+    g.add_argument("--flow-blocks", type=AT_LEAST_1, default=DEFAULTS["flow_blocks"])
+    g.add_argument("--flow-hidden", type=AT_LEAST_1, default=None, help="coupling network width (default: D)")
     g.add_argument("--flow-permutation", choices=tuple(PERMUTATIONS), default=DEFAULTS["flow_permutation"],
                    help="the map between couplings: lu, Glow's learned invertible 1x1 (the report's text), or "
                         "reverse, the fixed reversal of the BERT-flow implementation the report cites")
@@ -56,50 +57,29 @@ def add_args(parser) -> None:
                    help="unit of L_flow in the loss: bits-per-dim, NLL / (D ln 2), as in the BERT-flow "
                         "implementations the report uses (default), or nats, the NLL summed over D")
     g.add_argument("--unfreeze-encoder", action="store_true", help="joint: train the encoder by L_mirror too")
-    g.add_argument("--encoder-lr", type=float, default=DEFAULTS["encoder_lr"],
+    g.add_argument("--encoder-lr", type=POSITIVE, default=DEFAULTS["encoder_lr"],
                    help="joint --unfreeze-encoder: the encoder's learning rate (default %(default)s, the mirror "
                         "stage's); the flow keeps --lr")
     g = parser.add_argument_group("bsl, ct, tsdae, mlm (--stage mirror)")
-    g.add_argument("--momentum", type=float, default=DEFAULTS["momentum"],
+    g.add_argument("--momentum", type=PROBABILITY, default=DEFAULTS["momentum"],
                    help="bsl: EMA momentum of the target encoder (default %(default)s)")
-    g.add_argument("--predictor-k", type=int, default=DEFAULTS["predictor_k"],
+    g.add_argument("--predictor-k", type=AT_LEAST_1, default=DEFAULTS["predictor_k"],
                    help="bsl: the predictor's hidden width is k * D, as in the BSL paper (default %(default)s)")
-    g.add_argument("--predictor-hidden", type=int, default=None,
+    g.add_argument("--predictor-hidden", type=AT_LEAST_1, default=None,
                    help="bsl: the predictor's hidden width, overriding --predictor-k")
-    g.add_argument("--ct-negatives", type=int, default=DEFAULTS["ct_negatives"],
+    g.add_argument("--ct-negatives", type=AT_LEAST_1, default=DEFAULTS["ct_negatives"],
                    help="ct: negative pairs per positive pair (default %(default)s: 1 positive in 8 pairs)")
-    g.add_argument("--deletion-ratio", type=float, default=DEFAULTS["deletion_ratio"],
+    g.add_argument("--deletion-ratio", type=PROBABILITY, default=DEFAULTS["deletion_ratio"],
                    help="tsdae: probability of deleting each token (default %(default)s)")
-    g.add_argument("--decoder-layers", type=int, default=DEFAULTS["decoder_layers"],
+    g.add_argument("--decoder-layers", type=AT_LEAST_1, default=DEFAULTS["decoder_layers"],
                    help="tsdae: transformer decoder layers (default %(default)s)")
-    g.add_argument("--mlm-probability", type=float, default=DEFAULTS["mlm_probability"],
+    g.add_argument("--mlm-probability", type=checked(float, lambda v: 0 < v < 1, "in (0, 1)"),
+                   default=DEFAULTS["mlm_probability"],
                    help="mlm: share of tokens to predict (default %(default)s)")
 
 
-#: flag -> (test of a good value, what it must be), for every numeric flag of ``add_args``.
-CHECKS = {
-    "span_p": (lambda v: 0 < v <= 1, "in (0, 1]"),
-    "span_cap": (lambda v: v >= 0, ">= 0"),
-    "temperature": (lambda v: v > 0, "positive"),
-    "flow_blocks": (lambda v: v >= 1, "at least 1"),
-    "flow_hidden": (lambda v: v is None or v >= 1, "at least 1"),
-    "encoder_lr": (lambda v: v > 0, "positive"),
-    "momentum": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "predictor_k": (lambda v: v >= 1, "at least 1"),
-    "predictor_hidden": (lambda v: v is None or v >= 1, "at least 1"),
-    "ct_negatives": (lambda v: v >= 1, "at least 1"),
-    "deletion_ratio": (lambda v: 0 <= v < 1, "in [0, 1)"),
-    "decoder_layers": (lambda v: v >= 1, "at least 1"),
-    "mlm_probability": (lambda v: 0 < v < 1, "in (0, 1)"),
-}
-
-
 def check_args(args) -> None:
-    """Validate the flags of ``add_args`` (a bad value is a UsageError)."""
-    for name, (good, what) in CHECKS.items():
-        value = getattr(args, name)
-        if not good(value):
-            raise UsageError(f"--{name.replace('_', '-')} must be {what}, not {value}")
+    """What the flags' own types cannot check (a bad value is a UsageError)."""
     if args.stage != "joint" and args.unfreeze_encoder:
         raise UsageError("--unfreeze-encoder is for --stage joint")
 
