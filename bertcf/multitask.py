@@ -25,7 +25,7 @@ import torch
 from minbert import pad_batch
 
 from . import cli, training
-from .data import READERS, DataError, task_file
+from .data import READERS, SPLITS, DataError, task_file
 from .distributed import dist_info, local_rows, run_distributed, wrap_ddp
 from .encoder import SentenceEncoder
 from .encoder import resolve_encoder_path as resolve_encoder_source  # --encoder: a run directory -> its best/
@@ -37,7 +37,6 @@ from .multitask_model import (METRICS, SELECTION_METRIC, TASKS, MultitaskLoss, M
 
 logger = logging.getLogger("bertcf.multitask")
 
-SPLITS = ("train", "dev", "test")
 PREDICTION_HEADERS = {"sst": "Predicted_Sentiment", "qqp": "Predicted_Is_Paraphrase",
                       "sts": "Predicted_Similiary"}  # sic: the CS224N starter's spelling
 

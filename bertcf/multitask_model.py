@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from minbert import CheckpointError
 
+from .data import TASKS  # the three tasks, in the order of a step's batch
 from .encoder import SentenceEncoder
 from .evaluation import accuracy, pearson
 from .files import save_tensors_atomic, write_json_atomic
@@ -29,7 +30,6 @@ from .files import save_tensors_atomic, write_json_atomic
 HEADS_FILE = "heads.safetensors"
 HEADS_CONFIG_FILE = "multitask.json"
 NUM_SENTIMENTS = 5
-TASKS = ("sst", "qqp", "sts")
 COLUMNS = {"sst": 1, "qqp": 2, "sts": 2}  # sentences per example
 METRICS = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson"}
 SELECTION_METRIC = "mean_dev"
