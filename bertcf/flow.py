@@ -42,9 +42,15 @@ class ActNorm(nn.Module):
 
     The first time the module sees a batch in training mode, bias and log_scale are set so that
     this batch comes out with zero mean and unit variance per dimension (population std; std + eps
-    in the denominator so a constant dimension stays finite). The `initialized` buffer records this,
-    so loading a state_dict never re-initialises. Under torch.distributed the batch statistics are
-    averaged across ranks (weighted by the per-rank batch size) so every rank gets the same init.
+    in the denominator). A dimension that does not vary in the batch (std <= eps) is centred but
+    not scaled (log_scale 0): 1 / (std + eps) = 1e6 would turn the optimiser's first step on its
+    bias (~lr) into a shift of ~lr * 1e6, and with a fixed permutation, which keeps the dimension
+    constant and in place, every later block's ActNorm would scale by 1e6 again what the couplings
+    write into it. Real encoders have such dimensions: all-MiniLM-L6-v2's pooled sentence vectors
+    are ~1e-32 in two of their 384 and ~1e-9 in a third. The `initialized` buffer records the
+    init, so loading a state_dict never re-initialises. Under torch.distributed the batch
+    statistics are averaged across ranks (weighted by the per-rank batch size) so every rank gets
+    the same init.
     """
 
     def __init__(self, dim, eps=1e-6):
@@ -77,7 +83,7 @@ class ActNorm(nn.Module):
             torch.distributed.all_reduce(sq)
         std = (sq / n).sqrt()
         self.bias.copy_(-mean)
-        self.log_scale.copy_(-torch.log(std + self.eps))
+        self.log_scale.copy_(torch.where(std > self.eps, -torch.log(std + self.eps), 0.0))
         self.initialized.fill_(True)
 
     def logdet(self, u):

@@ -145,6 +145,10 @@ def test_actnorm_data_dependent_init():
     assert torch.allclose(z.mean(0), torch.zeros(6), atol=1e-4)
     assert torch.allclose(z[:, live].var(0, unbiased=False), torch.ones(5), atol=1e-4)
     assert torch.allclose(z[:, 4], torch.zeros(256), atol=1e-4)
+    assert an.log_scale[4] == 0  # a dimension that does not vary is centred, not scaled by 1 / eps
+    tiny = ActNorm(2).train()
+    tiny(torch.stack([torch.randn(64) * 1e-32, torch.randn(64) * 1e-3], dim=1))
+    assert tiny.log_scale[0] == 0 and tiny.log_scale[1] > 6  # 1e-32 is dead; 1e-3 is scaled to unit variance
     # a second, different batch does not re-initialise
     params = [p.detach().clone() for p in an.parameters()]
     z2, _ = an(x * 2 + 1)
@@ -301,6 +305,33 @@ def test_training_whitens_correlated_gaussian():
     assert stats["eig_ratio"] < data_spread / 100, (stats["eig_ratio"], data_spread)
     # inverse still exact after training
     assert torch.allclose(g.inverse(z), data, atol=1e-3)
+
+
+@pytest.mark.parametrize("permutation", ["lu", "reverse"])
+def test_training_on_embeddings_with_dead_dimensions_stays_stable(permutation):
+    """Real-scale inputs: D = 384 rows of unit norm (per-dimension std ~0.05), batches of 32 (the
+    joint stage's two views of 16), with all-MiniLM-L6-v2's dead dimensions (its sentence vectors
+    are ~1e-32 in dimensions 127 and 223 and ~1e-9 in 319). With ActNorm scaling such a dimension by
+    1 / (std + 1e-6), one AdamW step at the joint stage's lr took L_flow from -2.5 to ~600
+    bits/dim (lu: the first ActNorm's bias step, times 1e6) or 3e26 (reverse: every block's ActNorm
+    scales the dimension by 1e6 again, and the couplings write into it)."""
+    torch.manual_seed(0)
+    g = Glow(384, permutation=permutation).train()
+    opt = torch.optim.AdamW(g.parameters(), lr=3e-4)
+    losses = []
+    for _ in range(4):
+        u = torch.nn.functional.normalize(torch.randn(32, 384), dim=1)
+        u[:, [127, 223]] = 1e-32 * torch.randn(32, 2)
+        u[:, 319] = 1e-9 * torch.randn(32)
+        loss = flow_loss(g.nll(u), 384)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert all(math.isfinite(x) for x in losses), losses
+    assert max(losses) < losses[0] + 1.0, losses  # bits per dimension
+    first = g.blocks[0].actnorm
+    assert first.log_scale[[127, 223, 319]].abs().max() < 0.01  # centred, not scaled (drifts by lr)
 
 
 # --- precision ------------------------------------------------------------------------------------
