@@ -7,4 +7,5 @@ class UsageError(Exception):
 
 
 class NonFiniteLossError(Exception):
-    """The loss became NaN or infinite; the last good checkpoint is kept."""
+    """The loss became NaN or infinite, or diverged (``training.DIVERGENCE_FACTOR``); the last good
+    checkpoint is kept."""

@@ -31,6 +31,9 @@ from .model_card import write_model_card
 from .precision import autocast
 
 STATE_FILE = "training_state.pt"
+#: A loss whose size passes this many times its first step's (or 1, when that is smaller) is
+#: diverging: the run stops as for a non-finite loss (e.g. a flow whose loss went from 0.1 to 3e26).
+DIVERGENCE_FACTOR = 10_000
 
 
 # ---- seeds -------------------------------------------------------------------------------------
@@ -315,7 +318,7 @@ class Trainer:
         bar = tqdm(total=args.steps, initial=self.step, desc=self.run.dir.name, disable=self.rank != 0,
                    dynamic_ncols=True)
         tick, tick_step, interrupted = time.perf_counter(), self.step, False
-        bad_step = bad_loss = None  # the first non-finite loss, tracked on the device (no sync per step)
+        bad_step = bad_loss = None  # the first non-finite or diverging loss, tracked on the device (no sync per step)
         try:
             while self.step < args.steps:
                 for m in self.modules.values():
@@ -331,7 +334,8 @@ class Trainer:
                 loss_d = loss.detach().float()
                 if bad_step is None:
                     bad_step, bad_loss = torch.full((), -1, dtype=torch.long, device=loss_d.device), loss_d
-                first = ~torch.isfinite(loss_d) & (bad_step < 0)
+                    limit = DIVERGENCE_FACTOR * loss_d.abs().clamp_min(1)
+                first = (~torch.isfinite(loss_d) | (loss_d.abs() > limit)) & (bad_step < 0)
                 bad_step, bad_loss = torch.where(first, self.step, bad_step), torch.where(first, loss_d, bad_loss)
                 log_now = self.step % args.log_every == 0 or self.step == args.steps
                 # Under torchrun every rank gets the Ctrl-C (torchrun forwards it), but not at the
@@ -344,8 +348,11 @@ class Trainer:
                     if int(bad_step) >= 0:
                         last = self.run.dir / "last"
                         kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
-                        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}; "
-                                                 f"stopped, {kept} (try a lower --lr or --precision fp32)")
+                        diverging = (f" (diverging: over {DIVERGENCE_FACTOR:,} times the first step's)"
+                                     if math.isfinite(float(bad_loss)) else "")
+                        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}"
+                                                 f"{diverging}; stopped, {kept} (try a lower --lr or "
+                                                 f"--precision fp32)")
                 if log_now:
                     # The only host-device synchronisation of the loop, once per logging interval.
                     # Under torchrun the losses are averaged over the ranks: the global batch's.

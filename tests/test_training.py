@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bertcf import files, training
-from bertcf.errors import UsageError
+from bertcf.errors import NonFiniteLossError, UsageError
 
 
 def lrs(kind: str, warmup: int, total: int, lr: float = 1.0) -> list[float]:
@@ -74,6 +74,39 @@ def test_gradient_clipping(tmp_path, max_grad_norm):
     # The gradient is 100 * [1, 1, 1, 1] (norm 200): clipped to 0.5 when asked, else taken whole.
     assert moved == pytest.approx(max_grad_norm or 200.0, rel=1e-5)
     assert (tmp_path / "run" / "best" / "weights.txt").is_file() and (tmp_path / "run" / "last").is_dir()
+
+
+def scripted_loss_trainer(tmp_path, losses):
+    """A Trainer whose step ``i`` (0-based) reports the loss ``losses[i]``, checkpointing every 2
+    steps and logging every 10."""
+    model = torch.nn.Linear(1, 1)
+    args = SimpleNamespace(steps=len(losses), log_every=10, eval_every=2, seed=0, device="cpu", precision="fp32",
+                           max_grad_norm=0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    trainer = training.Trainer(args, training.Run(tmp_path / "run", {}), {"model": model}, opt,
+                               training.make_scheduler(opt, "constant", 0, len(losses)), {}, metric="score",
+                               save_model=lambda d: (d / "weights.txt").write_text("w"),
+                               evaluate=lambda step: {"score": float(step)}, items_per_step=1)
+    return trainer, lambda step: (losses[step] + 0 * model(torch.ones(1, 1)).sum(), {})
+
+
+@pytest.mark.parametrize("jump", [2e4, -2e4])
+def test_a_diverging_loss_stops_like_a_non_finite_one(tmp_path, jump):
+    """More than DIVERGENCE_FACTOR (1e4) times the first step's loss, or 1 when that is smaller, is
+    diverging: the run stops at the next checkpoint, keeping the last good one (step 2's)."""
+    assert training.DIVERGENCE_FACTOR == 10_000
+    trainer, step_fn = scripted_loss_trainer(tmp_path, [-0.1, 0.5, jump, 1.0, 1.0, 1.0])
+    with pytest.raises(NonFiniteLossError, match=rf"became {jump} at step 3 \(diverging: over 10,000 times the "
+                                                 r"first step's\); stopped, keeping the last good checkpoint"):
+        trainer.fit(step_fn)
+    assert torch.load(tmp_path / "run" / "last" / training.STATE_FILE, weights_only=False)["step"] == 2
+    # below the limit: a loss 9,000 times the first (floored at 1), or 9,000 times a first of 30
+    for name, losses in (("small", [-0.1, 9e3, 9e3, 1.0]), ("large", [30.0, -2.7e5, 2.7e5, 1.0])):
+        trainer, step_fn = scripted_loss_trainer(tmp_path / name, losses)
+        assert trainer.fit(step_fn)["step"] == 4
+    trainer, step_fn = scripted_loss_trainer(tmp_path / "nan", [1.0, float("nan"), 1.0, 1.0])
+    with pytest.raises(NonFiniteLossError, match=r"became nan at step 2; stopped"):
+        trainer.fit(step_fn)
 
 
 def test_epoch_sampler_covers_each_epoch_and_resumes_exactly():
