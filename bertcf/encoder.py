@@ -185,11 +185,30 @@ def resolve_encoder_path(path):
 
     Raises CheckpointError, naming the directory, for a run directory without ``best/``."""
     p = Path(path)
-    if not p.is_dir() or has_weights(p):
+    if not is_run_dir(p):
         return path
     if (p / "best").is_dir():
         return p / "best"
-    if any((p / name).exists() for name in RUN_ENTRIES):
-        raise CheckpointError(f"run directory {p} has no best/ checkpoint yet (the run stopped before "
-                              f"its first evaluation?); pass a run that got that far, or a checkpoint directory")
-    return path
+    raise CheckpointError(f"run directory {p} has no best/ checkpoint yet (the run stopped before "
+                          f"its first evaluation?); pass a run that got that far, or a checkpoint directory")
+
+
+def is_run_dir(p: Path) -> bool:
+    """Whether ``p`` is a training run's directory (see ``resolve_encoder_path``)."""
+    return (p.is_dir() and not has_weights(p)
+            and ((p / "best").is_dir() or any((p / name).exists() for name in RUN_ENTRIES)))
+
+
+def run_settings(path) -> tuple[Path, dict] | None:
+    """The training run that ``path`` is (a run directory) or comes from (its best/ or last/
+    checkpoint): (its directory, its settings from its config.json), or None for any other path
+    (a checkpoint directory outside a run, a hub name)."""
+    p = Path(path)
+    run = p if is_run_dir(p) else p.parent if p.name in ("best", "last") and is_run_dir(p.parent) else None
+    if run is None or not (run / "config.json").is_file():
+        return None
+    try:
+        return run, json.loads((run / "config.json").read_text())
+    except (OSError, ValueError):
+        raise CheckpointError(f"{run / 'config.json'} (the settings of run {run}) is not a readable JSON file; "
+                              f"give its checkpoint, {run / 'best'}, with the data flags") from None

@@ -15,6 +15,7 @@ and keeps the best checkpoint. Every stage and method also runs data-parallel un
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -25,7 +26,7 @@ from minbert.model import load_state_dict_file
 from . import cli, objectives, training
 from .data import read_corpus, read_sts, task_file, task_sentences
 from .distributed import dist_info, run_distributed, wrap_ddp
-from .encoder import SentenceEncoder, resolve_encoder_path
+from .encoder import SentenceEncoder, resolve_encoder_path, run_settings
 from .errors import UsageError
 from .evaluation import STSDevEvaluator
 from .files import recover_dir
@@ -38,6 +39,9 @@ SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-held
 SELECTION_LABEL = {"cs224n-sts": "STS dev Spearman", "stsb-dev": "STS-B dev Spearman",
                    "mlm-heldout": "held-out masked-token accuracy"}
 HELDOUT_SENTENCES = 512
+#: What a run given to --init passes on to this one, unless the command line gives it: its data.
+RUN_DATA = ("data_dir", "corpus", "corpus_from_tasks", "min_words", "max_sentences", "senteval_dir")
+NOT_GIVEN = object()
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -135,8 +139,32 @@ def load_encoder(args) -> SentenceEncoder:
     return encoder
 
 
+def take_data_from_init(parser, argv) -> None:
+    """With --init RUN (a run directory or its best/ checkpoint), RUN's data flags (RUN_DATA, from
+    its config.json) become this parser's defaults, so the README's stage-2 command needs none;
+    a flag on the command line wins (--corpus or --corpus-from-tasks: both of RUN's stay out).
+    Says on stderr what it took."""
+    defaults = {k: parser.get_default(k) for k in RUN_DATA}
+    parser.set_defaults(**dict.fromkeys(RUN_DATA, NOT_GIVEN))
+    given = parser.parse_args(argv)
+    parser.set_defaults(**defaults)
+    found = run_settings(given.init) if given.init and not given.resume else None
+    if found is None:
+        return
+    run_dir, settings = found
+    missing = {k for k in RUN_DATA if getattr(given, k) is NOT_GIVEN}
+    if not {"corpus", "corpus_from_tasks"} <= missing:
+        missing -= {"corpus", "corpus_from_tasks"}
+    taken = {k: settings[k] for k in RUN_DATA if k in missing and k in settings and settings[k] != defaults[k]}
+    if taken:
+        parser.set_defaults(**taken)
+        flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in taken.items())
+        print(f"note: --init {run_dir}: its data, as no flag here gives them: {flags}", file=sys.stderr)
+
+
 def main(argv=None) -> dict:
     parser = build_parser()
+    take_data_from_init(parser, argv)
     args = cli.parse_args(parser, argv)
     args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from bertcf import pretrain, training
 from bertcf.cli import run_main
 from bertcf.errors import UsageError
+from minbert import CheckpointError
 
 WORDS = ("the a man woman dog cat child band girl boy plays runs eats sits walks reads sings cooks "
          "on in under near with across park street house table garden ball guitar piano book song "
@@ -275,6 +276,60 @@ def test_joint_resume_is_bit_identical(mirror_run, tiny_bert_dir, data_dir, tmp_
     for name in ("model.safetensors", "flow.safetensors"):
         assert_same_tensors(tensors(part / "last" / name), tensors(full / "last" / name))
     assert training_state(part)["step"] == 5
+
+
+def test_stage_2_as_the_readme_writes_it_takes_the_data_of_its_init_run(mirror_run, tiny_bert_dir, data_dir,
+                                                                         tmp_path, capsys):
+    """README: `run_pretrain.py --stage joint --init runs/<mirror run>`, no data flags: the mirror
+    run's --data-dir and --corpus (its config.json), said on stderr in one line."""
+    out = tmp_path / "joint"
+    capsys.readouterr()
+    argv = base_args(tiny_bert_dir, data_dir, out, steps=1, stage="joint", init=mirror_run[0], model=None,
+                     corpus=None, **{"data-dir": None})
+    assert not any(flag in argv for flag in ("--data-dir", "--corpus", "--corpus-from-tasks"))
+    summary, _ = run_quiet(argv)
+    assert summary["step"] == 1
+    notes = [l for l in capsys.readouterr().err.splitlines() if l.startswith("note:")]
+    assert notes == [f"note: --init {mirror_run[0]}: its data, as no flag here gives them: --data-dir {data_dir} "
+                     f"--corpus {data_dir / 'corpus.txt'}"]
+    config = json.loads((out / "config.json").read_text())
+    assert (config["data_dir"], config["corpus"]) == (str(data_dir), str(data_dir / "corpus.txt"))
+
+
+def data_flags(argv) -> dict:
+    parser = pretrain.build_parser()
+    pretrain.take_data_from_init(parser, argv)
+    args = parser.parse_args(argv)
+    return {k: getattr(args, k) for k in pretrain.RUN_DATA}
+
+
+def test_init_data_flags_on_the_command_line_win(tmp_path, tiny_bert_dir, capsys):
+    run = tmp_path / "run"
+    (run / "best").mkdir(parents=True)
+    settings = dict(data_dir="/data/a", corpus=None, corpus_from_tasks=True, min_words=3, max_sentences=100,
+                    senteval_dir="/data/senteval", steps=7, lr=0.5)
+    (run / "config.json").write_text(json.dumps(settings))
+    taken = {k: settings[k] for k in pretrain.RUN_DATA}
+    for init in (run, run / "best"):
+        assert data_flags(["--init", str(init)]) == taken
+    assert "--data-dir /data/a --corpus-from-tasks --min-words 3 --max-sentences 100" in capsys.readouterr().err
+    # a flag given wins, even at its default value; --corpus keeps the run's --corpus-from-tasks out
+    assert data_flags(["--init", str(run), "--data-dir", "data", "--corpus", "c.txt", "--min-words", "6"]) == (
+        taken | dict(data_dir="data", corpus="c.txt", corpus_from_tasks=False, min_words=6))
+    assert data_flags(["--init", str(run), "--corpus-from-tasks"])["data_dir"] == "/data/a"
+    capsys.readouterr()
+    # nothing is taken from a checkpoint outside a run, nor under --resume (the resumed run's own
+    # config.json gives its settings), and the other settings never are
+    defaults = data_flags([])
+    assert data_flags(["--init", str(tiny_bert_dir)]) == defaults
+    assert data_flags(["--init", str(run), "--resume", "--out-dir", "x"]) == defaults
+    assert "note:" not in capsys.readouterr().err
+    parser = pretrain.build_parser()
+    pretrain.take_data_from_init(parser, ["--init", str(run)])
+    assert (parser.get_default("steps"), parser.get_default("lr")) == (10_000, None)
+    (run / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json .* is not a readable JSON file"):
+        data_flags(["--init", str(run)])
 
 
 def test_resume_of_a_state_from_another_version_is_one_clear_line(mirror_run, tiny_bert_dir, data_dir, tmp_path,
