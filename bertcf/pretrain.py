@@ -139,33 +139,33 @@ def load_encoder(args) -> SentenceEncoder:
     return encoder
 
 
-def take_data_from_init(parser, argv) -> None:
+def take_data_from_init(parser, argv, args) -> None:
     """With --init RUN (a run directory or its best/ checkpoint), RUN's data flags (RUN_DATA, from
-    its config.json) become this parser's defaults, so the README's stage-2 command needs none;
-    a flag on the command line wins (--corpus or --corpus-from-tasks: both of RUN's stay out).
-    Says on stderr what it took."""
-    defaults = {k: parser.get_default(k) for k in RUN_DATA}
-    parser.set_defaults(**dict.fromkeys(RUN_DATA, NOT_GIVEN))
-    given = parser.parse_args(argv)
-    parser.set_defaults(**defaults)
-    found = run_settings(given.init) if given.init and not given.resume else None
+    its config.json) where the command line ``argv`` gives none, so the README's stage-2 command
+    needs none; --corpus or --corpus-from-tasks keeps both of RUN's out. Sets them in ``args``
+    (parsed from ``argv``) and says on stderr what it took."""
+    found = run_settings(args.init) if args.init and not args.resume else None
     if found is None:
         return
     run_dir, settings = found
+    defaults = {k: parser.get_default(k) for k in RUN_DATA}
+    parser.set_defaults(**dict.fromkeys(RUN_DATA, NOT_GIVEN))
+    given = parser.parse_args(argv)  # parsed once already: no --help, no bad flag
+    parser.set_defaults(**defaults)
     missing = {k for k in RUN_DATA if getattr(given, k) is NOT_GIVEN}
     if not {"corpus", "corpus_from_tasks"} <= missing:
         missing -= {"corpus", "corpus_from_tasks"}
     taken = {k: settings[k] for k in RUN_DATA if k in missing and k in settings and settings[k] != defaults[k]}
     if taken:
-        parser.set_defaults(**taken)
+        vars(args).update(taken)
         flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in taken.items())
         print(f"note: --init {run_dir}: its data, as no flag here gives them: {flags}", file=sys.stderr)
 
 
 def main(argv=None) -> dict:
     parser = build_parser()
-    take_data_from_init(parser, argv)
     args = cli.parse_args(parser, argv)
+    take_data_from_init(parser, argv, args)
     args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)
     return run_distributed(train, args)

@@ -298,8 +298,8 @@ def test_stage_2_as_the_readme_writes_it_takes_the_data_of_its_init_run(mirror_r
 
 def data_flags(argv) -> dict:
     parser = pretrain.build_parser()
-    pretrain.take_data_from_init(parser, argv)
     args = parser.parse_args(argv)
+    pretrain.take_data_from_init(parser, argv, args)
     return {k: getattr(args, k) for k in pretrain.RUN_DATA}
 
 
@@ -325,8 +325,10 @@ def test_init_data_flags_on_the_command_line_win(tmp_path, tiny_bert_dir, capsys
     assert data_flags(["--init", str(run), "--resume", "--out-dir", "x"]) == defaults
     assert "note:" not in capsys.readouterr().err
     parser = pretrain.build_parser()
-    pretrain.take_data_from_init(parser, ["--init", str(run)])
-    assert (parser.get_default("steps"), parser.get_default("lr")) == (10_000, None)
+    args = parser.parse_args(["--init", str(run)])
+    pretrain.take_data_from_init(parser, ["--init", str(run)], args)
+    assert (args.steps, args.lr) == (10_000, None)
+    assert [parser.get_default(k) for k in pretrain.RUN_DATA] == ["data", None, False, 6, None, None]
     (run / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="config.json .* is not a readable JSON file"):
         data_flags(["--init", str(run)])
