@@ -318,7 +318,7 @@ class Trainer:
         bar = tqdm(total=args.steps, initial=self.step, desc=self.run.dir.name, disable=self.rank != 0,
                    dynamic_ncols=True)
         tick, tick_step, interrupted = time.perf_counter(), self.step, False
-        bad_step = bad_loss = None  # the first non-finite or diverging loss, tracked on the device (no sync per step)
+        bad_step = bad_loss = None  # the first non-finite or diverging loss, on the device (no sync per step)
         try:
             while self.step < args.steps:
                 for m in self.modules.values():
