@@ -447,26 +447,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = ArgumentParser(prog="python -m bertcf.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="bert-base-uncased",
-                   help="checkpoint directory, directory or file with a config.json, or hub name (default %(default)s)")
+                   help="checkpoint directory, directory or file with a config.json, or hub name")
     p.add_argument("--tiny", action="store_true", help="a 2-layer hidden-32 random model (for tests)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
     p.add_argument("--steps", type=AT_LEAST_1, default=20,
-                   help="timed steps per model and workload (default %(default)s)")
-    p.add_argument("--warmup", type=AT_LEAST_0, default=3, help="untimed steps first (default %(default)s)")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of %(default)s")
+                   help="timed steps per model and workload")
+    p.add_argument("--warmup", type=AT_LEAST_0, default=3, help="untimed steps first")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="the workloads to time, comma-separated")
     p.add_argument("--encode-sentences", type=AT_LEAST_1, default=256,
-                   help="sentences per encode step (default %(default)s)")
+                   help="sentences per encode step")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile both models (minBERT layer by layer, transformers whole; dynamic shapes)")
     p.add_argument("--no-unpad", action="store_true",
                    help="minBERT computes the padding too, as transformers does (shows what unpadding gains)")
     p.add_argument("--profile", type=AT_LEAST_0, default=0, metavar="N",
                    help="after timing, profile N of minBERT's steps of each workload (torch.profiler) and print "
-                        "the operator table (default: off)")
+                        "the operator table (0: off)")
     p.add_argument("--threads", type=AT_LEAST_1, default=None, help="torch.set_num_threads (CPU)")
-    p.add_argument("--seed", type=int, default=11711)
+    p.add_argument("--seed", type=int, default=11711,
+                   help="seed of the random inputs, and of the weights where they are random")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     return p
 

@@ -13,8 +13,22 @@ from .errors import NonFiniteLossError, UsageError
 from .precision import resolve_device, resolve_precision
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's formatter that shows each flag's default, "(default: X)", except where there is
+    no value to show (None, "", a switch's False): their help says in words what happens."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default == "":
+            return action.help
+        return super()._get_help_string(action)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is one line on stderr (and exit status 2), not the usage text."""
+    """argparse, but --help shows the defaults (HelpFormatter), and a bad flag is one line on
+    stderr (and exit status 2), not the usage text."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, formatter_class=kwargs.pop("formatter_class", HelpFormatter), **kwargs)
 
     def error(self, message):
         print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
@@ -41,33 +55,37 @@ NON_NEGATIVE = checked(float, lambda v: 0 <= v < math.inf, "a number >= 0")
 PROBABILITY = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
-def add_common_args(parser: argparse.ArgumentParser, **defaults) -> argparse.ArgumentParser:
-    """The flags of every training command (README, "The main job"), with the command's defaults."""
+def add_common_args(parser: argparse.ArgumentParser, helps: dict | None = None, **defaults) -> argparse.ArgumentParser:
+    """The flags of every training command (README, "The main job"), with the command's defaults
+    and, in ``helps`` (dest -> text), its own help texts."""
     d = dict(model="bert-base-uncased", steps=10_000, batch_size=16, lr=1e-4, eval_every=250,
              max_length=32, log_every=10) | defaults
     g = parser.add_argument_group("common")
-    g.add_argument("--model", default=d["model"], help="Hugging Face BERT name or directory (default %(default)s)")
+    g.add_argument("--model", default=d["model"], help="Hugging Face BERT name or directory")
     g.add_argument("--init", default=None, help="start from this run directory or checkpoint instead of --model")
-    g.add_argument("--data-dir", default="data", help="directory with the CS224N files (default %(default)s)")
+    g.add_argument("--data-dir", default="data", help="directory with the CS224N files")
     g.add_argument("--out-dir", default=None, help="run directory (default runs/<stage>-<method>-<time>)")
-    g.add_argument("--steps", type=AT_LEAST_1, default=d["steps"])
+    g.add_argument("--steps", type=AT_LEAST_1, default=d["steps"], help="optimiser steps")
     g.add_argument("--batch-size", type=AT_LEAST_1, default=d["batch_size"], help="global batch size")
-    g.add_argument("--lr", type=POSITIVE, default=d["lr"])
-    g.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.01)
-    g.add_argument("--warmup-steps", type=AT_LEAST_0, default=0)
+    g.add_argument("--lr", type=POSITIVE, default=d["lr"], help="AdamW's learning rate")
+    g.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.01, help="AdamW's weight decay")
+    g.add_argument("--warmup-steps", type=AT_LEAST_0, default=0, help="steps of linear learning-rate warm-up")
     g.add_argument("--lr-schedule", choices=("constant", "linear"), default="constant",
                    help="constant (the CS224N starter's) or linear decay to 0 after warm-up")
     g.add_argument("--max-grad-norm", type=NON_NEGATIVE, default=0.0, help="clip gradients to this norm (0: off)")
-    g.add_argument("--eval-every", type=AT_LEAST_1, default=d["eval_every"])
+    g.add_argument("--eval-every", type=AT_LEAST_1, default=d["eval_every"],
+                   help="steps between evaluations (each may write best/; each writes last/)")
     g.add_argument("--log-every", type=AT_LEAST_1, default=d["log_every"], help="steps between logged training scalars")
     g.add_argument("--max-length", type=AT_LEAST_1, default=d["max_length"],
                    help="tokens per sentence after truncation")
-    g.add_argument("--seed", type=int, default=11711)
+    g.add_argument("--seed", type=int, default=11711, help="seed of every random draw (data order, dropout, masks)")
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
     g.add_argument("--compile", action="store_true", help="wrap the encoder with torch.compile")
     g.add_argument("--resume", action="store_true", help="continue the run in --out-dir from its last/ checkpoint")
+    for action in g._group_actions:
+        action.help = (helps or {}).get(action.dest, action.help)
     return parser
 
 

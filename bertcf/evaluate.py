@@ -182,11 +182,11 @@ def build_parser() -> ArgumentParser:
                                 description="SentEval's STS and transfer tasks on a sentence encoder.")
     p.add_argument("--encoder", required=True, help="checkpoint, run directory or Hugging Face BERT name/directory")
     p.add_argument("--senteval-dir", default="data/SentEval",
-                   help="SentEval's data/downstream/ layout (default %(default)s; see data/README.md)")
-    p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names (default %(default)s)")
+                   help="SentEval's data/downstream/ layout (see data/README.md)")
+    p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names")
     p.add_argument("--mode", choices=MODES, default="test",
                    help="test; dev (STS-B dev + SICK-R trial); fasttest (5 folds, fixed probe strength)")
-    p.add_argument("--batch-size", type=AT_LEAST_1, default=64)
+    p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="sentences encoded at once")
     p.add_argument("--max-length", type=AT_LEAST_1, default=None,
                    help="tokens per sentence (default: whole sentences, up to the model's maximum)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")

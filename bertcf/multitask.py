@@ -261,18 +261,18 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the checkpoint's (mean)")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     g.add_argument("--proj-dim", type=cli.AT_LEAST_1, default=768, help="output width of the QQP and STS heads")
-    g.add_argument("--sst-dropout", type=cli.PROBABILITY, default=0.3)
-    g.add_argument("--qqp-dropout", type=cli.PROBABILITY, default=0.0)
-    g.add_argument("--sts-dropout", type=cli.PROBABILITY, default=0.1)
+    g.add_argument("--sst-dropout", type=cli.PROBABILITY, default=0.3, help="dropout before the SST head")
+    g.add_argument("--qqp-dropout", type=cli.PROBABILITY, default=0.0, help="dropout before the QQP head")
+    g.add_argument("--sts-dropout", type=cli.PROBABILITY, default=0.1, help="dropout before the STS head")
     g.add_argument("--qqp-margin", type=MARGIN, default=0.7, help="h of the QQP hinge y = max(cos, h)")
     g.add_argument("--sts-margin", type=MARGIN, default=0.0, help="h of the STS y = max(cos, h)")
     g = p.add_argument_group("training")
     g.add_argument("--sst-batch-size", type=cli.AT_LEAST_1, default=32, help="SST sentences per step")
     g.add_argument("--qqp-batch-size", type=cli.AT_LEAST_1, default=96, help="QQP pairs per step")
     g.add_argument("--sts-batch-size", type=cli.AT_LEAST_1, default=32, help="STS pairs per step")
-    g.add_argument("--sst-weight", type=cli.NON_NEGATIVE, default=5.0)
-    g.add_argument("--qqp-weight", type=cli.NON_NEGATIVE, default=20.0)
-    g.add_argument("--sts-weight", type=cli.NON_NEGATIVE, default=1.0)
+    g.add_argument("--sst-weight", type=cli.NON_NEGATIVE, default=5.0, help="weight of the SST loss in the sum")
+    g.add_argument("--qqp-weight", type=cli.NON_NEGATIVE, default=20.0, help="weight of the QQP loss in the sum")
+    g.add_argument("--sts-weight", type=cli.NON_NEGATIVE, default=1.0, help="weight of the STS loss in the sum")
     g.add_argument("--max-train-examples", type=cli.AT_LEAST_1, default=None,
                    help="use the first N rows of each training file")
     g.add_argument("--max-eval-examples", type=cli.AT_LEAST_1, default=None,
@@ -289,10 +289,10 @@ def build_parser() -> cli.ArgumentParser:
                    help="--predict-only: a finished run directory (its best/) or a checkpoint directory; "
                         "its run's data settings are used unless given, and the files go to that run "
                         "directory unless --out-dir is given")
-    cli.add_common_args(p, steps=5000, lr=1e-5, batch_size=128, eval_every=500, max_length=128)
-    for action in p._actions:
-        if action.dest == "batch_size":
-            action.help = "sentences per batch in evaluation and prediction (training: --sst/qqp/sts-batch-size)"
+    cli.add_common_args(p, steps=5000, lr=1e-5, batch_size=128, eval_every=500, max_length=128, helps={
+        "batch_size": "sentences per batch in evaluation and prediction (training: --sst/qqp/sts-batch-size)",
+        "out_dir": "run directory (default runs/multitask-<encoder>-<time>, <encoder> the name of --encoder's "
+                   "directory; --predict-only: the --checkpoint's run directory)"})
     cli.add_renamed_flags(p, {f"--para-{name}": f"--qqp-{name}"
                               for name in ("dropout", "margin", "batch-size", "weight", *SPLITS)})
     return p

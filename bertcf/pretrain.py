@@ -46,7 +46,9 @@ NOT_GIVEN = object()
 
 def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(prog="run_pretrain.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--stage", choices=STAGES, default="mirror")
+    p.add_argument("--stage", choices=STAGES, default="mirror",
+                   help="the report's stages: mirror pretrains the encoder (by --method), joint learns a flow "
+                        "on it by BERT-CF's loss, flow a flow by L_flow alone")
     p.add_argument("--method", default=None,
                    help="mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
                         "--stage mirror; flow for --stage flow")
@@ -59,7 +61,8 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
     g = p.add_argument_group("encoder")
     g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
-    g.add_argument("--pooling", choices=("mean", "cls"), default="mean")
+    g.add_argument("--pooling", choices=("mean", "cls"), default="mean",
+                   help="the sentence vector: the mean of the last layer over tokens, or [CLS]'s")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     g.add_argument("--eval-max-length", type=cli.checked(int, lambda v: v >= 2, "at least 2"), default=None,
                    help="tokens per sentence in the STS-dev evaluation (default: the model's "
@@ -70,7 +73,9 @@ def build_parser() -> cli.ArgumentParser:
                         "(--method mlm) the held-out masked-token accuracy, for an MLM base whose STS falls as it learns")
     g.add_argument("--senteval-dir", default=None, help="SentEval's data (default DATA_DIR/SentEval; data/README.md)")
     objectives.add_args(p)
-    cli.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32)
+    stage_lr = ", ".join(f"{lr:g} {stage}" for stage, lr in STAGE_LR.items())
+    cli.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32,
+                        helps={"lr": f"AdamW's learning rate (default, by --stage: {stage_lr})"})
     return p
 
 

@@ -1,7 +1,12 @@
-"""bertcf.cli: checked flag types, renamed flags, and --resume's saved settings."""
+"""bertcf.cli: checked flag types, renamed flags, --resume's saved settings, and --help (every
+command shows its defaults)."""
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +69,48 @@ def test_resume_takes_saved_settings_through_upgrade(tmp_path):
     assert (args.qqp_weight, args.steps) == (7.0, 30)
     args = cli.parse_args(parser(), argv)  # without it, the old key is no flag of the parser
     assert (args.qqp_weight, args.steps) == (20.0, 30)
+
+
+COMMANDS = ("pretrain", "multitask", "evaluate", "bench")
+
+
+def flag_helps(module: str) -> dict:
+    """--flag -> its help text as --help prints it (whitespace collapsed), for every shown flag."""
+    parser = importlib.import_module(f"bertcf.{module}").build_parser()
+    formatter = parser._get_formatter()
+    return {a.option_strings[-1]: (a, " ".join(formatter._expand_help(a).split()) if a.help else None)
+            for a in parser._actions if a.option_strings and a.help != argparse.SUPPRESS and a.dest != "help"}
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_shows_every_default_once(module):
+    """A flag with a value as its default shows it, once; the others (None, a switch's False)
+    say in words what happens, if anything."""
+    for flag, (action, text) in flag_helps(module).items():
+        if action.default is None or action.default is False:
+            continue
+        assert text is not None, f"{module} {flag} has no help, so --help hides its default"
+        assert text.endswith(f"(default: {action.default})"), (flag, text)
+        assert text.count("default") == 1, (flag, text)
+
+
+def test_help_of_the_first_hour():
+    """What issue 30 found missing or wrong in --help."""
+    pretrain, multitask = flag_helps("pretrain"), flag_helps("multitask")
+    for flag, default in (("--steps", "10000"), ("--batch-size", "16"), ("--eval-every", "250"),
+                          ("--dropout", "0.1"), ("--temperature", "0.05")):
+        assert pretrain[flag][1].endswith(f"(default: {default})"), flag
+    assert pretrain["--lr"][1] == ("AdamW's learning rate (default, by --stage: 0.0001 mirror, 0.0003 joint, "
+                                   "0.0003 flow)")
+    assert multitask["--lr"][1].endswith("(default: 1e-05)") and multitask["--steps"][1].endswith("(default: 5000)")
+    assert "runs/multitask-<encoder>-<time>" in multitask["--out-dir"][1]
+    assert "<stage>-<method>" not in multitask["--out-dir"][1]
+    assert flag_helps("evaluate")["--mode"][1].endswith("(default: test)")
+
+
+def test_readme_lists_every_bench_flag():
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Benchmark"):]
+    section = section[:section.index("\n### ", 1)]
+    listed = set(re.findall(r"`(--[a-z-]+)", section))
+    assert set(flag_helps("bench")) <= listed, set(flag_helps("bench")) - listed

@@ -44,38 +44,40 @@ def add_args(parser) -> None:
     g.add_argument("--span-p", type=checked(float, lambda v: 0 < v <= 1, "in (0, 1]"), default=DEFAULTS["span_p"],
                    help="geometric success probability of the span length")
     g.add_argument("--span-cap", type=AT_LEAST_0, default=DEFAULTS["span_cap"], help="longest masked span (simcse: 0)")
-    g.add_argument("--temperature", type=POSITIVE, default=DEFAULTS["temperature"])
+    g.add_argument("--temperature", type=POSITIVE, default=DEFAULTS["temperature"],
+                   help="InfoNCE's temperature (cosines are divided by it)")
     g = parser.add_argument_group("flow (--stage joint and flow)")
     g.add_argument("--lambda-mirror", type=float, default=DEFAULTS["lambda_mirror"],
                    help="weight of L_mirror in the joint loss")
-    g.add_argument("--flow-blocks", type=AT_LEAST_1, default=DEFAULTS["flow_blocks"])
+    g.add_argument("--flow-blocks", type=AT_LEAST_1, default=DEFAULTS["flow_blocks"],
+                   help="Glow blocks (ActNorm, --flow-permutation, additive coupling)")
     g.add_argument("--flow-hidden", type=AT_LEAST_1, default=None, help="coupling network width (default: D)")
     g.add_argument("--flow-permutation", choices=tuple(PERMUTATIONS), default=DEFAULTS["flow_permutation"],
                    help="the map between couplings: lu, Glow's learned invertible 1x1 (the report's text), or "
                         "reverse, the fixed reversal of the BERT-flow implementation the report cites")
     g.add_argument("--flow-loss-unit", choices=FLOW_LOSS_UNITS, default=DEFAULTS["flow_loss_unit"],
                    help="unit of L_flow in the loss: bits-per-dim, NLL / (D ln 2), as in the BERT-flow "
-                        "implementations the report uses (default), or nats, the NLL summed over D")
+                        "implementations the report uses, or nats, the NLL summed over D")
     g.add_argument("--unfreeze-encoder", action="store_true", help="joint: train the encoder by L_mirror too")
     g.add_argument("--encoder-lr", type=POSITIVE, default=DEFAULTS["encoder_lr"],
-                   help="joint --unfreeze-encoder: the encoder's learning rate (default %(default)s, the mirror "
-                        "stage's); the flow keeps --lr")
+                   help="joint --unfreeze-encoder: the encoder's learning rate, the mirror stage's; the flow "
+                        "keeps --lr")
     g = parser.add_argument_group("bsl, ct, tsdae, mlm (--stage mirror)")
     g.add_argument("--momentum", type=PROBABILITY, default=DEFAULTS["momentum"],
-                   help="bsl: EMA momentum of the target encoder (default %(default)s)")
+                   help="bsl: EMA momentum of the target encoder")
     g.add_argument("--predictor-k", type=AT_LEAST_1, default=DEFAULTS["predictor_k"],
-                   help="bsl: the predictor's hidden width is k * D, as in the BSL paper (default %(default)s)")
+                   help="bsl: the predictor's hidden width is k * D, as in the BSL paper")
     g.add_argument("--predictor-hidden", type=AT_LEAST_1, default=None,
                    help="bsl: the predictor's hidden width, overriding --predictor-k")
     g.add_argument("--ct-negatives", type=AT_LEAST_1, default=DEFAULTS["ct_negatives"],
-                   help="ct: negative pairs per positive pair (default %(default)s: 1 positive in 8 pairs)")
+                   help="ct: negative pairs per positive pair (7: 1 positive pair in 8)")
     g.add_argument("--deletion-ratio", type=PROBABILITY, default=DEFAULTS["deletion_ratio"],
-                   help="tsdae: probability of deleting each token (default %(default)s)")
+                   help="tsdae: probability of deleting each token")
     g.add_argument("--decoder-layers", type=AT_LEAST_1, default=DEFAULTS["decoder_layers"],
-                   help="tsdae: transformer decoder layers (default %(default)s)")
+                   help="tsdae: transformer decoder layers")
     g.add_argument("--mlm-probability", type=checked(float, lambda v: 0 < v < 1, "in (0, 1)"),
                    default=DEFAULTS["mlm_probability"],
-                   help="mlm: share of tokens to predict (default %(default)s)")
+                   help="mlm: share of tokens to predict")
 
 
 def check_args(args) -> None:
