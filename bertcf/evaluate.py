@@ -181,6 +181,7 @@ def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m bertcf.evaluate",
                                 description="SentEval's STS and transfer tasks on a sentence encoder.")
     p.add_argument("--encoder", required=True, help="checkpoint, run directory or Hugging Face BERT name/directory")
+    p.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     p.add_argument("--senteval-dir", default="data/SentEval",
                    help="SentEval's data/downstream/ layout (see data/README.md)")
     p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names")
@@ -203,7 +204,7 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     tasks = parse_tasks(args.tasks)  # bad flags before the model loads
     device = resolve_device(args.device)
-    encoder = SentenceEncoder.from_pretrained(args.encoder).to(device)
+    encoder = SentenceEncoder.from_pretrained(args.encoder, vocab=args.vocab).to(device)
     encoder.precision = resolve_precision(args.precision, device)
     result = evaluate(encoder, args.senteval_dir, tasks, args.mode, args.batch_size, args.max_length,
                       show_progress_bar=not args.no_progress)

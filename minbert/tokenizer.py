@@ -24,7 +24,8 @@ def load_tokenizer(name_or_path, vocab_fallback=None):
                 return BertTokenizerFast.from_pretrained(str(path))
             if vocab_fallback is not None:
                 return BertTokenizerFast(vocab=str(vocab_fallback), do_lower_case=True)
-            raise CheckpointError(f"{path} has no tokenizer files (tokenizer.json or vocab.txt)")
+            raise CheckpointError(f"{path} has no tokenizer files (tokenizer.json or vocab.txt): copy a "
+                                  f"vocab.txt into it, or give one with --vocab FILE")
         return BertTokenizerFast.from_pretrained(str(name_or_path))
     except CheckpointError:
         raise

@@ -585,7 +585,8 @@ def test_load_tokenizer_from_checkpoint_dir_and_errors(tiny_bert_dir, vocab_path
     from_vocab = minbert.load_tokenizer(vocab_path)
     text = ["The capital of France is [MASK].", "a man plays the guitar"]
     assert from_dir(text)["input_ids"] == from_vocab(text)["input_ids"]
-    with pytest.raises(CheckpointError, match="no tokenizer files"):
+    with pytest.raises(CheckpointError, match=r"no tokenizer files \(tokenizer.json or vocab.txt\): copy a vocab.txt "
+                                              r"into it, or give one with --vocab FILE"):
         minbert.load_tokenizer(tmp_path)
     assert minbert.load_tokenizer(tmp_path, vocab_fallback=vocab_path)(text)["input_ids"] == from_vocab(text)["input_ids"]
 

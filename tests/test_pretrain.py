@@ -555,6 +555,18 @@ def test_init_from_a_run_directory_without_best_is_one_clear_line(mirror_run, ti
     assert not (out / "last").exists() and not (out / "metrics.jsonl").exists()
 
 
+def test_config_only_model_without_tokenizer_names_vocab(tiny_bert_dir, vocab_path, data_dir, tmp_path, capsys):
+    """--model DIR with only a config.json: one line naming --vocab FILE; with it, the run starts."""
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    shutil.copy(tiny_bert_dir / "config.json", config_only)
+    argv = base_args(config_only, data_dir, tmp_path / "run", steps=1)
+    assert exit_status(argv) == 2
+    assert_one_error_line(capsys, f"{config_only} has no tokenizer files", "give one with --vocab FILE")
+    summary, _ = run_quiet(argv + ["--vocab", str(vocab_path)])
+    assert summary["step"] == 1
+
+
 def test_span_p_one_is_accepted(tiny_bert_dir, data_dir, tmp_path):
     summary, _ = run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / "p1", steps=1, span_p=1.0))
     assert summary["step"] == 1

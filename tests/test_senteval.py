@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,21 @@ def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, capsys):
     assert result["sts"]["STS12"] == result["sts_detail"]["STS12"]["all"]
     assert set(result["sts_detail"]["STS12"]["subsets"]) == set(se.STS_YEARS["STS12"])
     assert "f1" in result["transfer"]["MRPC"] and result["transfer_avg"] is not None
+
+
+def test_cli_vocab_for_a_checkpoint_without_tokenizer_files(tmp_path, tiny_bert_dir, vocab_path, capsys):
+    root = write_senteval(tmp_path / "SentEval")
+    weights_only = tmp_path / "weights-only"
+    weights_only.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_bert_dir / name, weights_only)
+    argv = ["--encoder", str(weights_only), "--senteval-dir", str(root), "--tasks", "STSBenchmark", "--no-progress",
+            "--device", "cpu"]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "has no tokenizer files" in err and "--vocab FILE" in err
+    assert cli(argv + ["--vocab", str(vocab_path)]) == 0
+    assert "STSBenchmark" in capsys.readouterr().out
 
 
 def test_encodes_each_distinct_sentence_once(tmp_path, tiny_bert_dir):
