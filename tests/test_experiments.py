@@ -112,13 +112,19 @@ def test_suite_writes_every_output(suite):
     for png in (out / "figures").glob("*.png"):
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.rglob(".*.tmp*")), "a temporary file was left behind"
+    # One seed: the directories a one-seed OUT has always had, and nothing for other seeds.
+    assert {p.name for p in out.iterdir()} == {"stages", "eval", "figures", "tb", "suite.json", "claims.md",
+                                               "claims.json", "table1.md", "table1.json", "ablations.md",
+                                               "ablations.json", "analysis.md", "analysis.json", "qualitative.md"}
+    assert sorted(p.name for p in (out / "stages").iterdir()) == sorted(BEST_DIRS)
 
     table1 = json.loads((out / "table1.json").read_text())
     assert [r["name"] for r in table1["rows"]] == ["MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow",
                                                     "BERT-CF"]
     for row in table1["rows"]:
-        assert -1 <= row["ours"]["sts_spearman"] <= 1
-        assert row["ours"]["sst_accuracy"] is None  # --no-finetune
+        sts = row["ours"]["sts_spearman"]
+        assert -1 <= sts["mean"] <= 1 and sts["n"] == 1 and sts["sd"] is None and sts["per_seed"] == {"3": sts["mean"]}
+        assert row["ours"]["sst_accuracy"]["n"] == 0  # --no-finetune
         assert row["report"] == experiments.REPORT_TABLE1[row["name"]]
     assert table1["rows"][0]["encoder"] == table1["settings"]["model"]
     assert table1["rows"][4]["encoder"].endswith(os.path.join("stages", "bertcf", "best"))
@@ -127,14 +133,14 @@ def test_suite_writes_every_output(suite):
 
     ablations = json.loads((out / "ablations.json").read_text())
     assert [r["name"] for r in ablations["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow"]
-    assert all(-1 <= r["ours"]["sts_spearman"] <= 1 for r in ablations["rows"])
+    assert all(-1 <= r["ours"]["sts_spearman"]["mean"] <= 1 for r in ablations["rows"])
     assert "0.629" in (out / "ablations.md").read_text()
 
     analysis = json.loads((out / "analysis.json").read_text())
     assert analysis["sample"]["pairs"] == 24 and analysis["sample"]["positives"] == 12
     for row in analysis["rows"]:
-        assert 0 <= row["ours"]["alignment"] <= 4
-        assert -4 <= row["ours"]["uniformity"] <= 0
+        assert 0 <= row["ours"]["alignment"]["mean"] <= 4
+        assert -4 <= row["ours"]["uniformity"]["mean"] <= 0
         assert row["report"] == experiments.REPORT_ANALYSIS[row["name"]]
     qualitative = (out / "qualitative.md").read_text()
     assert qualitative.count("\n| ") >= 11  # header + 10 sampled STS pairs
@@ -168,6 +174,67 @@ def test_second_invocation_reruns_nothing(suite, tiny_bert_dir, suite_data, monk
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("[1/7] MinBERT-SimCSE: mirror stage --method simcse from --model")
     assert sum("finished earlier, reused" in line for line in lines) == 7
+
+
+@pytest.mark.slow
+def test_several_seeds(suite, tmp_path, monkeypatch, capsys):
+    """--seeds 3,4 on an OUT that --seed 3 filled: seed 3's runs are reused where they are, seed 4's
+    live in seeds/4/ and chain from seed 4's own runs; every cell has mean, sd, n and per_seed; the
+    claims are tested over both seeds; a second call reruns nothing."""
+    out = tmp_path / "out"
+    shutil.copytree(suite[0], out)
+    before = mtimes(out)
+    calls = []
+    real_main = pretrain.main
+    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv) or real_main(argv))
+    experiments.main(["all", "--out-dir", str(out), "--no-finetune", "--seeds", "3,4"])
+    assert mtimes(out) == before
+    seed4 = out / "seeds" / "4" / "stages"
+    assert [a[a.index("--out-dir") + 1] for a in calls] == [str(seed4 / name) for name in BEST_DIRS]
+    assert all(a[a.index("--seed") + 1] == "4" for a in calls)
+    config = json.loads((seed4 / "bertcf" / "config.json").read_text())
+    assert config["seed"] == 4 and config["init"] == str(seed4 / "mirror" / "best")
+    assert "[seed 4]" in capsys.readouterr().out
+
+    table1 = {r["name"]: r["ours"] for r in json.loads((out / "table1.json").read_text())["rows"]}
+    for name, ours in table1.items():
+        sts = ours["sts_spearman"]
+        assert sts["n"] == 2 and set(sts["per_seed"]) == {"3", "4"}
+        values = list(sts["per_seed"].values())
+        assert sts["mean"] == pytest.approx(sum(values) / 2)
+        assert sts["sd"] == pytest.approx(abs(values[0] - values[1]) / math.sqrt(2))
+    assert table1["MinBERT"]["sts_spearman"]["sd"] == 0  # --model itself: the same encoder for both seeds
+    assert " ± " in (out / "table1.md").read_text() and "over the 2 seeds 3, 4" in (out / "table1.md").read_text()
+    ablations = json.loads((out / "ablations.json").read_text())
+    assert all(r["ours"]["sts_spearman"]["n"] == 2 for r in ablations["rows"])
+
+    claims = json.loads((out / "claims.json").read_text())["claims"]
+    pairs = {(c["a"], c["b"]) for c in claims}
+    assert pairs == {("BERT-CF", "Mirror-flow"), ("BERT-CF", "MinBERT-joint"), ("MinBERT-Mirror", "MinBERT"),
+                     ("MinBERT-Mirror", "MinBERT-SimCSE"), ("MinBERT-flow", "MinBERT"), ("BERT-CF", "MinBERT-Mirror")}
+    everything = {r["name"]: r["ours"] for r in ablations["rows"]} | table1
+    for c in claims:
+        assert c["metric"] == "sts_spearman" and c["seeds"] == [3, 4]
+        assert c["verdict"] in ("supported", "contradicted", "inconclusive")
+        a, b = everything[c["a"]]["sts_spearman"]["mean"], everything[c["b"]]["sts_spearman"]["mean"]
+        assert c["mean_difference"] == pytest.approx(a - b, abs=1e-9)  # the mean of the per-seed differences
+        assert c["ci95"][0] <= c["ci95"][1]
+    assert "| BERT-CF | Mirror-flow |" in (out / "claims.md").read_text()
+
+    calls.clear()
+    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])  # the seeds come from suite.json
+    assert calls == []
+    assert capsys.readouterr().out.count("finished earlier, reused") == 14
+
+
+@pytest.mark.slow
+def test_mlm_base_is_shared_by_the_seeds(vocab_path, suite_data, tmp_path, capsys):
+    config = write_config(vocab_path, tmp_path / "config")
+    experiments.main(suite_argv("mlm-base", config, suite_data, tmp_path / "out", "--config", str(config),
+                                "--mlm-steps", "3", "--no-finetune", "--seeds", "3,4", "--dry-run"))
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
+    assert sum("MLM base" in l for l in lines) == 1 and len(lines) == 1 + 2 * len(BEST_DIRS)
+    assert sum("seeds/4/stages/" in l for l in lines) == len(BEST_DIRS)
 
 
 @pytest.mark.slow
@@ -218,6 +285,22 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, t
                                                 "[4/5] MinBERT-Mirror (for Mirror-flow)", "[5/5] Mirror-flow"]
     assert any(l.strip().startswith("python run_pretrain.py --stage joint --method simcse --init") for l in lines)
     assert not out.exists()
+
+
+def test_dry_run_on_a_fresh_clone_lists_what_is_missing(tmp_path, capsys):
+    """No data, no corpus, no model: the dry run still prints the plan, then what is missing, and exits 0."""
+    status = experiments.cli(["all", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
+                              "--dry-run"])
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "[7/12] Mirror-flow" in printed and "[12/12] BERT-CF: multitask" in printed and "then: evaluate MinBERT" in printed
+    assert "missing before this can run:\n  - --data-dir " in printed
+    (tmp_path / "data").mkdir()
+    experiments.cli(["all", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--dry-run"])
+    printed = capsys.readouterr().out
+    assert "  - no pretraining corpus: give --corpus FILE or --corpus-from-tasks" in printed
+    assert "  - missing input file(s): " in printed and "sts-dev.csv" in printed
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
@@ -276,7 +359,7 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
     names = ["MinBERT-BSL", "MinBERT-CT", "MinBERT-TSDAE", "MinBERT-MLM"]
     assert [r["name"] for r in objectives["rows"]] == names
     for row, method in zip(objectives["rows"], OBJECTIVES):
-        assert math.isfinite(row["ours"]["sts_spearman"]) and -1 <= row["ours"]["sts_spearman"] <= 1
+        assert math.isfinite(row["ours"]["sts_spearman"]["mean"]) and -1 <= row["ours"]["sts_spearman"]["mean"] <= 1
         assert row["report"] == {"sts_spearman": None}  # the report has no numbers for these
         assert row["encoder"].endswith(os.path.join("stages", method, "best"))
         config = json.loads((out / "stages" / method / "config.json").read_text())
@@ -330,9 +413,9 @@ def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
     row = json.loads((out / "table1.json").read_text())["rows"][0]
     assert row["name"] == "MinBERT"
     for key in ("sst_accuracy", "qqp_accuracy", "sts_pearson", "mean_dev"):
-        assert row["ours"][key] is not None and math.isfinite(row["ours"][key]), key
+        assert row["ours"][key]["n"] == 1 and math.isfinite(row["ours"][key]["mean"]), key
     metrics = json.loads((out / "finetune" / "minbert" / "metrics.json").read_text())
-    assert row["ours"]["qqp_accuracy"] == metrics["qqp_acc"]
+    assert row["ours"]["qqp_accuracy"]["mean"] == metrics["qqp_acc"]
     assert "| MinBERT |" in (out / "table1.md").read_text()
     assert not (out / "stages").exists()  # the MinBERT row needs no pretraining stage
     qualitative = (out / "qualitative.md").read_text()
@@ -352,7 +435,7 @@ def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path)
                                 "--senteval-dir", str(senteval), "--transfer"))
     expected = evaluate(SentenceEncoder.from_pretrained(tiny_bert_dir), senteval, "sts,transfer", "fasttest")
     row = json.loads((out / "table1.json").read_text())["rows"][0]
-    assert row["ours"]["senteval"]["sts"] == pytest.approx(expected["sts"])
+    assert {t: v["mean"] for t, v in row["ours"]["senteval"]["sts"].items()} == pytest.approx(expected["sts"])
     table1 = (out / "table1.md").read_text()
     assert "| 7 STS avg (test) | Transfer avg (fasttest) |" in table1
     assert f"| {expected['sts_avg']:.2f} | {expected['transfer_avg']:.2f} |" in table1
@@ -364,20 +447,23 @@ def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path)
     assert "STS avg" not in (plain / "table1.md").read_text()
 
 
+def write_config(vocab_path, config: Path) -> Path:
+    """A config-only directory: the tiny BERT's config.json and a vocab.txt, no weights."""
+    from conftest import TINY_BERT_CONFIG
+
+    config.mkdir()
+    vocab_size = sum(1 for line in Path(vocab_path).read_text(encoding="utf-8").splitlines() if line)
+    (config / "config.json").write_text(json.dumps({**TINY_BERT_CONFIG, "vocab_size": vocab_size}))
+    shutil.copy(vocab_path, config / "vocab.txt")
+    return config
+
+
 @pytest.mark.slow
 def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypatch, capsys):
     """mlm-base: MLM from a config-only directory (random weights), then table1 and the ablations
     from that MLM encoder, with a row for the untrained random encoder; a second invocation
     reruns nothing."""
-    import shutil
-
-    from conftest import TINY_BERT_CONFIG
-
-    config = tmp_path / "config"
-    config.mkdir()
-    vocab_size = sum(1 for line in Path(vocab_path).read_text(encoding="utf-8").splitlines() if line)
-    (config / "config.json").write_text(json.dumps({**TINY_BERT_CONFIG, "vocab_size": vocab_size}))
-    shutil.copy(vocab_path, config / "vocab.txt")
+    config = write_config(vocab_path, tmp_path / "config")
     out = tmp_path / "out"
     argv = suite_argv("mlm-base", config, suite_data, out, "--config", str(config), "--mlm-steps", "3",
                       "--no-finetune")
@@ -393,7 +479,7 @@ def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypa
     assert mirror["model"] == str((base / "best").resolve())
     names = [r["name"] for r in summary["table1"]["rows"]]
     assert names == ["Random weights", "MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow", "BERT-CF"]
-    assert all(r["ours"]["sts_spearman"] is not None for r in summary["table1"]["rows"])
+    assert all(r["ours"]["sts_spearman"]["n"] == 1 for r in summary["table1"]["rows"])
     assert [r["name"] for r in summary["ablations"]["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow"]
     assert "Random weights" in (out / "table1.md").read_text() and "mlm-base: MinBERT is the MLM base" in (
         out / "table1.md").read_text()

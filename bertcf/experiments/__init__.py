@@ -23,13 +23,19 @@ several rows is trained once; a finished one
 ``--resume``, so rerunning the same command carries on where it stopped. Settings not given
 on the command line default to the ones ``OUT`` was started with (``OUT/suite.json``).
 
+``--seeds S1,S2,...`` trains every row once per seed: --seed's runs where a one-seed command puts
+them, every other seed's in ``OUT/seeds/<seed>/``; each table cell is then the mean ± sd over the
+seeds, and ``claims.md/json`` test the report's comparative claims by a paired, hierarchical
+bootstrap over the seeds and the evaluation pairs.
+
 Outputs (each written atomically): ``table1.md/json``, ``ablations.md/json``,
-``analysis.md/json``, ``qualitative.md``, ``figures/*.png`` and ``tb/`` (TensorBoard:
-the cosine histograms and the tables as text); ``objectives.md/json``.
+``analysis.md/json``, ``claims.md/json``, ``qualitative.md``, ``figures/*.png`` and ``tb/``
+(TensorBoard: the cosine histograms and the tables as text); ``objectives.md/json``.
 
 The package: ``options`` (flags, suite.json), ``plan`` (what is trained, the runs and their state
-on disk), ``execute`` (running them), ``results`` (evaluating each row, cached), ``report``
-(rendering the outputs from those results) and ``suite`` (the command).
+on disk), ``execute`` (running them), ``results`` (evaluating each row for each seed, cached),
+``report`` (rendering the outputs from those results), ``claims`` (the report's claims, tested)
+and ``suite`` (the command).
 """
 from .options import build_parser, parse_args
 from .plan import MARKER, PRETRAININGS, Plan, Row

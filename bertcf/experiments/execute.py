@@ -41,7 +41,7 @@ def run_one(plan: Plan, task: PlannedRun) -> None:
     if task.state == "restart":
         shutil.rmtree(task.dir)
     task.dir.mkdir(parents=True, exist_ok=True)
-    dep = plan.pretraining_runs.get(task.depends) if task.depends else None
+    dep = task.depends
     marker = {"status": "running", "kind": task.kind, "row": task.label, "settings": task.settings,
               "argv": task.argv, "command": command_line(task),
               "init_finished": (dep.marker.get("finished") if dep else None),

@@ -2,6 +2,7 @@
 flags not given default to the ones ``OUT`` was started with."""
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 from pathlib import Path
@@ -15,7 +16,7 @@ ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
-              "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
+              "seeds", "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
               "mlm_args")
 RENAMED_SETTINGS = {"stage_args": "pretrain_args"}  # old name -> new, in suite.json files written before
 
@@ -48,7 +49,13 @@ def build_parser() -> ArgumentParser:
                    help="tokens per sentence in every unsupervised evaluation: the best-checkpoint choice, "
                         "the unsupervised column, analysis and qualitative tables (default: the model's "
                         "max_position_embeddings, i.e. whole sentences)")
-    g.add_argument("--seed", type=int, default=11711)
+    g.add_argument("--seed", type=int, default=11711,
+                   help="the seed of every run (default %(default)s); with --seeds, the one whose runs keep the "
+                        "directories of a one-seed OUT, and the seed of the MLM base and the analysis samples")
+    g.add_argument("--seeds", type=seed_list, default=None,
+                   help="comma-separated seeds, e.g. 11711,1,2: every row trained once per seed (--seed's runs in "
+                        "OUT/stages, OUT/finetune; another seed's in OUT/seeds/SEED/), tables show mean ± sd "
+                        "over them, claims.md tests the report's claims over them (default: --seed alone)")
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--pretrain-args", default="",
                    help="more flags for every run_pretrain.py run, e.g. '--batch-size 32'")
@@ -56,7 +63,8 @@ def build_parser() -> ArgumentParser:
     g = p.add_argument_group("what to run")
     g.add_argument("--rows", default=None,
                    help="comma-separated rows to run (names or keys, e.g. MinBERT,BERT-CF; default: all of the command's)")
-    g.add_argument("--no-finetune", action="store_true", help="table1: no multitask fine-tuning (unsupervised column only)")
+    g.add_argument("--no-finetune", action="store_true",
+                   help="no multitask fine-tuning in table1, all and mlm-base (the supervised columns stay empty)")
     g.add_argument("--max-analysis-pairs", type=AT_LEAST_0, default=5000,
                    help="analysis: QQP train pairs sampled for alignment/uniformity (0: all; default %(default)s)")
     g.add_argument("--qualitative-pairs", type=AT_LEAST_1, default=10, help="examples in each qualitative table")
@@ -74,6 +82,17 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--transfer", action="store_true", help="also the transfer tasks' average (fasttest) in table1")
     add_renamed_flags(p, {"--stage-args": "--pretrain-args"})
     return p
+
+
+def seed_list(text: str) -> list[int]:
+    """'11711,1,2' -> [11711, 1, 2]: distinct integers, in the order given."""
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated integers, not {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"must be one or more distinct integers, not {text!r}")
+    return seeds
 
 
 def parse_args(argv=None):

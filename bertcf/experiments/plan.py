@@ -91,9 +91,10 @@ class PlannedRun:
     argv: list
     settings: dict
     description: str
+    seed: int = 0                   # its --seed
     spec: Pretraining | None = None
     row: Row | None = None
-    depends: str | None = None      # the pretraining this one starts from
+    depends: PlannedRun | None = None  # the pretraining this one starts from
     state: str = "new"              # new | done | resume | restart
     marker: dict = field(default_factory=dict)
 
@@ -138,6 +139,7 @@ class Plan:
         self.command = shlex.join(["python", "-m", "bertcf.experiments", *argv])  # as the outputs quote it
         self.out = Path(args.out_dir)
         self.data_dir = Path(args.data_dir)
+        self.seeds = args.seeds or [args.seed]
         self.base = MLM_BASE.name if args.command == "mlm-base" else None
         if self.base:  # every row starts from the MLM base (an absolute path: the same before and after it exists)
             args.model = str((self.pretraining_dir(self.base) / "best").resolve())
@@ -173,11 +175,34 @@ class Plan:
             objectives = [r for r in objectives if r in chosen]
         return table1, ablations, objectives
 
-    def pretraining_dir(self, name: str) -> Path:
-        return self.out / "stages" / name  # stages 1 and 2 (the name output directories have always had)
+    def seed_dir(self, seed: int) -> Path:
+        """Where the runs of ``seed`` live: OUT itself for --seed (the directories a one-seed command
+        has always used, so adding seeds reuses them), OUT/seeds/<seed> for every other seed."""
+        return self.out if seed == self.args.seed else self.out / "seeds" / str(seed)
 
-    def finetune_dir(self, row: Row) -> Path:
-        return self.out / "finetune" / row.key
+    def pretraining_dir(self, name: str, seed: int | None = None) -> Path:
+        """stages 1 and 2 (the name output directories have always had); the MLM base is shared by every seed."""
+        shared = seed is None or name == self.base
+        return (self.out if shared else self.seed_dir(seed)) / "stages" / name
+
+    def finetune_dir(self, row: Row, seed: int) -> Path:
+        return self.seed_dir(seed) / "finetune" / row.key
+
+    def labelled(self, name: str, seed: int) -> str:
+        """A row's name as printed; with several seeds, with its seed."""
+        return f"{name} [seed {seed}]" if len(self.seeds) > 1 else name
+
+    def pretraining(self, name: str, seed: int) -> PlannedRun:
+        """The planned run of pretraining ``name`` for ``seed`` (the MLM base: the one shared run)."""
+        return self.base_run if name == self.base else self.pretraining_runs[seed, name]
+
+    def source_run(self, row: Row, seed: int) -> PlannedRun | None:
+        """The pretraining whose best/ is the row's encoder: its own, or the MLM base for the rows that
+        use --model (None: --model or --config itself)."""
+        if row is RANDOM_ROW:
+            return None
+        name = row.pretraining or self.base
+        return self.pretraining(name, seed) if name else None
 
     def rel(self, path) -> str:
         try:
@@ -185,23 +210,24 @@ class Plan:
         except ValueError:
             return str(path)
 
-    def encoder_of(self, row: Row) -> str:
-        """The row's encoder: --model (--config for mlm-base's random row), or its pretraining's best/
-        checkpoint (named explicitly: a run directory also holds a config.json, the run's settings)."""
+    def encoder_of(self, row: Row, seed: int) -> str:
+        """The row's encoder for ``seed``: --model (--config for mlm-base's random row), or its
+        pretraining's best/ checkpoint (named explicitly: a run directory also holds a config.json,
+        the run's settings)."""
         if row is RANDOM_ROW:
             return self.args.config
-        return self.args.model if row.pretraining is None else str(self.pretraining_dir(row.pretraining) / "best")
+        return self.args.model if row.pretraining is None else str(self.pretraining_dir(row.pretraining, seed) / "best")
 
-    def _common(self, model: str) -> list[str]:
+    def _common(self, model: str, seed: int) -> list[str]:
         a = self.args
-        argv = ["--model", model, "--data-dir", str(a.data_dir), "--seed", str(a.seed)]
+        argv = ["--model", model, "--data-dir", str(a.data_dir), "--seed", str(seed)]
         if a.eval_every:
             argv += ["--eval-every", str(a.eval_every)]
         if a.device:
             argv += ["--device", a.device]
         return argv
 
-    def pretraining_run(self, spec: Pretraining, label: str) -> PlannedRun:
+    def pretraining_run(self, spec: Pretraining, label: str, seed: int) -> PlannedRun:
         a = self.args
         is_base = spec is MLM_BASE
         model = a.config if is_base else a.model
@@ -209,9 +235,10 @@ class Plan:
         flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags)
         argv = ["--stage", spec.stage, "--method", spec.method]
         if spec.init:
-            argv += ["--init", str(self.pretraining_dir(spec.init) / "best")]
-        argv += self._common(model) + ["--out-dir", str(self.pretraining_dir(spec.name)), "--steps", str(steps),
-                                       "--max-length", str(a.max_length)]
+            argv += ["--init", str(self.pretraining_dir(spec.init, seed) / "best")]
+        out = self.pretraining_dir(spec.name, seed)
+        argv += self._common(model, seed) + ["--out-dir", str(out), "--steps", str(steps),
+                                             "--max-length", str(a.max_length)]
         if a.corpus:
             argv += ["--corpus", a.corpus]
         if a.corpus_from_tasks:
@@ -223,62 +250,70 @@ class Plan:
         argv += flags + a.pretrain_args_list
         settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
                     "model": abs_if_path(model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
-                    "eval_every": a.eval_every, "seed": a.seed, "max_length": a.max_length,
+                    "eval_every": a.eval_every, "seed": seed, "max_length": a.max_length,
                     "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus),
                     "corpus_from_tasks": a.corpus_from_tasks,
                     "max_sentences": a.max_sentences, "flags": flags, "extra_args": a.pretrain_args_list}
-        start = f"stages/{spec.init}" if spec.init else "--config" if is_base else "--model"
+        start = (self.rel(self.pretraining_dir(spec.init, seed)) if spec.init else "--config" if is_base
+                 else "--model")
         method = f" --method {spec.method}" if spec.stage != "flow" else ""
         shown = f" {' '.join(spec.flags)}" if spec.flags else ""
-        description = (f"{spec.stage} stage{method}{shown} from {start} -> stages/{spec.name}, "
+        description = (f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, "
                        f"{steps} steps ({spec.what})")
-        return PlannedRun("pretraining", label, self.pretraining_dir(spec.name), argv, settings, description, spec=spec,
-                          depends=spec.init or (None if is_base else self.base))
+        return PlannedRun("pretraining", label, out, argv, settings, description, seed=seed, spec=spec)
 
-    def finetune_run(self, row: Row) -> PlannedRun:
+    def finetune_run(self, row: Row, seed: int) -> PlannedRun:
         a = self.args
         steps = steps_for("multitask", self.ft_scale)
-        argv = ["--encoder", self.encoder_of(row)] + self._common(self.args.model)[2:] + [
-            "--out-dir", str(self.finetune_dir(row)), "--steps", str(steps)]
+        out = self.finetune_dir(row, seed)
+        argv = ["--encoder", self.encoder_of(row, seed)] + self._common(self.args.model, seed)[2:] + [
+            "--out-dir", str(out), "--steps", str(steps)]
         if a.max_train_examples:
             argv += ["--max-train-examples", str(a.max_train_examples)]
         argv += a.finetune_args_list
         settings = {"encoder": row.pretraining or "--model", "model": abs_if_path(a.model),
                     "data_dir": abs_if_path(a.data_dir), "steps": steps, "eval_every": a.eval_every,
-                    "seed": a.seed, "max_train_examples": a.max_train_examples, "extra_args": a.finetune_args_list}
-        source = f"stages/{row.pretraining}" if row.pretraining else "--model"
-        description = f"multitask fine-tuning of {source} -> finetune/{row.key}, {steps} steps"
-        return PlannedRun("finetune", row.name, self.finetune_dir(row), argv, settings, description, row=row,
-                          depends=row.pretraining or self.base)
+                    "seed": seed, "max_train_examples": a.max_train_examples, "extra_args": a.finetune_args_list}
+        source = self.rel(self.pretraining_dir(row.pretraining, seed)) if row.pretraining else "--model"
+        description = f"multitask fine-tuning of {source} -> {self.rel(out)}, {steps} steps"
+        return PlannedRun("finetune", self.labelled(row.name, seed), out, argv, settings, description, seed=seed,
+                          row=row, depends=self.source_run(row, seed))
 
     def runs(self) -> list[PlannedRun]:
-        """Every pretraining and fine-tuning run as a PlannedRun (inspected on disk); returns the ones this
-        command runs, dependencies first."""
+        """Every pretraining and fine-tuning run of every seed as a PlannedRun (inspected on disk);
+        returns the ones this command runs: the MLM base, then seed by seed, dependencies first."""
         wanted_rows = self.table1_rows + self.ablation_rows + self.objective_rows
-        self.pretraining_runs = {name: self.pretraining_run(spec, ROW_OF_PRETRAINING[name].name)
-                                 for name, spec in PRETRAININGS.items()}
-        if self.base:
-            self.pretraining_runs[self.base] = self.pretraining_run(MLM_BASE, "MLM base (from --config)")
-        self.finetune_runs = {row.key: self.finetune_run(row) for row in self.table1_rows}
-        for t in list(self.pretraining_runs.values()) + list(self.finetune_runs.values()):
+        self.base_run = (self.pretraining_run(MLM_BASE, "MLM base (from --config)", self.args.seed)
+                         if self.base else None)
+        self.pretraining_runs = {(seed, name): self.pretraining_run(spec, ROW_OF_PRETRAINING[name].name, seed)
+                                 for seed in self.seeds for name, spec in PRETRAININGS.items()}
+        for (seed, name), task in self.pretraining_runs.items():
+            init = PRETRAININGS[name].init
+            task.depends = self.pretraining_runs[seed, init] if init else self.base_run
+        self.finetune_runs = {(seed, row.key): self.finetune_run(row, seed)
+                              for seed in self.seeds for row in self.table1_rows}
+        every = [self.base_run] if self.base else []
+        for t in every + list(self.pretraining_runs.values()) + list(self.finetune_runs.values()):
             self._inspect(t)
-        tasks = [self.pretraining_runs[self.base]] if self.base else []
+        tasks = list(every)
 
-        def need(name: str, for_row: Row):
-            task = self.pretraining_runs[name]
+        def need(name: str, seed: int, for_row: Row):
+            task = self.pretraining_runs[seed, name]
             if any(t is task for t in tasks):
                 return
             if PRETRAININGS[name].init:
-                need(PRETRAININGS[name].init, for_row)
+                need(PRETRAININGS[name].init, seed, for_row)
             owner = ROW_OF_PRETRAINING[name]
-            task.label = owner.name if owner in wanted_rows else f"{owner.name} (for {for_row.name})"
+            label = owner.name if owner in wanted_rows else f"{owner.name} (for {for_row.name})"
+            task.label = self.labelled(label, seed)
             tasks.append(task)
 
-        for row in wanted_rows:
-            if row.pretraining:
-                need(row.pretraining, row)
-        if self.finetune:
-            tasks += [self.finetune_runs[r.key] for r in self.table1_rows]
+        for seed in self.seeds:
+            for row in wanted_rows:
+                if row.pretraining:
+                    need(row.pretraining, seed, row)
+            if self.finetune:
+                tasks += [self.finetune_runs[seed, r.key] for r in self.table1_rows]
         return tasks
 
     # -- state of a run directory -------------------------------------------------------------------
@@ -312,10 +347,10 @@ class Plan:
             if diff:
                 return f"{task.dir} was started with other settings: {', '.join(diff)}"
         if task.depends:
-            dep = self.pretraining_runs[task.depends]
+            dep = task.depends
             dep_finished = dep.marker.get("finished") if dep.state == "done" else None
             if task.marker.get("init_finished") not in (None, dep_finished):
-                return f"{task.dir} was trained from a stages/{task.depends} that has changed since"
+                return f"{task.dir} was trained from a {self.rel(dep.dir)} that has changed since"
         return None
 
     def usable(self, task: PlannedRun | None) -> bool:
@@ -333,36 +368,53 @@ class Plan:
                 raise UsageError(f"{task.dir} holds files this command did not write ({', '.join(unknown[:3])}); "
                                  f"move them away or use another --out-dir")
 
-    def preflight(self, tasks: list[PlannedRun]) -> None:
+    def input_problems(self, tasks: list[PlannedRun]) -> list[Exception]:
+        """What the runs need and cannot find (the data directory, data files, a corpus), each as
+        the error that stops the command; a dry run lists them instead."""
         a = self.args
         if not self.data_dir.is_dir():
-            raise DataError(f"--data-dir {self.data_dir} is not a directory (see data/README.md)")
+            return [DataError(f"--data-dir {self.data_dir} is not a directory (see data/README.md)")]
         needed = [task_file(self.data_dir, "sts", "dev")]
         if "analysis" in self.commands:
             needed += [task_file(self.data_dir, "qqp", "train")]
         if self.finetune:
             needed += [task_file(self.data_dir, t, s) for t in TASKS for s in ("train", "dev")]
-        pretraining = any(t.kind == "pretraining" and t.state != "done" for t in tasks)
-        if pretraining:
+        problems = []
+        if any(t.kind == "pretraining" and t.state != "done" for t in tasks):
             if a.corpus_from_tasks:
                 needed += [task_file(self.data_dir, t, "train") for t in TASKS]
             elif a.corpus:
                 needed += [Path(a.corpus)]
             elif not (self.data_dir / "wiki1m_for_simcse.txt").is_file():
-                raise UsageError(f"no pretraining corpus: give --corpus FILE or --corpus-from-tasks "
-                                 f"({self.data_dir / 'wiki1m_for_simcse.txt'} not found)")
+                problems.append(UsageError(f"no pretraining corpus: give --corpus FILE or --corpus-from-tasks "
+                                           f"({self.data_dir / 'wiki1m_for_simcse.txt'} not found)"))
         missing = list(dict.fromkeys(str(p) for p in needed if not Path(p).is_file()))
         if missing:
-            raise DataError(f"missing input file(s): {', '.join(missing)} (see data/README.md)")
+            problems.append(DataError(f"missing input file(s): {', '.join(missing)} (see data/README.md)"))
+        return problems
+
+    def problems(self, tasks: list[PlannedRun]) -> list[Exception]:
+        """Everything that would stop the command: missing inputs, runs on disk it cannot use, bad
+        flags of a run (parsed now, so a bad --pretrain-args fails before hours of training)."""
+        found = self.input_problems(tasks)
         for t in tasks:
-            self._check(t)
-            if t.state != "done":
-                self._validate_flags(t)
-        self.device = resolve_device(a.device)
+            try:
+                self._check(t)
+                if t.state != "done":
+                    self._validate_flags(t)
+            except UsageError as e:
+                found.append(e)
+        return found
+
+    def preflight(self, tasks: list[PlannedRun]) -> None:
+        """Stop at the first problem before anything runs."""
+        problems = self.problems(tasks)
+        if problems:
+            raise problems[0]
+        self.device = resolve_device(self.args.device)
 
     def _validate_flags(self, task: PlannedRun) -> None:
-        """Parse a run's command line with its own parser now, so a bad --pretrain-args fails
-        before hours of training instead of after."""
+        """Parse a run's command line with its own parser."""
         module = entry_module(task.kind)
         stderr = io.StringIO()
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 import shlex
+import statistics
 from pathlib import Path
 
 from ..data import read_qqp, read_sst, read_sts, task_file
@@ -58,6 +59,57 @@ def md_cell(text: str, limit: int = 90) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
+# ---- several seeds ---------------------------------------------------------------------------------
+def dig(d, *keys):
+    """d[k1][k2]...; None where a level is missing or None."""
+    for k in keys:
+        if d is None:
+            return None
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def over_seeds(values: dict) -> dict:
+    """{seed: value or None} -> {"mean", "sd", "n", "per_seed"} over the seeds with a finite value;
+    sd is the sample standard deviation (None for fewer than two values)."""
+    per_seed = {str(s): None if v is None or not math.isfinite(v) else float(v) for s, v in values.items()}
+    xs = [v for v in per_seed.values() if v is not None]
+    return {"mean": statistics.fmean(xs) if xs else None, "sd": statistics.stdev(xs) if len(xs) > 1 else None,
+            "n": len(xs), "per_seed": per_seed}
+
+
+def row_summary(per_seed: dict) -> dict:
+    """One row's numbers over its seeds ({seed: results.Evaluation's dict}): each metric as
+    ``over_seeds``; "senteval" None when no seed ran SentEval."""
+    def collect(*keys):
+        return over_seeds({s: dig(r, *keys) for s, r in per_seed.items()})
+
+    out = {"sts_spearman": collect("sts", "sts_spearman"),
+           **{k: collect("finetune", k) for k in FINETUNE_METRICS},
+           "alignment": collect("qqp", "alignment"), "uniformity": collect("qqp", "uniformity"),
+           "sts_dev_alignment": collect("sts", "alignment"), "sts_dev_uniformity": collect("sts", "uniformity"),
+           "senteval": None}
+    ran = [r["senteval"] for r in per_seed.values() if r["senteval"]]
+    if ran:
+        out["senteval"] = {"sts": {t: collect("senteval", "sts", t) for t in ran[0]["sts"]},
+                           "sts_avg": collect("senteval", "sts_avg"),
+                           "transfer_avg": collect("senteval", "transfer_avg")}
+    return out
+
+
+def cell(agg: dict, digits: int = 3, seeds: int = 1) -> str:
+    """A table cell: the mean, ± the sd when there are several seeds, and (n=k) when fewer than
+    all ``seeds`` have a value; "–" when none has."""
+    if not agg["n"]:
+        return "–"
+    text = fmt(agg["mean"], digits)
+    if seeds > 1 and agg["n"] > 1:
+        text += f" ± {fmt(agg['sd'], digits)}"
+    if seeds > 1 and agg["n"] != seeds:
+        text += f" (n={agg['n']})"
+    return text
+
+
 def settings_md(plan: Plan) -> str:
     """The plan's settings, as the tables' Settings section says them."""
     a = plan.args
@@ -68,7 +120,9 @@ def settings_md(plan: Plan) -> str:
              + (f", first {a.max_sentences} sentences" if a.max_sentences else "") + " (the report: Wiki1M)",
              f"- steps: mirror {steps['mirror']}, joint {steps['joint']}, flow {steps['flow']}, "
              f"multitask {steps_for('multitask', plan.ft_scale)} (the report: 10^4, 10^4, 10^4, 5000)",
-             f"- seed {a.seed}, device {plan.device}, max length {a.max_length} in training, "
+             (f"- seeds {', '.join(map(str, plan.seeds))} (each cell: mean ± sd over them; --seed {a.seed}'s runs "
+              f"in stages/ and finetune/, the others' in seeds/SEED/)" if len(plan.seeds) > 1 else f"- seed {a.seed}")
+             + f", device {plan.device}, max length {a.max_length} in training, "
              f"{a.eval_max_length or 'whole sentences'} in evaluation"]
     if plan.base:
         lines.append(f"- mlm-base: MinBERT is the MLM base, {a.mlm_steps} steps of masked language modelling from the "
@@ -86,31 +140,49 @@ def settings_json(plan: Plan) -> dict:
     return {k: getattr(a, k) for k in SUITE_KEYS} | {
         "device": str(plan.device),
         "stage_steps": {s: steps_for(s, a.steps_scale) for s in ("mirror", "joint", "flow")},
-        "multitask_steps": steps_for("multitask", plan.ft_scale), "finetune": plan.finetune}
+        "multitask_steps": steps_for("multitask", plan.ft_scale), "finetune": plan.finetune, "seeds": plan.seeds}
 
 
 class Report:
     """Writes into ``out``; ``settings_md``/``settings_json`` (see the functions above) and
     ``command`` (the argv) go under every table; ``data_dir`` holds the dev files the qualitative
-    tables quote; ``outputs`` lists what was written."""
+    tables quote; ``seeds``: the seeds every row ran with (the histograms and qualitative tables
+    show the first); ``outputs`` lists what was written. The tables take results.Evaluation's
+    results, {row key: {seed: ...}}."""
 
     def __init__(self, out: Path, settings_md: str, settings_json: dict, command: list, data_dir: Path,
-                 senteval_dir: Path, transfer: bool, seed: int, qualitative_pairs: int):
+                 senteval_dir: Path, transfer: bool, seed: int, seeds: list[int], qualitative_pairs: int):
         self.out, self.settings_md, self.settings_json, self.command = out, settings_md, settings_json, command
         self.data_dir, self.senteval_dir, self.transfer = data_dir, senteval_dir, transfer
-        self.seed, self.qualitative_pairs = seed, qualitative_pairs
+        self.seed, self.seeds, self.qualitative_pairs = seed, seeds, qualitative_pairs
         self.outputs: list[str] = []
 
-    def senteval_columns(self, results: dict, rows: list[Row]) -> tuple[list[str], dict]:
+    def cell(self, agg: dict, digits: int = 3) -> str:
+        return cell(agg, digits, len(self.seeds))
+
+    def spread_note(self) -> str:
+        """What a cell is, under a table of several seeds."""
+        if len(self.seeds) == 1:
+            return ""
+        return (f"Each cell: mean ± sd over the {len(self.seeds)} seeds {', '.join(map(str, self.seeds))} "
+                "((n=k): only k seeds have the value); the per-seed values are in the JSON beside this file, "
+                "and claims.md tests the differences between rows.\n\n")
+
+    def first_seed(self, results: dict, row: Row) -> dict:
+        """The row's results for the first seed (the histograms and qualitative tables)."""
+        return results[row.key][self.seeds[0]]
+
+    def senteval_columns(self, summaries: dict) -> tuple[list[str], dict]:
         """The optional columns: the STS test average ("7 STS avg (test)" when all seven are
-        there) and, with --transfer, the transfer average; {row key: cells}."""
-        found = {r.key: results[r.key]["senteval"] for r in rows if (results.get(r.key) or {}).get("senteval")}
+        there) and, with --transfer, the transfer average; {row key: cells}. ``summaries``: {row key:
+        row_summary}."""
+        found = {k: v["senteval"] for k, v in summaries.items() if v["senteval"]}
         if not found:
             return [], {}
         n = len(next(iter(found.values()))["sts"])
         header = ["7 STS avg (test)" if n == 7 else f"STS avg (test, {n} sets)"]
         header += ["Transfer avg (fasttest)"] if self.transfer else []
-        cells = {k: [fmt(v["sts_avg"], 2)] + ([fmt(v["transfer_avg"], 2)] if self.transfer else [])
+        cells = {k: [self.cell(v["sts_avg"], 2)] + ([self.cell(v["transfer_avg"], 2)] if self.transfer else [])
                  for k, v in found.items()}
         return header, cells
 
@@ -127,30 +199,35 @@ class Report:
         write_json_atomic(self.out / name, obj)
         self.outputs.append(str(self.out / name))
 
+    def row_info(self, results: dict, row: Row) -> dict:
+        """The row's encoder and runs (results.Evaluation.info) for the first seed, and every seed's
+        under "seeds" when there are several."""
+        per_seed = {s: r["info"] for s, r in results[row.key].items()}
+        info = dict(per_seed[self.seeds[0]])
+        return info | ({"seeds": {str(s): i for s, i in per_seed.items()}} if len(self.seeds) > 1 else {})
+
     def table1(self, rows: list[Row], results: dict) -> dict:
         """table1.md/json: each row's unsupervised STS dev Spearman and fine-tuned dev metrics."""
+        summaries = {row.key: row_summary(results[row.key]) for row in rows}
+        keys = ("sts_spearman", "sst_accuracy", "qqp_accuracy", "sts_pearson")
         rows_json, md_rows = [], []
         for row in rows:
-            r = results[row.key]
-            ours = {"sts_spearman": r["sts"]["sts_spearman"] if r["sts"] else None}
-            ours |= r["finetune"] or {k: None for k in FINETUNE_METRICS}
+            summary = summaries[row.key]
+            ours = {k: summary[k] for k in ("sts_spearman", *FINETUNE_METRICS)} | {"senteval": summary["senteval"]}
             report = REPORT_TABLE1.get(row.name, dict.fromkeys(REPORT_TABLE1["MinBERT"]))
-            rows_json.append({"name": row.name, "ours": ours, "report": report} | r["info"])
-            md_rows.append([row.name] + [c for k in ("sts_spearman", "sst_accuracy", "qqp_accuracy", "sts_pearson")
-                                         for c in (fmt(ours[k]), fmt(report[k]))])
+            rows_json.append({"name": row.name, "ours": ours, "report": report} | self.row_info(results, row))
+            md_rows.append([row.name] + [c for k in keys for c in (self.cell(ours[k]), fmt(report[k]))])
         header = ["Encoder", "Unsup. STS ρ", "(report)", "SST-5 acc", "(report)", "QQP acc", "(report)",
                   "STS r", "(report)"]
-        extra, cells = self.senteval_columns(results, rows)
+        extra, cells = self.senteval_columns(summaries)
         header += extra
         md_rows = [r + cells.get(row.key, ["–"] * len(extra)) for r, row in zip(md_rows, rows)]
-        for r, row in zip(rows_json, rows):
-            r["ours"]["senteval"] = results[row.key]["senteval"]
         md = ("# Table 1: sentence encoders on the CS224N dev sets\n\n"
               "Unsupervised STS ρ: Spearman of cos(f(x1), f(x2)) with the STS dev scores, before fine-tuning. "
               "SST-5 / QQP accuracy and STS Pearson r: after multitask fine-tuning of each encoder. "
               "(report) = the report's number (bert-base-uncased).\n\n"
-              + md_table(header, md_rows) + self.footer())
-        if not self.settings_json["finetune"] and all(r["ours"]["sst_accuracy"] is None for r in rows_json):
+              + self.spread_note() + md_table(header, md_rows) + self.footer())
+        if not self.settings_json["finetune"] and all(not r["ours"]["sst_accuracy"]["n"] for r in rows_json):
             md += "\nFine-tuning was not run (--no-finetune): the supervised columns are empty.\n"
         obj = {"rows": rows_json, "settings": self.settings_json, "command": self.command}
         self.write("table1.md", md)
@@ -174,26 +251,27 @@ class Report:
         """NAME.md/json: each row's unsupervised STS dev Spearman beside the report's (``report``:
         by row name; a row not in it has none), then those of the ``references`` (table 1 rows,
         with the report's table 1 number) whose encoder is there (evaluated: in ``results``)."""
-        def entry(row: Row, report_value) -> dict:
-            r = results[row.key]
-            what = PRETRAININGS[row.pretraining].what if row.pretraining else "--model, untouched"
-            return {"name": row.name, "what": what,
-                    "ours": {"sts_spearman": r["sts"]["sts_spearman"] if r["sts"] else None,
-                             "senteval": r["senteval"]},
-                    "report": {"sts_spearman": report_value}} | r["info"]
+        present = [r for r in references if r.key in results and row_summary(results[r.key])["sts_spearman"]["n"]]
+        summaries = {row.key: row_summary(results[row.key]) for row in rows + present}
 
-        present = [r for r in references if (results.get(r.key) or {}).get("sts")]
+        def entry(row: Row, report_value) -> dict:
+            what = PRETRAININGS[row.pretraining].what if row.pretraining else "--model, untouched"
+            summary = summaries[row.key]
+            return {"name": row.name, "what": what,
+                    "ours": {"sts_spearman": summary["sts_spearman"], "senteval": summary["senteval"]},
+                    "report": {"sts_spearman": report_value}} | self.row_info(results, row)
+
         rows_json = [entry(row, report.get(row.name)) for row in rows]
         refs_json = [entry(row, REPORT_TABLE1[row.name]["sts_spearman"]) for row in present]
         labelled = [r["name"] for r in rows_json] + [f"*{r['name']}* (reference)" for r in refs_json]
-        extra, cells = self.senteval_columns(results, rows + present)
-        md_rows = [[label, r["what"], fmt(r["ours"]["sts_spearman"]), fmt(r["report"]["sts_spearman"])]
+        extra, cells = self.senteval_columns(summaries)
+        md_rows = [[label, r["what"], self.cell(r["ours"]["sts_spearman"]), fmt(r["report"]["sts_spearman"])]
                    + cells.get(row.key, ["–"] * len(extra))
                    for label, r, row in zip(labelled, rows_json + refs_json, rows + present)]
         absent = [r.name for r in references if r not in present]
         note = (f"\n{', '.join(absent)} (reference): not trained in this --out-dir yet (`table1` or `all` "
                 f"with the same --out-dir trains it).\n" if absent else "")
-        md = (f"# {title}\n\n{text}"
+        md = (f"# {title}\n\n{text}" + self.spread_note()
               + md_table([first, "What", "Unsup. STS ρ", "(report)"] + extra, md_rows, "llrr" + "r" * len(extra))
               + note + self.footer())
         obj = {"rows": rows_json, "reference": refs_json, "settings": self.settings_json, "command": self.command}
@@ -201,47 +279,52 @@ class Report:
         self.write_json(f"{name}.json", obj)
         return obj
 
+    def claims(self, claims: list[dict]) -> dict:
+        """claims.md/json: the report's claims, tested (``claims.test_claims``)."""
+        from .claims import claims_md
+        obj = {"claims": claims, "settings": self.settings_json, "command": self.command}
+        self.write("claims.md", claims_md(claims, self.footer()))
+        self.write_json("claims.json", obj)
+        return obj
+
     def analysis(self, rows: list[Row], results: dict) -> dict:
         """analysis.md/json (alignment and uniformity, the SentEval STS sets, the histograms),
         qualitative.md and tb/."""
         import torch
 
+        keys = ("alignment", "uniformity", "sts_dev_alignment", "sts_dev_uniformity")
         rows_json, md_rows, info = [], [], {}
         for row in rows:
-            r = results[row.key]
-            q = r["qqp"] or {}
+            summary = row_summary(results[row.key])
             report = REPORT_ANALYSIS[row.name]
-            sts = r["sts"] or {}
-            rows_json.append({"name": row.name, "ours": {"alignment": q.get("alignment"),
-                                                          "uniformity": q.get("uniformity"),
-                                                          "sts_dev_alignment": sts.get("alignment"),
-                                                          "sts_dev_uniformity": sts.get("uniformity")},
-                              "report": report})
-            md_rows.append([row.name, fmt(q.get("alignment")), fmt(report["alignment"]),
-                            fmt(q.get("uniformity")), fmt(report["uniformity"]),
-                            fmt(sts.get("alignment")), fmt(sts.get("uniformity"))])
-            info = q or info
+            rows_json.append({"name": row.name, "ours": {k: summary[k] for k in keys}, "report": report})
+            md_rows.append([row.name, self.cell(summary["alignment"]), fmt(report["alignment"]),
+                            self.cell(summary["uniformity"]), fmt(report["uniformity"]),
+                            self.cell(summary["sts_dev_alignment"]), self.cell(summary["sts_dev_uniformity"])])
+            info = self.first_seed(results, row)["qqp"] or info
         sample = (f"{info.get('pairs')} QQP train pairs ({info.get('positives')} duplicates, "
                   f"{info.get('sentences')} distinct sentences)" if info else "QQP train pairs")
-        # Histograms of the STS dev cosines: PNG and TensorBoard.
+        # Histograms of the STS dev cosines (the first seed's): PNG and TensorBoard.
         gold = [p.label for p in read_sts(task_file(self.data_dir, "sts", "dev"))]
+        which = f" (seed {self.seeds[0]})" if len(self.seeds) > 1 else ""
         figures, histograms = [], {}
         for row in rows:
-            if row.name in HISTOGRAM_ROWS and results[row.key]["sts"]:
-                cosines = results[row.key]["sts"]["cosines"]
+            sts = self.first_seed(results, row)["sts"]
+            if row.name in HISTOGRAM_ROWS and sts:
                 name = f"figures/sts-dev-cosines-{row.key}.png"
-                write_histogram_png(self.out / name, cosines, gold, f"{row.name}: STS dev pair cosines")
+                write_histogram_png(self.out / name, sts["cosines"], gold, f"{row.name}: STS dev pair cosines{which}")
                 self.outputs.append(str(self.out / name))
                 figures.append((row.name, name))
-                histograms[row.name] = torch.tensor(cosines)
+                histograms[row.name] = torch.tensor(sts["cosines"])
         md = ("# Alignment and uniformity (report section 6.3)\n\n"
               f"On {sample}, sampled with seed {self.seed}. Alignment: mean ‖f(x)−f(y)‖² over duplicate "
               "pairs (lower is better); uniformity: log mean exp(−2‖f(x)−f(y)‖²) over all pairs of sentences "
               "(lower is better); f normalised. The last two columns: the same on STS dev (pairs with gold ≥ 4).\n\n"
+              + self.spread_note()
               + md_table(["Encoder", "Alignment", "(report)", "Uniformity", "(report)",
                           "STS-dev align.", "STS-dev unif."], md_rows)
               + self.senteval_md(rows, results)
-              + "\n# STS dev cosine histograms\n\n"
+              + f"\n# STS dev cosine histograms{which}\n\n"
               + "".join(f"![{n}]({p})\n\n" for n, p in figures)
               + self.footer())
         obj = {"rows": rows_json, "sample": info, "figures": [p for _, p in figures],
@@ -255,24 +338,28 @@ class Report:
     def senteval_md(self, rows: list[Row], results: dict) -> str:
         """The analysis' per-set table of SentEval's STS test sets (Spearman ×100), when run."""
         from ..senteval import STS_TASKS
-        found = [(r.name, results[r.key]["senteval"]) for r in rows if results[r.key]["senteval"]]
+        found = [(r.name, s) for r in rows if (s := row_summary(results[r.key])["senteval"])]
         if not found:
             return ""
-        table = [[name] + [fmt(v["sts"].get(t), 2) for t in STS_TASKS] + [fmt(v["sts_avg"], 2)] for name, v in found]
+        empty = {"n": 0}
+        table = [[name] + [self.cell(v["sts"].get(t, empty), 2) for t in STS_TASKS] + [self.cell(v["sts_avg"], 2)]
+                 for name, v in found]
         return ("\n# SentEval STS test sets\n\nSpearman ×100 of the cosine of raw vectors (STS12-16: SentEval's "
                 f"\"all\" setting), whole sentences, from `{self.senteval_dir}` (`python -m bertcf.evaluate`).\n\n"
                 + md_table(["Encoder", *STS_TASKS, "Avg."], table))
 
     def qualitative_md(self, table1_rows: list[Row], results: dict) -> str:
         k, rng = self.qualitative_pairs, random.Random(self.seed)
-        rows = [r for r in table1_rows if results[r.key]["sts"]]
+        first = {r.key: self.first_seed(results, r) for r in table1_rows}
+        rows = [r for r in table1_rows if first[r.key]["sts"]]
         sts_dev = read_sts(task_file(self.data_dir, "sts", "dev"))
         picked = sorted(rng.sample(range(len(sts_dev)), min(k, len(sts_dev))), key=lambda i: -sts_dev[i].label)
         table = [[md_cell(sts_dev[i].sentence1, 60), md_cell(sts_dev[i].sentence2, 60), f"{sts_dev[i].label:.1f}"]
-                 + [fmt(results[r.key]["sts"]["cosines"][i], 2) for r in rows] for i in picked]
-        md = ("# Qualitative examples\n\n## STS dev: gold score and each encoder's cosine (before fine-tuning)\n\n"
+                 + [fmt(first[r.key]["sts"]["cosines"][i], 2) for r in rows] for i in picked]
+        which = f" (seed {self.seeds[0]})" if len(self.seeds) > 1 else ""
+        md = (f"# Qualitative examples{which}\n\n## STS dev: gold score and each encoder's cosine (before fine-tuning)\n\n"
               + md_table(["Sentence 1", "Sentence 2", "Gold"] + [r.name for r in rows], table, "llr" + "r" * len(rows)))
-        tuned = [r for r in table1_rows if results[r.key]["finetune"] is not None]
+        tuned = [r for r in table1_rows if first[r.key]["finetune"] is not None]
         if not tuned:
             return md + "\nNo fine-tuned encoders (table1 with fine-tuning adds QQP and SST predictions here).\n"
         for task, title, reader, fields in (
@@ -286,7 +373,7 @@ class Report:
             examples = reader(path)
             picked = rng.sample(examples, min(k, len(examples)))
             file = prediction_file(task, "dev")
-            preds = {r.name: read_predictions(Path(results[r.key]["info"]["finetune_dir"]) / "predictions" / file)
+            preds = {r.name: read_predictions(Path(first[r.key]["info"]["finetune_dir"]) / "predictions" / file)
                      for r in tuned}
             header = (["Question 1", "Question 2", "Label"] if task == "qqp" else ["Sentence", "Label"])
             table = [fields(p) + [_pred(preds[r.name].get(p.id)) for r in tuned] for p in picked]
@@ -296,7 +383,7 @@ class Report:
 
     def tensorboard(self, histograms: dict) -> None:
         texts = {name: (self.out / f"{name}.md").read_text() for name in ("table1", "ablations", "analysis",
-                                                                            "qualitative")
+                                                                            "qualitative", "claims")
                  if (self.out / f"{name}.md").is_file()}
 
         def write(tmp):

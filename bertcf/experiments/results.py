@@ -11,7 +11,7 @@ from pathlib import Path
 from ..data import read_qqp, read_sts, task_file
 from ..files import write_json_atomic
 from ..multitask_model import renamed_from_para
-from .plan import RANDOM_ROW, Plan, Row, abs_if_path, read_json
+from .plan import Plan, Row, abs_if_path, read_json
 
 #: Our key -> its name in run_multitask.py's metrics.json (multitask_model.METRICS and
 #: multitask_model.SELECTION_METRIC).
@@ -63,8 +63,9 @@ def pair_analysis(encoder, pairs, batch_size: int = 64) -> dict:
 
 
 class Evaluation:
-    """Evaluates the rows of a ``Plan`` (whose runs are inspected) and returns plain data for the
-    report: {row key: {"sts", "senteval", "qqp", "finetune", "info"}}."""
+    """Evaluates the rows of a ``Plan`` (whose runs are inspected) for every seed and returns plain
+    data for the report: {row key: {seed: {"sts", "senteval", "qqp", "finetune", "info"}}}. An encoder
+    that every seed shares (--model, --config, the MLM base) is evaluated once."""
 
     def __init__(self, plan: Plan):
         self.plan, self.args = plan, plan.args
@@ -82,24 +83,25 @@ class Evaluation:
         sts = present_tasks(self.senteval_dir, STS_TASKS)
         return sts + present_tasks(self.senteval_dir, TRANSFER_TASKS) if sts and self.args.transfer else sts
 
-    def _source(self, row: Row) -> str | None:
-        """The pretraining whose best/ is the row's encoder (mlm-base's for --model rows there)."""
-        return None if row is RANDOM_ROW else row.pretraining or self.plan.base
-
-    def present(self, row: Row) -> bool:
+    def present(self, row: Row, seed: int) -> bool:
         """The row's encoder exists: --model, --config, or a usable finished pretraining run."""
-        source = self._source(row)
-        return source is None or self.plan.usable(self.plan.pretraining_runs[source])
+        source = self.plan.source_run(row, seed)
+        return source is None or self.plan.usable(source)
 
-    def _stamp(self, row: Row):
-        source = self._source(row)
+    def _stamp(self, row: Row, seed: int):
+        source = self.plan.source_run(row, seed)
         if source is None:  # --model, or --config's random weights (drawn with --seed)
-            return {"model": abs_if_path(self.plan.encoder_of(row)), "seed": self.args.seed}
+            return {"model": abs_if_path(self.plan.encoder_of(row, seed)), "seed": self.args.seed}
         # "stage": the key eval/ caches have always had (a new name would re-evaluate every row)
-        return {"stage": source, "finished": self.plan.pretraining_runs[source].marker.get("finished")}
+        return {"stage": source.spec.name, "finished": source.marker.get("finished")}
 
-    def _cached(self, name: str, key: dict, compute):
-        path = self.plan.out / "eval" / f"{name}.json"
+    def _eval_dir(self, row: Row, seed: int) -> Path:
+        """OUT/eval for --seed and for the encoders every seed shares, the seed's own eval/ otherwise."""
+        source = self.plan.source_run(row, seed)
+        shared = source is None or source is self.plan.base_run
+        return (self.plan.out if shared else self.plan.seed_dir(seed)) / "eval"
+
+    def _cached(self, path: Path, key: dict, compute):
         key = json.loads(json.dumps(key))
         cached = read_json(path)
         if cached and cached.get("key") == key:
@@ -108,19 +110,20 @@ class Evaluation:
         write_json_atomic(path, {"key": key, "value": value})
         return value
 
-    def _load_encoder(self, row: Row):
+    def _load_encoder(self, row: Row, seed: int):
         import torch
 
         from ..encoder import SentenceEncoder
         torch.manual_seed(self.args.seed)  # a config-only --config: its random weights, the same every time
-        encoder = SentenceEncoder.from_pretrained(self.plan.encoder_of(row))
+        encoder = SentenceEncoder.from_pretrained(self.plan.encoder_of(row, seed))
         encoder.max_length = self.args.eval_max_length or encoder.bert.config.max_position_embeddings
         return encoder.to(self.plan.device).eval()
 
     def _senteval(self, encoder) -> dict:
+        """SentEval's tasks, with each STS set's per-pair cosines (``sts_pairs``, for the claims)."""
         from ..evaluate import evaluate
         mode = "fasttest" if self.args.transfer else "test"  # STS is the same in both modes
-        return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode)
+        return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode, pair_scores=True)
 
     def _analysis_pairs(self):
         pairs = read_qqp(task_file(self.plan.data_dir, "qqp", "train"))
@@ -130,7 +133,8 @@ class Evaluation:
         return pairs
 
     def rows(self, rows: list[Row], analysis: bool) -> dict:
-        """The present rows' results; ``analysis``: with alignment and uniformity on QQP train."""
+        """The present rows' results for every seed; ``analysis``: with alignment and uniformity on
+        QQP train."""
         from ..evaluation import evaluate_sts
 
         a = self.args
@@ -138,54 +142,60 @@ class Evaluation:
         qqp = self._analysis_pairs() if analysis else None
         results = {}
         for row in rows:
-            results[row.key] = {"sts": None, "senteval": None, "qqp": None, "finetune": self.finetune(row),
-                                "info": self.info(row)}
-            if not self.present(row):
-                continue
-            stamp = self._stamp(row) | {"eval_max_length": a.eval_max_length or "model",
-                                        "data_dir": abs_if_path(a.data_dir)}
-            encoder = None
+            results[row.key] = {}
+            for seed in self.plan.seeds:
+                out = results[row.key][seed] = {"sts": None, "senteval": None, "qqp": None,
+                                                "finetune": self.finetune(row, seed), "info": self.info(row, seed)}
+                if not self.present(row, seed):
+                    continue
+                stamp = self._stamp(row, seed) | {"eval_max_length": a.eval_max_length or "model",
+                                                  "data_dir": abs_if_path(a.data_dir)}
+                cache = self._eval_dir(row, seed)
+                encoder = None
 
-            def load():
-                nonlocal encoder
-                if encoder is None:
-                    print(f"evaluating {row.name} ({self.plan.rel(self.plan.encoder_of(row))})", flush=True)
-                    encoder = self._load_encoder(row)
-                return encoder
+                def load():
+                    nonlocal encoder
+                    if encoder is None:
+                        print(f"evaluating {self.plan.labelled(row.name, seed)} "
+                              f"({self.plan.rel(self.plan.encoder_of(row, seed))})", flush=True)
+                        encoder = self._load_encoder(row, seed)
+                    return encoder
 
-            def sts():
-                r = evaluate_sts(load(), sts_dev)
-                return r | {"cosines": r["cosines"].tolist()}
+                def sts():
+                    r = evaluate_sts(load(), sts_dev)
+                    return r | {"cosines": r["cosines"].tolist()}
 
-            out = results[row.key]
-            out["sts"] = self._cached(f"{row.key}-sts-dev", stamp, sts)
-            if self.senteval_tasks:
-                key = self._stamp(row) | {"senteval_dir": abs_if_path(self.senteval_dir), "tasks": self.senteval_tasks}
-                out["senteval"] = self._cached(f"{row.key}-senteval", key, lambda: self._senteval(load()))
-            if analysis:
-                key = stamp | {"max_analysis_pairs": a.max_analysis_pairs, "seed": a.seed}
-                out["qqp"] = self._cached(f"{row.key}-qqp-train", key, lambda: pair_analysis(load(), qqp))
-            del encoder
+                out["sts"] = self._cached(cache / f"{row.key}-sts-dev.json", stamp, sts)
+                if self.senteval_tasks:
+                    key = self._stamp(row, seed) | {"senteval_dir": abs_if_path(self.senteval_dir),
+                                                    "tasks": self.senteval_tasks, "pair_scores": True}
+                    out["senteval"] = self._cached(cache / f"{row.key}-senteval.json", key,
+                                                   lambda: self._senteval(load()))
+                if analysis:
+                    key = stamp | {"max_analysis_pairs": a.max_analysis_pairs, "seed": a.seed}
+                    out["qqp"] = self._cached(cache / f"{row.key}-qqp-train.json", key,
+                                              lambda: pair_analysis(load(), qqp))
+                del encoder
         return results
 
-    def finetune(self, row: Row) -> dict | None:
-        """The row's fine-tuned dev metrics, or None."""
-        task = self.plan.finetune_runs.get(row.key)
+    def finetune(self, row: Row, seed: int) -> dict | None:
+        """The row's fine-tuned dev metrics for ``seed``, or None."""
+        task = self.plan.finetune_runs.get((seed, row.key))
         if not self.plan.usable(task):
             return None
         metrics = read_json(task.dir / "metrics.json")
         return finetune_metrics(metrics) if isinstance(metrics, dict) else None
 
-    def info(self, row: Row) -> dict:
+    def info(self, row: Row, seed: int) -> dict:
         """The row's encoder, its pretraining run's record (best STS dev Spearman, step, wall time) and its
         fine-tuning's directory and wall time."""
-        info = {"encoder": self.plan.encoder_of(row)}
+        info = {"encoder": self.plan.encoder_of(row, seed)}
         if row.pretraining is not None:
-            t = self.plan.pretraining_runs[row.pretraining]
+            t = self.plan.pretraining(row.pretraining, seed)
             s = t.marker.get("summary") or {}
             info = {"encoder": str(t.dir / "best"), "stage_best_sts_spearman": s.get("best"),
                     "stage_best_step": s.get("best_step"), "stage_wall_s": t.marker.get("wall_s")}
-        task = self.plan.finetune_runs.get(row.key)
-        if self.finetune(row) is not None:
+        task = self.plan.finetune_runs.get((seed, row.key))
+        if self.finetune(row, seed) is not None:
             info |= {"finetune_dir": str(task.dir), "finetune_wall_s": task.marker.get("wall_s")}
         return info

@@ -9,6 +9,7 @@ from ..cli import run_main
 from ..files import write_json_atomic
 from .execute import Interrupted, command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS, parse_args
+from .claims import claim_rows, test_claims
 from .plan import Plan, PlannedRun, now
 from .report import ABLATION_REFERENCES, OBJECTIVE_REFERENCES, Report, settings_json, settings_md
 from .results import Evaluation
@@ -20,9 +21,9 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     plan = Plan(args, argv)
     runs = plan.runs()
-    plan.preflight(runs)
     if args.dry_run:
         return dry_run(plan, runs)
+    plan.preflight(runs)
     plan.out.mkdir(parents=True, exist_ok=True)
     settings = {k: getattr(args, k) for k in SUITE_KEYS}
     if args.saved_settings is not None and args.saved_settings != settings:
@@ -35,8 +36,9 @@ def main(argv=None) -> dict:
     references = (ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
                                                                         else [])
     results |= evaluation.rows([r for r in references if r.key not in results], analysis=False)
+    results |= evaluation.rows([r for r in claim_rows() if r.key not in results], analysis=False)
     report = Report(plan.out, settings_md(plan), settings_json(plan), argv, plan.data_dir, evaluation.senteval_dir,
-                    args.transfer, args.seed, args.qualitative_pairs)
+                    args.transfer, args.seed, plan.seeds, args.qualitative_pairs)
     summary = {}
     if "table1" in plan.commands:
         summary["table1"] = report.table1(plan.table1_rows, results)
@@ -44,6 +46,7 @@ def main(argv=None) -> dict:
         summary["ablations"] = report.ablations(plan.ablation_rows, results)
     if "objectives" in plan.commands:
         summary["objectives"] = report.objectives(plan.objective_rows, results)
+    summary["claims"] = report.claims(test_claims(results, plan.seeds, plan.data_dir))
     if "analysis" in plan.commands:
         summary["analysis"] = report.analysis(plan.table1_rows, results)
     wall = time.perf_counter() - started
@@ -52,7 +55,8 @@ def main(argv=None) -> dict:
 
 
 def dry_run(plan: Plan, tasks: list[PlannedRun]) -> dict:
-    """Print the plan and each run's command; run nothing."""
+    """Print the plan and each run's command, then what is missing before it can run (inputs, runs
+    on disk that cannot be used, bad flags); run nothing."""
     n = len(tasks)
     for i, task in enumerate(tasks, 1):
         state = {"done": "finished, would be reused", "resume": "would continue with --resume",
@@ -62,8 +66,11 @@ def dry_run(plan: Plan, tasks: list[PlannedRun]) -> dict:
             print(f"    {command_line(task)}")
     rows = ", ".join(r.name for r in plan.rows)
     print(f"then: evaluate {rows} and write the {', '.join(plan.commands)} outputs into {plan.out}")
+    problems = [str(p) for p in plan.problems(tasks)]
+    if problems:
+        print("missing before this can run:\n" + "".join(f"  - {p}\n" for p in problems), end="")
     return {"tasks": [{"label": t.label, "kind": t.kind, "dir": str(t.dir), "state": t.state,
-                       "command": command_line(t)} for t in tasks]}
+                       "command": command_line(t)} for t in tasks], "problems": problems}
 
 
 def cli(argv=None) -> int:

@@ -1,0 +1,161 @@
+"""The report's comparative claims, each tested on this output directory's rows: ``claims.json`` and
+``claims.md``.
+
+A claim says that row ``a`` scores higher than row ``b`` on a metric (``CLAIMS``). It is tested on
+every metric both rows have: the CS224N STS dev Spearman, each SentEval STS set that ran (Spearman
+×100) and, when both were fine-tuned, the three fine-tuned dev metrics. The difference a − b is
+averaged over the seeds both rows ran with, and its 95% interval comes from a paired, hierarchical
+bootstrap (``bertcf.bootstrap.paired_difference``): resample the seeds, then the evaluation pairs
+(within each STS subset), the same pairs for a and b. The verdict: ``supported`` when the interval
+lies above 0, ``contradicted`` when it lies below 0, ``inconclusive`` otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import bootstrap
+from ..data import read_qqp, read_sst, read_sts, task_file
+from ..multitask import prediction_file
+from .plan import ABLATION_ROWS, TABLE1_ROWS, Row
+from .report import REPORT_ABLATIONS, REPORT_TABLE1, fmt, md_table
+from .results import read_predictions
+
+RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+
+
+@dataclass(frozen=True)
+class Claim:
+    a: str      # row names (plan.TABLE1_ROWS, plan.ABLATION_ROWS)
+    b: str
+    what: str   # the claim in words
+
+
+CLAIMS = (
+    Claim("BERT-CF", "Mirror-flow", "the regulariser: the joint loss beats the flow alone on the same Mirror encoder"),
+    Claim("BERT-CF", "MinBERT-joint", "freezing the encoder in the joint stage beats training it"),
+    Claim("MinBERT-Mirror", "MinBERT", "contrastive pretraining (Mirror-BERT) improves the base encoder"),
+    Claim("MinBERT-Mirror", "MinBERT-SimCSE", "the span: Mirror-BERT's span masking against SimCSE's dropout alone"),
+    Claim("MinBERT-flow", "MinBERT", "the flow alone improves the base encoder"),
+    Claim("BERT-CF", "MinBERT-Mirror", "the flow on top: BERT-CF improves on the Mirror encoder it starts from"),
+)
+ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS}
+
+#: The fine-tuned metrics: key in the tables -> (task, the bootstrap's metric).
+FINETUNED = {"sst_accuracy": ("sst", "accuracy"), "qqp_accuracy": ("qqp", "accuracy"), "sts_pearson": ("sts", "pearson")}
+READERS = {"sst": read_sst, "qqp": read_qqp, "sts": read_sts}
+
+
+def report_value(row: str, metric: str):
+    """The report's number for a row and metric (None where it has none)."""
+    if metric == "sts_spearman" and row in REPORT_ABLATIONS:
+        return REPORT_ABLATIONS[row]
+    return REPORT_TABLE1.get(row, {}).get(metric)
+
+
+class Evidence:
+    """Per-item scores of the rows, by metric: ``items(row results of one seed, metric)`` ->
+    (scores, gold, groups, bootstrap metric, scale) or None when that seed's row lacks them."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        self._examples = {}
+
+    def examples(self, task: str) -> list:
+        """The labelled rows of a CS224N dev file, in the file's order, read once."""
+        if task not in self._examples:
+            path = task_file(self.data_dir, task, "dev")
+            self._examples[task] = [e for e in READERS[task](path) if e.label is not None]
+        return self._examples[task]
+
+    def items(self, r: dict, metric: str):
+        if metric == "sts_spearman":  # the cosines are in the dev file's order (results.Evaluation)
+            if not r["sts"]:
+                return None
+            return r["sts"]["cosines"], [float(e.label) for e in self.examples("sts")], None, "spearman", 1.0
+        if metric in FINETUNED:
+            if r["finetune"] is None:
+                return None
+            task, kind = FINETUNED[metric]
+            predicted = read_predictions(Path(r["info"]["finetune_dir"]) / "predictions" / prediction_file(task, "dev"))
+            examples = self.examples(task)
+            if any(e.id not in predicted for e in examples):
+                return None
+            return [float(predicted[e.id]) for e in examples], [float(e.label) for e in examples], None, kind, 1.0
+        pairs = (r["senteval"] or {}).get("sts_pairs", {}).get(metric.removeprefix("senteval_"))
+        if pairs is None:
+            return None
+        return pairs["scores"], pairs["gold"], pairs["groups"], "spearman", 100.0
+
+
+def metrics_of(results: dict) -> list[str]:
+    """The metrics the claims are tested on: CS224N STS dev, each SentEval STS set that ran, the fine-tuned ones."""
+    metrics = ["sts_spearman"]
+    for per_seed in results.values():
+        for r in per_seed.values():
+            for name in ((r["senteval"] or {}).get("sts_pairs") or {}):
+                if f"senteval_{name}" not in metrics:
+                    metrics.append(f"senteval_{name}")
+    return metrics + list(FINETUNED)
+
+
+def test_claims(results: dict, seeds: list[int], data_dir) -> list[dict]:
+    """Every claim of ``CLAIMS`` whose two rows are in ``results`` ({row key: {seed: ...}}), on every
+    metric both have for at least one common seed."""
+    evidence, out = Evidence(data_dir), []
+    for claim in CLAIMS:
+        a, b = ROWS[claim.a], ROWS[claim.b]
+        if a.key not in results or b.key not in results:
+            continue
+        for metric in metrics_of(results):
+            paired = [(s, evidence.items(results[a.key][s], metric), evidence.items(results[b.key][s], metric))
+                      for s in seeds]
+            paired = [(s, x, y) for s, x, y in paired if x is not None and y is not None]
+            if not paired:
+                continue
+            _, gold, groups, kind, scale = paired[0][1]
+            test = bootstrap.paired_difference([x[0] for _, x, _ in paired], [y[0] for _, _, y in paired], gold,
+                                               kind, groups=groups, resamples=RESAMPLES, seed=BOOTSTRAP_SEED)
+            ra, rb = report_value(claim.a, metric), report_value(claim.b, metric)
+            out.append({"claim": f"{claim.a} > {claim.b}: {claim.what}", "a": claim.a, "b": claim.b,
+                        "metric": metric, "mean_difference": scale * test["mean_difference"],
+                        "ci95": [scale * v for v in test["ci95"]], "seeds": [s for s, _, _ in paired],
+                        "verdict": test["verdict"],
+                        "report_difference": None if ra is None or rb is None else round(ra - rb, 6)})
+    return out
+
+
+METRIC_LABELS = {"sts_spearman": "CS224N STS dev ρ", "sst_accuracy": "SST-5 acc (fine-tuned)",
+                 "qqp_accuracy": "QQP acc (fine-tuned)", "sts_pearson": "STS r (fine-tuned)"}
+
+
+def label(metric: str) -> str:
+    return METRIC_LABELS.get(metric) or f"{metric.removeprefix('senteval_')} ρ×100"
+
+
+def claims_md(claims: list[dict], footer: str) -> str:
+    rows = [[c["a"], c["b"], label(c["metric"]), fmt(c["mean_difference"], 3),
+             f"[{fmt(c['ci95'][0], 3)}, {fmt(c['ci95'][1], 3)}]", str(len(c["seeds"])), f"**{c['verdict']}**",
+             fmt(c["report_difference"], 3)] for c in claims]
+    claims_text = "".join(f"- **{c.a} > {c.b}**: {c.what}\n" for c in CLAIMS)
+    one_seed = any(len(c["seeds"]) == 1 for c in claims)
+    return ("# The report's claims, tested\n\n"
+            "Each claim says that row a scores higher than row b. *a − b* is the difference averaged over the "
+            "seeds both rows ran with; the 95% interval is a paired, hierarchical bootstrap "
+            f"({RESAMPLES} resamples): the seeds are resampled, then the evaluation pairs (within each STS "
+            "subset), the same pairs for a and b. **supported**: the interval lies above 0; **contradicted**: "
+            "below 0; **inconclusive**: it contains 0 (the difference is within the noise of this many seeds "
+            "and pairs). *(report)*: the report's a − b on that metric (bert-base-uncased), where it has one.\n\n"
+            + claims_text + "\n"
+            + (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict", "(report)"], rows, "lllrrrlr")
+               if rows else "No claim has both of its rows in this output directory yet.\n")
+            + ("\nWith one seed an interval covers the noise of the evaluation pairs only, not that of training: "
+               "run more seeds (--seeds) before reading a verdict as the method's.\n" if one_seed else "")
+            + footer)
+
+
+def claim_rows() -> list[Row]:
+    """The rows the claims compare."""
+    names = {n for c in CLAIMS for n in (c.a, c.b)}
+    return [r for r in TABLE1_ROWS + ABLATION_ROWS if r.name in names]
