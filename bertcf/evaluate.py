@@ -16,9 +16,11 @@ import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from . import senteval as se
+from .bootstrap import percentile_interval
 from .cli import AT_LEAST_1, ArgumentParser, run_main
 from .data import DataError
 from .errors import UsageError
@@ -109,14 +111,19 @@ def available_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
 
 
 def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size: int = 64,
-             max_length: int | None = None, show_progress_bar: bool = False) -> dict:
+             max_length: int | None = None, show_progress_bar: bool = False, pair_scores: bool = False) -> dict:
     """Run SentEval's ``tasks`` ('sts', 'transfer', task names) on a SentenceEncoder.
 
     Every distinct sentence of every task is encoded once, in length-sorted batches, up to
     ``max_length`` tokens (default: the model's max_position_embeddings, i.e. whole sentences).
-    Returns {"mode", "sts": {task: Spearman ×100}, "sts_avg", "sts_detail": {task: all, mean,
-    wmean, subsets}, "transfer": {task: {accuracy[, f1], n}}, "transfer_avg"}; averages are
-    over the tasks that ran (None when none did). Raises DataError when no task has its files."""
+    Returns {"mode", "sts": {task: Spearman ×100}, "sts_avg", "sts_avg_ci95", "sts_detail": {task:
+    all, mean, wmean, subsets, ci95}, "transfer": {task: {accuracy[, f1], n}}, "transfer_avg"};
+    averages are over the tasks that ran (None when none did). ``ci95`` is a task's bootstrap
+    interval (:class:`STSEvaluator`); ``sts_avg_ci95`` averages the tasks' replicates, resample r
+    of each task with resample r of the others, before taking the percentiles. ``pair_scores``:
+    also "sts_pairs": {task: {"scores": cosines, "gold", "groups": subsets}} (lists over the pairs,
+    in the order of "all"), for bootstraps over several encoders. Raises DataError when no task
+    has its files."""
     if mode not in MODES:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
     tasks = parse_tasks(tasks)
@@ -140,34 +147,47 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     def embed(batch):
         return vectors[[row[s] for s in batch]]
 
-    result = {"mode": mode, "sts": {}, "sts_avg": None, "sts_detail": {}, "transfer": {}, "transfer_avg": None}
+    result = {"mode": mode, "sts": {}, "sts_avg": None, "sts_avg_ci95": None, "sts_detail": {}, "transfer": {},
+              "transfer_avg": None} | ({"sts_pairs": {}} if pair_scores else {})
+    replicates = []
     for evaluator in tqdm(evaluators, desc="tasks", disable=not show_progress_bar, unit="task"):
         scores = evaluator(embed)
         if isinstance(evaluator, STSEvaluator):
+            replicates.append(scores.pop("replicates"))
+            pairs = scores.pop("pairs")
+            if pair_scores:
+                result["sts_pairs"][evaluator.name] = pairs
             result["sts"][evaluator.name] = scores[evaluator.main_metric]
             result["sts_detail"][evaluator.name] = scores
         else:
             result["transfer"][evaluator.name] = scores
     if result["sts"]:
         result["sts_avg"] = sum(result["sts"].values()) / len(result["sts"])
+        result["sts_avg_ci95"] = percentile_interval(np.mean(replicates, axis=0))
     if result["transfer"]:
         result["transfer_avg"] = sum(r["accuracy"] for r in result["transfer"].values()) / len(result["transfer"])
     return result
 
 
 def format_table(result: dict) -> str:
-    """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped."""
-    def table(names, values, avg):
-        cells = [f"{v:.2f}" if v is not None else "-" for v in values] + [f"{avg:.2f}" if avg is not None else "-"]
-        widths = [max(len(n), len(c)) for n, c in zip(names + ["Avg."], cells)]
+    """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped.
+    Under the STS scores, their 95% bootstrap intervals."""
+    def table(names, values, avg, intervals=None):
+        def cell(v):
+            return "-" if v is None else f"[{v[0]:.2f}, {v[1]:.2f}]" if isinstance(v, list) else f"{v:.2f}"
+        rows = [names + ["Avg."], [cell(v) for v in values + [avg]]]
+        if intervals is not None:
+            rows.append([cell(v) for v in intervals])
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
         line = lambda items: "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths)) + " |"
-        return "\n".join([rule, line(names + ["Avg."]), rule, line(cells), rule])
+        return "\n".join([rule, line(rows[0]), rule, *map(line, rows[1:]), rule])
 
     parts = []
     if result["sts"]:
         names = [t for t in se.STS_TASKS if result["mode"] != "dev" or t not in se.STS_YEARS]
-        parts.append(table(names, [result["sts"].get(t) for t in names], result["sts_avg"]))
+        intervals = [result["sts_detail"].get(t, {}).get("ci95") for t in names] + [result.get("sts_avg_ci95")]
+        parts.append(table(names, [result["sts"].get(t) for t in names], result["sts_avg"], intervals))
     if result["transfer"]:
         names = list(se.TRANSFER_TASKS)
         parts.append(table(names, [result["transfer"].get(t, {}).get("accuracy") for t in names],

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from scipy import stats
 
+from .bootstrap import interval
 from .flow import latent_stats
 
 
@@ -50,18 +51,22 @@ def evaluate_sts(encoder, pairs, batch_size: int = 64, positive_threshold: float
 class STSDevEvaluator:
     """Unsupervised STS on ``pairs`` (PairExample with gold scores): ``evaluator(encoder)`` encodes
     both sides once (whole sentences up to the encoder's ``max_length``) and returns
-    :func:`sts_scores` (with ``cosines`` for a histogram), plus, when the encoder has a flow, the
+    :func:`sts_scores` (with ``cosines`` for a histogram) and ``sts_spearman_ci95`` ([lo, hi]: the
+    95% percentile bootstrap interval of the Spearman correlation over ``resamples`` resamples of
+    the pairs, a fixed seed; :mod:`bertcf.bootstrap`), plus, when the encoder has a flow, the
     latents' ``latent_mean_norm`` and ``latent_log10_eig_ratio``. The main metric, which picks a
     pretraining run's best checkpoint, is the Spearman correlation."""
 
     primary_metric = "sts_spearman"
 
-    def __init__(self, pairs, batch_size: int = 64):
-        self.pairs, self.batch_size = pairs, batch_size
+    def __init__(self, pairs, batch_size: int = 64, resamples: int = 1000, seed: int = 0):
+        self.pairs, self.batch_size, self.resamples, self.seed = pairs, batch_size, resamples, seed
 
     def __call__(self, encoder) -> dict:
         x, y = encode_pairs(encoder, self.pairs, self.batch_size)
         result = sts_scores(x, y, self.pairs)
+        result["sts_spearman_ci95"] = interval(result["cosines"], [p.label for p in self.pairs], "spearman",
+                                               self.resamples, self.seed)
         if encoder.flow is not None:  # x holds latents F(x) then
             stats = latent_stats(x)
             result |= {"latent_mean_norm": stats["mean_norm"], "latent_log10_eig_ratio": stats["log10_eig_ratio"]}

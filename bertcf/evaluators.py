@@ -8,6 +8,7 @@ Scores are ×100, as SentEval and SimCSE print them.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_score
 
+from . import bootstrap
 from .evaluation import spearman
 
 SEED = 1111  # SentEval's seed for the folds and the probe
@@ -28,18 +30,26 @@ class STSEvaluator:
     ``subsets``: {subset name: list of PairExample (label = gold score)}. With several subsets
     (STS12-16) it reports SentEval's three aggregations: ``all`` (the subsets' pairs
     concatenated, the figure SimCSE's table shows), ``mean`` and ``wmean`` (the subsets'
-    Spearman averaged, weighted by their number of pairs). One subset: ``all`` is its Spearman."""
+    Spearman averaged, weighted by their number of pairs). One subset: ``all`` is its Spearman.
+
+    ``ci95``: the 95% percentile bootstrap interval of ``all`` over ``resamples`` resamples of the
+    pairs, each subset resampled within itself (:mod:`bertcf.bootstrap`); the seed is a hash of
+    the task's name, so every task has its own fixed stream whatever else runs. Also returned,
+    for :func:`bertcf.evaluate.evaluate` to take out: ``replicates`` (np.ndarray [resamples]: ``all``
+    on each resample) and ``pairs`` ({"scores": the cosines, "gold", "groups": each pair's
+    subset}, lists [n] in the order of the ``all`` concatenation)."""
 
     main_metric = "all"
 
-    def __init__(self, name: str, subsets: dict):
-        self.name, self.subsets = name, subsets
+    def __init__(self, name: str, subsets: dict, resamples: int = 1000):
+        self.name, self.subsets, self.resamples = name, subsets, resamples
+        self.seed = zlib.crc32(name.encode())
 
     def sentences(self) -> list[str]:
         return [s for pairs in self.subsets.values() for p in pairs for s in (p.sentence1, p.sentence2)]
 
     def __call__(self, embed) -> dict:
-        cosines, golds, per_subset = [], [], {}
+        cosines, golds, groups, per_subset = [], [], [], {}
         for subset, pairs in self.subsets.items():
             # float64, as SentEval's numpy: float32 rounding can break or make ties among the cosines
             u, v = embed([p.sentence1 for p in pairs]).double(), embed([p.sentence2 for p in pairs]).double()
@@ -48,10 +58,16 @@ class STSEvaluator:
             per_subset[subset] = {"spearman": 100 * spearman(cos, gold), "n": len(pairs)}
             cosines.append(cos)
             golds += gold
+            groups += [subset] * len(pairs)
+        cosines = torch.cat(cosines)
         values = np.array([r["spearman"] for r in per_subset.values()])
         weights = np.array([r["n"] for r in per_subset.values()])
-        return {"all": 100 * spearman(torch.cat(cosines), golds), "mean": float(values.mean()),
-                "wmean": float(np.average(values, weights=weights)), "subsets": per_subset}
+        replicates = 100 * bootstrap.replicates(cosines, golds, "spearman", self.resamples, self.seed,
+                                                groups if len(self.subsets) > 1 else None)
+        return {"all": 100 * spearman(cosines, golds), "mean": float(values.mean()),
+                "wmean": float(np.average(values, weights=weights)), "subsets": per_subset,
+                "ci95": bootstrap.percentile_interval(replicates), "replicates": replicates,
+                "pairs": {"scores": cosines.tolist(), "gold": golds, "groups": groups}}
 
 
 @dataclass

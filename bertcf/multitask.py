@@ -33,7 +33,7 @@ from .errors import UsageError
 from .files import save_dir_atomic, write_json_atomic
 from .multitask_model import (METRICS, SELECTION_METRIC, TASKS, MultitaskLoss, MultitaskModel, checkpoint_meta,
                               clamped_cosine, mean_dev, predict_paraphrase, predict_sentiment, predict_similarity,
-                              renamed_from_para, resolve_checkpoint, run_dir_of, task_metric)
+                              renamed_from_para, resolve_checkpoint, run_dir_of, task_interval, task_metric)
 
 logger = logging.getLogger("bertcf.multitask")
 
@@ -217,7 +217,7 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
                       precision: str | None = None, meta: dict | None = None) -> dict:
     """Write OUT/predictions/ (the six CS224N files: 'id \\t Predicted_... ' then 'id , value'
     per row; an absent test set is left out) and OUT/metrics.json (the dev metrics of every
-    labeled row), both atomically. Returns the metrics."""
+    labeled row, each with its bootstrap interval ``*_ci95``), both atomically. Returns the metrics."""
     out_dir = Path(out_dir)
     files, metrics = {}, {}
     for task in TASKS:
@@ -231,7 +231,9 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
             files[prediction_file(task, split)] = "".join(lines)
             if split == "dev":
                 rows = [k for k, label in enumerate(d.labels) if label is not None]
-                metrics[METRICS[task]] = task_metric(task, predicted[rows], [d.labels[k] for k in rows])
+                gold = [d.labels[k] for k in rows]
+                metrics[METRICS[task]] = task_metric(task, predicted[rows], gold)
+                metrics[f"{METRICS[task]}_ci95"] = task_interval(task, predicted[rows], gold)
                 metrics[f"{task}_dev_examples"] = len(rows)
     metrics = {k: metrics[k] for k in METRICS.values()} | {SELECTION_METRIC: mean_dev(metrics)} \
         | {k: v for k, v in metrics.items() if k not in METRICS.values()} | (meta or {})

@@ -24,6 +24,7 @@ from minbert import CheckpointError
 
 from .data import TASKS  # the three tasks, in the order of a step's batch
 from .encoder import SentenceEncoder
+from .bootstrap import interval
 from .evaluation import accuracy, pearson
 from .files import save_tensors_atomic, write_json_atomic
 
@@ -168,6 +169,13 @@ def task_metric(task: str, predictions, gold) -> float:
     if task == "sts":
         return correlation(predictions, gold)
     return accuracy(torch.as_tensor(predictions).long(), torch.as_tensor(gold).long())
+
+
+def task_interval(task: str, predictions, gold) -> list[float]:
+    """[lo, hi]: the 95% percentile bootstrap interval of :func:`task_metric` over the examples
+    (1,000 resamples, a fixed seed; :mod:`bertcf.bootstrap`). Constant STS predictions, whose r
+    is undefined (:func:`correlation` calls it 0), give [nan, nan]."""
+    return interval(predictions, gold, "pearson" if task == "sts" else "accuracy")
 
 
 def mean_dev(metrics: dict) -> float:

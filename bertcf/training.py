@@ -197,12 +197,17 @@ class Run:
             self.writer.add_histogram(name, values, step)
 
     def metrics(self, step: int, values: dict) -> None:
-        """One line of metrics.jsonl (and the same numbers in TensorBoard under eval/)."""
+        """One line of metrics.jsonl (and the same numbers in TensorBoard under eval/). A value may
+        be an interval [lo, hi]: a list in metrics.jsonl, NAME_lo and NAME_hi in TensorBoard."""
         if self.writer is None:
             return
+        values = {k: [float(x) for x in v] if isinstance(v, (list, tuple)) else float(v) for k, v in values.items()}
         with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **{k: float(v) for k, v in values.items()}}) + "\n")
-        self.scalars(step, values, prefix="eval/")
+            f.write(json.dumps({"step": step, **values}) + "\n")
+        scalars = {}
+        for k, v in values.items():
+            scalars |= {f"{k}_lo": v[0], f"{k}_hi": v[1]} if isinstance(v, list) else {k: v}
+        self.scalars(step, scalars, prefix="eval/")
         self.writer.flush()
 
     def close(self) -> None:

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from bertcf import multitask as mt
 from bertcf import multitask_model as mtm
+from bertcf.bootstrap import interval
 from bertcf.data import read_qqp, read_sst, read_sts
 from bertcf.encoder import SentenceEncoder
 from bertcf.flow import Glow
@@ -252,6 +253,11 @@ def test_run_writes_every_prediction_file_once_per_id(straight_run, data_dir):
     gold = {r.id: r.label for r in read_sst(data_dir / "ids-sst-dev.csv")}
     _, ids, values = read_predictions(out / "predictions" / "sst-dev-output.csv")
     assert metrics["sst_acc"] == pytest.approx(sum(gold[i] == int(v) for i, v in zip(ids, values)) / len(ids))
+    # Each dev metric's bootstrap interval, over the same rows (bertcf.bootstrap's own tests check the method).
+    assert metrics["sst_acc_ci95"] == interval([int(v) for v in values], [gold[i] for i in ids], "accuracy")
+    for name in ("sst_acc", "qqp_acc", "sts_pearson"):
+        lo, hi = metrics[f"{name}_ci95"]
+        assert lo <= metrics[name] <= hi and lo < hi, name
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [0, 2, 4]
     best = max(lines, key=lambda l: l["mean_dev"])

@@ -29,7 +29,8 @@ WORDS = ("the a man woman dog cat child band girl boy plays runs eats sits walks
          "slowly morning evening city river beach stage music food").split()
 
 MIRROR_SCALARS = ["train/loss", "train/lr", "train/pos_cosine", "train/neg_cosine", "train/sentences_per_second",
-                  "eval/sts_spearman", "eval/alignment", "eval/uniformity"]
+                  "eval/sts_spearman", "eval/sts_spearman_ci95_lo", "eval/sts_spearman_ci95_hi", "eval/alignment",
+                  "eval/uniformity"]
 FLOW_SCALARS = ["train/l_flow_nats", "train/l_flow_bits_per_dim", "train/l_mirror", "train/logdet", "train/latent_norm",
                 "eval/latent_mean_norm", "eval/latent_log10_eig_ratio"]
 
@@ -150,6 +151,7 @@ def test_mirror_run_writes_run_directory(mirror_run, tiny_bert_dir):
     lines = metrics_lines(out)
     assert [m["step"] for m in lines] == [0, 3, 6]
     assert all({"sts_spearman", "alignment", "uniformity"} <= m.keys() for m in lines)
+    assert all(m["sts_spearman_ci95"][0] <= m["sts_spearman"] <= m["sts_spearman_ci95"][1] for m in lines)
     assert summary["first"] == pytest.approx(lines[0]["sts_spearman"])
     best = max(lines, key=lambda m: m["sts_spearman"])
     assert summary["best"] == pytest.approx(best["sts_spearman"]) and summary["best_step"] == best["step"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,7 @@ import torch
 from scipy import stats
 
 from bertcf import senteval as se
+from bertcf.bootstrap import interval
 from bertcf.data import DataError, PairExample
 from bertcf.evaluate import cli, evaluate, parse_tasks
 from bertcf.evaluators import (CVClassificationEvaluator, ProbeSettings, SplitClassificationEvaluator, STSEvaluator,
@@ -152,6 +154,15 @@ def test_sts_aggregations_by_hand(tmp_path):
     assert {k: r["n"] for k, r in result["subsets"].items()} == sizes == {
         "answers-forums": 4, "answers-students": 5, "belief": 6, "headlines": 7, "images": 8}
     assert len({round(result[k], 6) for k in ("all", "mean", "wmean")}) == 3  # the three really differ
+    # The interval: "all" bootstrapped over the pairs, each subset resampled within itself.
+    groups = [k for k, v in year.items() for _ in v]
+    assert result["pairs"] == {"scores": pytest.approx([cos(p) for p in every], abs=1e-12),
+                               "gold": [p.label for p in every], "groups": groups}
+    pairs = result["pairs"]
+    expected = interval(pairs["scores"], pairs["gold"], "spearman", 1000, zlib.crc32(b"STS15"), groups)
+    assert result["ci95"] == pytest.approx([100 * v for v in expected])
+    assert result["replicates"].shape == (1000,) and result["ci95"] == pytest.approx(
+        np.percentile(result["replicates"], [2.5, 97.5]).tolist())
 
 
 # ---- the probes ----------------------------------------------------------------------------------
@@ -208,6 +219,11 @@ def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, capsys):
     assert result["sts_avg"] == pytest.approx(sum(result["sts"].values()) / 7)
     assert result["sts"]["STS12"] == result["sts_detail"]["STS12"]["all"]
     assert set(result["sts_detail"]["STS12"]["subsets"]) == set(se.STS_YEARS["STS12"])
+    assert len(result["sts_detail"]["STS12"]["ci95"]) == 2 and len(result["sts_avg_ci95"]) == 2
+    assert "sts_pairs" not in result  # only when evaluate() is asked for them
+    intervals = [c.strip() for c in printed.splitlines()[4].split("|")[1:-1]]  # the line under the scores
+    assert intervals[0] == "[{:.2f}, {:.2f}]".format(*result["sts_detail"]["STS12"]["ci95"])
+    assert intervals[-1] == "[{:.2f}, {:.2f}]".format(*result["sts_avg_ci95"])
     assert "f1" in result["transfer"]["MRPC"] and result["transfer_avg"] is not None
 
 
@@ -224,6 +240,26 @@ def test_cli_vocab_for_a_checkpoint_without_tokenizer_files(tmp_path, tiny_bert_
     assert len(err.splitlines()) == 1 and "has no tokenizer files" in err and "--vocab FILE" in err
     assert cli(argv + ["--vocab", str(vocab_path)]) == 0
     assert "STSBenchmark" in capsys.readouterr().out
+
+
+def test_intervals_and_pair_scores(tmp_path, tiny_bert_dir):
+    from bertcf import SentenceEncoder
+    root = write_senteval(tmp_path / "SentEval")
+    result = evaluate(SentenceEncoder.from_pretrained(tiny_bert_dir), root, "sts", pair_scores=True)
+    assert set(result["sts_pairs"]) == set(result["sts_detail"]) == set(se.STS_TASKS)
+    for task, detail in result["sts_detail"].items():
+        lo, hi = detail["ci95"]
+        assert lo <= detail["all"] <= hi and lo < hi, task
+        assert not {"replicates", "pairs"} & detail.keys()  # taken out by evaluate()
+        pairs = result["sts_pairs"][task]
+        assert len(pairs["scores"]) == len(pairs["gold"]) == len(pairs["groups"]) == \
+            sum(s["n"] for s in detail["subsets"].values())
+        assert list(dict.fromkeys(pairs["groups"])) == list(detail["subsets"])  # in the order of "all"
+        assert 100 * stats.spearmanr(pairs["scores"], pairs["gold"]).statistic == pytest.approx(detail["all"])
+    lo, hi = result["sts_avg_ci95"]
+    assert lo <= result["sts_avg"] <= hi
+    # Narrower than the sets' own: the average of seven sets' independent resamples varies less.
+    assert hi - lo < min(d["ci95"][1] - d["ci95"][0] for d in result["sts_detail"].values())
 
 
 def test_encodes_each_distinct_sentence_once(tmp_path, tiny_bert_dir):

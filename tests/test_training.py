@@ -147,3 +147,18 @@ def test_write_json_atomic(tmp_path):
     files.write_json_atomic(path, {"a": 2, "path": tmp_path})
     assert json.loads(path.read_text()) == {"a": 2, "path": str(tmp_path)}
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_run_metrics_logs_an_interval_as_a_list_and_two_scalars(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = training.Run(tmp_path / "run", {})
+    run.start(0)
+    run.metrics(3, {"sts_spearman": torch.tensor(0.5), "sts_spearman_ci95": [0.25, 0.75], "uniformity": -2})
+    run.close()
+    assert json.loads((tmp_path / "run" / "metrics.jsonl").read_text()) == \
+        {"step": 3, "sts_spearman": 0.5, "sts_spearman_ci95": [0.25, 0.75], "uniformity": -2.0}
+    events = EventAccumulator(str(tmp_path / "run" / "tb")).Reload()
+    logged = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    assert logged == {"eval/sts_spearman": [(3, 0.5)], "eval/sts_spearman_ci95_lo": [(3, 0.25)],
+                      "eval/sts_spearman_ci95_hi": [(3, 0.75)], "eval/uniformity": [(3, -2.0)]}
