@@ -169,49 +169,79 @@ def interval(scores, gold, metric: str, resamples: int = 1000, seed: int = 0, gr
     return percentile_interval(replicates(scores, gold, metric, resamples, seed, groups), level)
 
 
+def _arrays(runs: list, gold) -> tuple[list, np.ndarray]:
+    """Checks and converts ``runs`` (a list of rows, each a list of per-seed score arrays [n]) and gold [n]."""
+    gold = np.asarray(gold, dtype=np.float64).ravel()
+    k = len(runs[0])
+    if k == 0 or any(len(row) != k for row in runs):
+        raise ValueError(f"every row needs the same number (>= 1) of seeds, not {[len(row) for row in runs]}")
+    runs = [[np.asarray(s, dtype=np.float64).ravel() for s in row] for row in runs]
+    lengths = {len(s) for row in runs for s in row}
+    if lengths != {len(gold)}:
+        raise ValueError(f"every score array must have the {len(gold)} items of gold, not {sorted(lengths)}")
+    return runs, gold
+
+
+def seed_replicates(runs: list, gold, metric: str, groups=None, resamples: int = 2000, seed: int = 0) -> np.ndarray:
+    """A hierarchical bootstrap over seeds and items, shared by several rows: [len(runs), R].
+
+    ``runs``: one entry per row, each a list of k score arrays [n] (one per seed: the same k seeds,
+    in the same order, for every row) over the same items (``gold`` [n], ``groups`` [n] optional).
+    Each replicate draws k seeds with replacement and, for each drawn seed, one resample of the
+    items (within groups), and gives every row the mean of its metric over those k draws; the
+    draws are the same for every row, so rows compared replicate by replicate are paired."""
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, not {resamples}")
+    runs, gold = _arrays(runs, gold)
+    k, n = len(runs[0]), len(gold)
+    rng = np.random.default_rng(seed)
+    block = max(1, 4_000_000 // (k * n))  # replicates in blocks of about 4M counts (memory)
+    out = []
+    for start in range(0, resamples, block):
+        m = min(block, resamples - start)
+        drawn_seeds = rng.integers(0, k, size=m * k)  # replicate r's k draws at r*k .. r*k + k - 1
+        counts = resample_counts(n, m * k, rng, groups)
+        values = np.empty((len(runs), m * k))
+        for s in range(k):  # a few seeds; each one's resamples in one call
+            rows = np.flatnonzero(drawn_seeds == s)
+            if rows.size:
+                for i, row in enumerate(runs):
+                    values[i, rows] = replicates(row[s], gold, metric, counts=counts[rows])
+        out.append(values.reshape(len(runs), m, k).mean(axis=2))
+    return np.concatenate(out, axis=1)
+
+
+def seeds_interval(per_seed: list, gold, metric: str, groups=None, resamples: int = 2000, seed: int = 0,
+                   level: float = 0.95) -> list[float]:
+    """[lo, hi]: the interval of a row's metric averaged over its seeds (``per_seed``: k score
+    arrays [n]), from the hierarchical bootstrap of :func:`seed_replicates`. With one seed it is
+    the items' percentile interval; with several it also holds the spread between seeds."""
+    return percentile_interval(seed_replicates([per_seed], gold, metric, groups, resamples, seed)[0], level)
+
+
 def paired_difference(a: list, b: list, gold, metric: str, groups=None, resamples: int = 2000, seed: int = 0,
                       level: float = 0.95) -> dict:
     """Is metric(a) - metric(b) above zero, below it, or undecided, over seeds and items?
 
     ``a``, ``b``: one score array [n] per seed (the same k >= 1 seeds, in the same order) over
-    the same items (``gold`` [n], ``groups`` [n] optional). A paired, hierarchical bootstrap:
-    each replicate draws k seeds with replacement and, for each drawn seed, one resample of the
-    items (within groups); it averages metric(a[s]) - metric(b[s]) over the k draws, both metrics
-    on the same resample. Returns {"mean_difference": the mean over seeds of metric(a[s]) -
-    metric(b[s]) on all the items, "ci95": [lo, hi] (the percentile interval at ``level``),
-    "seeds": k, "verdict": "supported" (lo > 0), "contradicted" (hi < 0) or "inconclusive"}."""
-    if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
-    k = len(a)
-    if k == 0 or len(b) != k:
+    the same items (``gold`` [n], ``groups`` [n] optional). A paired, hierarchical bootstrap
+    (:func:`seed_replicates`): each replicate draws k seeds with replacement and, for each drawn
+    seed, one resample of the items (within groups); it averages metric(a[s]) - metric(b[s]) over
+    the k draws, both metrics on the same resample. Returns {"mean_difference": the mean over
+    seeds of metric(a[s]) - metric(b[s]) on all the items, "ci95": [lo, hi] (the percentile
+    interval at ``level``), "seeds": k, "verdict": "supported" (lo > 0), "contradicted" (hi < 0)
+    or "inconclusive"}."""
+    if len(a) != len(b):
         raise ValueError(f"a and b need the same number (>= 1) of seeds, not {len(a)} and {len(b)}")
-    if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, not {resamples}")
-    gold = np.asarray(gold, dtype=np.float64).ravel()
-    a = [np.asarray(s, dtype=np.float64).ravel() for s in a]
-    b = [np.asarray(s, dtype=np.float64).ravel() for s in b]
-    if any(len(s) != len(gold) for s in a + b):
-        raise ValueError(f"every score array must have the {len(gold)} items of gold, "
-                         f"not {sorted({len(s) for s in a + b})}")
+    if len(a) == 0:
+        raise ValueError("a and b need the same number (>= 1) of seeds, not 0 and 0")
+    (a, b), gold = _arrays([a, b], gold)
     whole = np.ones((1, len(gold)), dtype=np.int64)
     per_seed = [replicates(x, gold, metric, counts=whole)[0] - replicates(y, gold, metric, counts=whole)[0]
                 for x, y in zip(a, b)]
-
-    # Replicates in blocks of about 4M counts (memory); each block's draws: seeds, then items.
-    rng, n = np.random.default_rng(seed), len(gold)
-    block = max(1, 4_000_000 // (k * n))
-    means = []
-    for start in range(0, resamples, block):
-        m = min(block, resamples - start)
-        drawn_seeds = rng.integers(0, k, size=m * k)  # replicate r's k draws at r*k .. r*k + k - 1
-        counts = resample_counts(n, m * k, rng, groups)
-        differences = np.empty(m * k)
-        for s in range(k):  # a few seeds; each one's resamples in one call
-            rows = np.flatnonzero(drawn_seeds == s)
-            if rows.size:
-                differences[rows] = (replicates(a[s], gold, metric, counts=counts[rows])
-                                     - replicates(b[s], gold, metric, counts=counts[rows]))
-        means.append(differences.reshape(m, k).mean(axis=1))
-    lo, hi = percentile_interval(np.concatenate(means), level)
+    ra, rb = seed_replicates([a, b], gold, metric, groups, resamples, seed)
+    lo, hi = percentile_interval(ra - rb, level)
     verdict = "supported" if lo > 0 else "contradicted" if hi < 0 else "inconclusive"
-    return {"mean_difference": float(np.mean(per_seed)), "ci95": [lo, hi], "seeds": k, "verdict": verdict}
+    return {"mean_difference": float(np.mean(per_seed)), "ci95": [lo, hi], "seeds": len(a), "verdict": verdict}

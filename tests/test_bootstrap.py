@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bertcf import bootstrap
-from bertcf.bootstrap import interval, paired_difference, percentile_interval, replicates, resample_counts
+from bertcf.bootstrap import (interval, paired_difference, percentile_interval, replicates, resample_counts,
+                              seed_replicates, seeds_interval)
 
 
 def sts_like(n: int, rng: np.random.Generator, decimals: int | None = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -174,3 +174,23 @@ def test_sts_dev_evaluator_reports_its_interval(tiny_bert_dir, cs224n_dir):
     lo, hi = result["sts_spearman_ci95"]
     assert lo <= result["sts_spearman"] <= hi and lo < hi
     assert [lo, hi] == interval(result["cosines"], [p.label for p in pairs], "spearman", 1000, seed=0)
+
+
+def test_seed_replicates_pair_the_rows_and_widen_with_the_spread_between_seeds():
+    rng = np.random.default_rng(5)
+    gold = rng.normal(size=400)
+    runs = [gold + rng.normal(scale=1.0, size=400) for _ in range(3)]
+    # The same draws for every row: a row given twice gets identical replicates.
+    twice = seed_replicates([runs, runs], gold, "spearman", resamples=300, seed=1)
+    assert np.array_equal(twice[0], twice[1])
+    # One seed: the items' interval (another stream of draws, so equal within bootstrap noise).
+    one = seeds_interval(runs[:1], gold, "spearman", resamples=2000, seed=2)
+    items = interval(runs[0], gold, "spearman", resamples=2000, seed=3)
+    assert one == pytest.approx(items, abs=0.02)
+    # Seeds that differ: the interval holds the spread between them, so it is wider than any
+    # one seed's and contains the mean over seeds.
+    spread = [gold + rng.normal(scale=s, size=400) for s in (0.5, 1.0, 2.0)]
+    lo, hi = seeds_interval(spread, gold, "spearman", resamples=2000, seed=4)
+    mean = np.mean([stats.spearmanr(x, gold).statistic for x in spread])
+    assert lo <= mean <= hi
+    assert hi - lo > max(np.subtract(*interval(x, gold, "spearman", resamples=2000, seed=5)[::-1]) for x in spread)

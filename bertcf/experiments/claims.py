@@ -12,17 +12,12 @@ lies above 0, ``contradicted`` when it lies below 0, ``inconclusive`` otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from .. import bootstrap
-from ..data import read_qqp, read_sst, read_sts, task_file
-from ..multitask import prediction_file
 from .plan import ABLATION_ROWS, TABLE1_ROWS, Row
 from .report import REPORT_ABLATIONS, REPORT_TABLE1, fmt, md_table
-from .results import read_predictions
+from .results import BOOTSTRAP_SEED, FINETUNED, RESAMPLES, ItemScores
 
-RESAMPLES = 2000
-BOOTSTRAP_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -42,51 +37,12 @@ CLAIMS = (
 )
 ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS}
 
-#: The fine-tuned metrics: key in the tables -> (task, the bootstrap's metric).
-FINETUNED = {"sst_accuracy": ("sst", "accuracy"), "qqp_accuracy": ("qqp", "accuracy"), "sts_pearson": ("sts", "pearson")}
-READERS = {"sst": read_sst, "qqp": read_qqp, "sts": read_sts}
-
 
 def report_value(row: str, metric: str):
     """The report's number for a row and metric (None where it has none)."""
     if metric == "sts_spearman" and row in REPORT_ABLATIONS:
         return REPORT_ABLATIONS[row]
     return REPORT_TABLE1.get(row, {}).get(metric)
-
-
-class Evidence:
-    """Per-item scores of the rows, by metric: ``items(row results of one seed, metric)`` ->
-    (scores, gold, groups, bootstrap metric, scale) or None when that seed's row lacks them."""
-
-    def __init__(self, data_dir: Path):
-        self.data_dir = Path(data_dir)
-        self._examples = {}
-
-    def examples(self, task: str) -> list:
-        """The labelled rows of a CS224N dev file, in the file's order, read once."""
-        if task not in self._examples:
-            path = task_file(self.data_dir, task, "dev")
-            self._examples[task] = [e for e in READERS[task](path) if e.label is not None]
-        return self._examples[task]
-
-    def items(self, r: dict, metric: str):
-        if metric == "sts_spearman":  # the cosines are in the dev file's order (results.Evaluation)
-            if not r["sts"]:
-                return None
-            return r["sts"]["cosines"], [float(e.label) for e in self.examples("sts")], None, "spearman", 1.0
-        if metric in FINETUNED:
-            if r["finetune"] is None:
-                return None
-            task, kind = FINETUNED[metric]
-            predicted = read_predictions(Path(r["info"]["finetune_dir"]) / "predictions" / prediction_file(task, "dev"))
-            examples = self.examples(task)
-            if any(e.id not in predicted for e in examples):
-                return None
-            return [float(predicted[e.id]) for e in examples], [float(e.label) for e in examples], None, kind, 1.0
-        pairs = (r["senteval"] or {}).get("sts_pairs", {}).get(metric.removeprefix("senteval_"))
-        if pairs is None:
-            return None
-        return pairs["scores"], pairs["gold"], pairs["groups"], "spearman", 100.0
 
 
 def metrics_of(results: dict) -> list[str]:
@@ -103,7 +59,7 @@ def metrics_of(results: dict) -> list[str]:
 def test_claims(results: dict, seeds: list[int], data_dir) -> list[dict]:
     """Every claim of ``CLAIMS`` whose two rows are in ``results`` ({row key: {seed: ...}}), on every
     metric both have for at least one common seed."""
-    evidence, out = Evidence(data_dir), []
+    evidence, out = ItemScores(data_dir), []
     for claim in CLAIMS:
         a, b = ROWS[claim.a], ROWS[claim.b]
         if a.key not in results or b.key not in results:

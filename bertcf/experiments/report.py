@@ -14,7 +14,7 @@ from ..files import atomic_path, save_dir_atomic, write_json_atomic, write_text_
 from ..multitask import prediction_file
 from .options import SUITE_KEYS
 from .plan import PRETRAININGS, TABLE1_ROWS, Plan, Row, steps_for
-from .results import FINETUNE_METRICS, read_predictions
+from .results import FINETUNE_METRICS, FINETUNED, ItemScores, read_predictions
 
 # ---- the report ------------------------------------------------------------------------------
 #: Report table 1 (bert-base-uncased, dev sets).
@@ -110,6 +110,12 @@ def cell(agg: dict, digits: int = 3, seeds: int = 1) -> str:
     return text
 
 
+def interval_cell(agg: dict, digits: int = 3) -> str:
+    """"[lo, hi]" of an aggregate's ci95, "–" without one."""
+    ci = agg.get("ci95")
+    return "–" if not ci else f"[{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+
+
 def settings_md(plan: Plan) -> str:
     """The plan's settings, as the tables' Settings section says them."""
     a = plan.args
@@ -155,7 +161,19 @@ class Report:
         self.out, self.settings_md, self.settings_json, self.command = out, settings_md, settings_json, command
         self.data_dir, self.senteval_dir, self.transfer = data_dir, senteval_dir, transfer
         self.seed, self.seeds, self.qualitative_pairs = seed, seeds, qualitative_pairs
+        self.items = ItemScores(data_dir)
         self.outputs: list[str] = []
+
+    def summary(self, results: dict, row: Row) -> dict:
+        """``row_summary`` with the 95% intervals (``ci95``, over the seeds and the evaluation items)
+        of the unsupervised STS dev ρ, each SentEval STS set and the fine-tuned metrics."""
+        per_seed = results[row.key]
+        summary = row_summary(per_seed)
+        for metric in ("sts_spearman", *FINETUNED):
+            summary[metric]["ci95"] = self.items.interval(per_seed, metric)
+        for task, agg in (summary["senteval"] or {"sts": {}})["sts"].items():
+            agg["ci95"] = self.items.interval(per_seed, f"senteval_{task}")
+        return summary
 
     def cell(self, agg: dict, digits: int = 3) -> str:
         return cell(agg, digits, len(self.seeds))
@@ -167,6 +185,12 @@ class Report:
         return (f"Each cell: mean ± sd over the {len(self.seeds)} seeds {', '.join(map(str, self.seeds))} "
                 "((n=k): only k seeds have the value); the per-seed values are in the JSON beside this file, "
                 "and claims.md tests the differences between rows.\n\n")
+
+    def interval_note(self) -> str:
+        """What the 95% CI column is."""
+        what = "the seeds and the STS dev pairs" if len(self.seeds) > 1 else "the STS dev pairs (one seed: not training noise)"
+        return (f"95% CI: the unsupervised ρ's percentile interval from a bootstrap over {what}; "
+                "the JSON also has one for every SentEval STS set and fine-tuned metric.\n\n")
 
     def first_seed(self, results: dict, row: Row) -> dict:
         """The row's results for the first seed (the histograms and qualitative tables)."""
@@ -208,7 +232,7 @@ class Report:
 
     def table1(self, rows: list[Row], results: dict) -> dict:
         """table1.md/json: each row's unsupervised STS dev Spearman and fine-tuned dev metrics."""
-        summaries = {row.key: row_summary(results[row.key]) for row in rows}
+        summaries = {row.key: self.summary(results, row) for row in rows}
         keys = ("sts_spearman", "sst_accuracy", "qqp_accuracy", "sts_pearson")
         rows_json, md_rows = [], []
         for row in rows:
@@ -216,8 +240,10 @@ class Report:
             ours = {k: summary[k] for k in ("sts_spearman", *FINETUNE_METRICS)} | {"senteval": summary["senteval"]}
             report = REPORT_TABLE1.get(row.name, dict.fromkeys(REPORT_TABLE1["MinBERT"]))
             rows_json.append({"name": row.name, "ours": ours, "report": report} | self.row_info(results, row))
-            md_rows.append([row.name] + [c for k in keys for c in (self.cell(ours[k]), fmt(report[k]))])
-        header = ["Encoder", "Unsup. STS ρ", "(report)", "SST-5 acc", "(report)", "QQP acc", "(report)",
+            md_rows.append([row.name, self.cell(ours["sts_spearman"]), interval_cell(ours["sts_spearman"])]
+                           + [c for k in keys for c in ([] if k == "sts_spearman" else [self.cell(ours[k])])
+                              + [fmt(report[k])]])
+        header = ["Encoder", "Unsup. STS ρ", "95% CI", "(report)", "SST-5 acc", "(report)", "QQP acc", "(report)",
                   "STS r", "(report)"]
         extra, cells = self.senteval_columns(summaries)
         header += extra
@@ -226,7 +252,7 @@ class Report:
               "Unsupervised STS ρ: Spearman of cos(f(x1), f(x2)) with the STS dev scores, before fine-tuning. "
               "SST-5 / QQP accuracy and STS Pearson r: after multitask fine-tuning of each encoder. "
               "(report) = the report's number (bert-base-uncased).\n\n"
-              + self.spread_note() + md_table(header, md_rows) + self.footer())
+              + self.spread_note() + self.interval_note() + md_table(header, md_rows) + self.footer())
         if not self.settings_json["finetune"] and all(not r["ours"]["sst_accuracy"]["n"] for r in rows_json):
             md += "\nFine-tuning was not run (--no-finetune): the supervised columns are empty.\n"
         obj = {"rows": rows_json, "settings": self.settings_json, "command": self.command}
@@ -252,7 +278,7 @@ class Report:
         by row name; a row not in it has none), then those of the ``references`` (table 1 rows,
         with the report's table 1 number) whose encoder is there (evaluated: in ``results``)."""
         present = [r for r in references if r.key in results and row_summary(results[r.key])["sts_spearman"]["n"]]
-        summaries = {row.key: row_summary(results[row.key]) for row in rows + present}
+        summaries = {row.key: self.summary(results, row) for row in rows + present}
 
         def entry(row: Row, report_value) -> dict:
             what = PRETRAININGS[row.pretraining].what if row.pretraining else "--model, untouched"
@@ -265,14 +291,15 @@ class Report:
         refs_json = [entry(row, REPORT_TABLE1[row.name]["sts_spearman"]) for row in present]
         labelled = [r["name"] for r in rows_json] + [f"*{r['name']}* (reference)" for r in refs_json]
         extra, cells = self.senteval_columns(summaries)
-        md_rows = [[label, r["what"], self.cell(r["ours"]["sts_spearman"]), fmt(r["report"]["sts_spearman"])]
-                   + cells.get(row.key, ["–"] * len(extra))
+        md_rows = [[label, r["what"], self.cell(r["ours"]["sts_spearman"]), interval_cell(r["ours"]["sts_spearman"]),
+                    fmt(r["report"]["sts_spearman"])] + cells.get(row.key, ["–"] * len(extra))
                    for label, r, row in zip(labelled, rows_json + refs_json, rows + present)]
         absent = [r.name for r in references if r not in present]
         note = (f"\n{', '.join(absent)} (reference): not trained in this --out-dir yet (`table1` or `all` "
                 f"with the same --out-dir trains it).\n" if absent else "")
-        md = (f"# {title}\n\n{text}" + self.spread_note()
-              + md_table([first, "What", "Unsup. STS ρ", "(report)"] + extra, md_rows, "llrr" + "r" * len(extra))
+        md = (f"# {title}\n\n{text}" + self.spread_note() + self.interval_note()
+              + md_table([first, "What", "Unsup. STS ρ", "95% CI", "(report)"] + extra, md_rows,
+                         "llrrr" + "r" * len(extra))
               + note + self.footer())
         obj = {"rows": rows_json, "reference": refs_json, "settings": self.settings_json, "command": self.command}
         self.write(f"{name}.md", md)

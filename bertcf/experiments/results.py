@@ -8,8 +8,10 @@ import random
 from functools import cached_property
 from pathlib import Path
 
-from ..data import read_qqp, read_sts, task_file
+from .. import bootstrap
+from ..data import read_qqp, read_sst, read_sts, task_file
 from ..files import write_json_atomic
+from ..multitask import prediction_file
 from ..multitask_model import renamed_from_para
 from .plan import Plan, Row, abs_if_path, read_json
 
@@ -38,6 +40,62 @@ def read_predictions(path) -> dict[str, str]:
         if len(parts) >= 2 and parts[0]:
             out[parts[0]] = parts[-1]
     return out
+
+
+#: Resamples and seed of the bootstrap intervals of the tables and claims (bertcf.bootstrap).
+RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+#: The fine-tuned metrics: key in the tables -> (task, the bootstrap's metric).
+FINETUNED = {"sst_accuracy": ("sst", "accuracy"), "qqp_accuracy": ("qqp", "accuracy"),
+             "sts_pearson": ("sts", "pearson")}
+READERS = {"sst": read_sst, "qqp": read_qqp, "sts": read_sts}
+
+
+class ItemScores:
+    """Per-item scores of the rows, by metric: ``items(row results of one seed, metric)`` ->
+    (scores, gold, groups, bootstrap metric, scale) or None when that seed's row lacks them."""
+
+    def __init__(self, data_dir: Path):
+        self.data_dir = Path(data_dir)
+        self._examples = {}
+
+    def examples(self, task: str) -> list:
+        """The labelled rows of a CS224N dev file, in the file's order, read once."""
+        if task not in self._examples:
+            path = task_file(self.data_dir, task, "dev")
+            self._examples[task] = [e for e in READERS[task](path) if e.label is not None]
+        return self._examples[task]
+
+    def items(self, r: dict, metric: str):
+        """The per-item evidence of ``metric`` ("sts_spearman", a FINETUNED key, or "senteval_SET")
+        in one seed's results ``r`` of a row."""
+        if metric == "sts_spearman":  # the cosines are in the dev file's order (results.Evaluation)
+            if not r["sts"]:
+                return None
+            return r["sts"]["cosines"], [float(e.label) for e in self.examples("sts")], None, "spearman", 1.0
+        if metric in FINETUNED:
+            if r["finetune"] is None:
+                return None
+            task, kind = FINETUNED[metric]
+            predicted = read_predictions(Path(r["info"]["finetune_dir"]) / "predictions" / prediction_file(task, "dev"))
+            examples = self.examples(task)
+            if any(e.id not in predicted for e in examples):
+                return None
+            return [float(predicted[e.id]) for e in examples], [float(e.label) for e in examples], None, kind, 1.0
+        pairs = (r["senteval"] or {}).get("sts_pairs", {}).get(metric.removeprefix("senteval_"))
+        if pairs is None:
+            return None
+        return pairs["scores"], pairs["gold"], pairs["groups"], "spearman", 100.0
+
+    def interval(self, per_seed: dict, metric: str) -> list[float] | None:
+        """[lo, hi]: the 95% interval of a row's ``metric`` averaged over its seeds ({seed: results}),
+        by the hierarchical bootstrap over the seeds that have it and their items; None when none has."""
+        found = [x for x in (self.items(r, metric) for r in per_seed.values()) if x is not None]
+        if not found:
+            return None
+        _, gold, groups, kind, scale = found[0]
+        lo, hi = bootstrap.seeds_interval([x[0] for x in found], gold, kind, groups, RESAMPLES, BOOTSTRAP_SEED)
+        return [scale * lo, scale * hi]
 
 
 def pair_analysis(encoder, pairs, batch_size: int = 64) -> dict:
