@@ -74,7 +74,7 @@ def test_claims(results: dict, seeds: list[int], data_dir) -> list[dict]:
             test = bootstrap.paired_difference([x[0] for _, x, _ in paired], [y[0] for _, _, y in paired], gold,
                                                kind, groups=groups, resamples=RESAMPLES, seed=BOOTSTRAP_SEED)
             ra, rb = report_value(claim.a, metric), report_value(claim.b, metric)
-            out.append({"claim": f"{claim.a} > {claim.b}: {claim.what}", "a": claim.a, "b": claim.b,
+            out.append({"claim": f"{claim.a} > {claim.b} — {claim.what}", "a": claim.a, "b": claim.b,
                         "metric": metric, "mean_difference": scale * test["mean_difference"],
                         "ci95": [scale * v for v in test["ci95"]], "seeds": [s for s, _, _ in paired],
                         "verdict": test["verdict"],
@@ -94,7 +94,7 @@ def claims_md(claims: list[dict], footer: str) -> str:
     rows = [[c["a"], c["b"], label(c["metric"]), fmt(c["mean_difference"], 3),
              f"[{fmt(c['ci95'][0], 3)}, {fmt(c['ci95'][1], 3)}]", str(len(c["seeds"])), f"**{c['verdict']}**",
              fmt(c["report_difference"], 3)] for c in claims]
-    claims_text = "".join(f"- **{c.a} > {c.b}**: {c.what}\n" for c in CLAIMS)
+    claims_text = "".join(f"- **{c.a} > {c.b}** — {c.what}\n" for c in CLAIMS)
     one_seed = any(len(c["seeds"]) == 1 for c in claims)
     return ("# The report's claims, tested\n\n"
             "Each claim says that row a scores higher than row b. *a − b* is the difference averaged over the "
