@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .errors import NonFiniteLossError, UsageError, WriteError
 from .precision import resolve_device, resolve_precision
+from .progress import MODES as PROGRESS_MODES
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -86,6 +87,9 @@ def add_common_args(parser: argparse.ArgumentParser, helps: dict | None = None, 
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
+    g.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                   help="a tqdm bar (on a terminal, with auto), plain lines at each evaluation and every tenth "
+                        "of the run (in a log file, with auto), or none")
     g.add_argument("--compile", action="store_true", help="wrap the encoder with torch.compile")
     g.add_argument("--resume", action="store_true", help="continue the run in --out-dir from its last/ checkpoint")
     for action in g._group_actions:

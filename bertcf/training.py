@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from minbert import CheckpointError
 
@@ -30,6 +29,7 @@ from .errors import NonFiniteLossError, UsageError
 from .files import recover_dir, save_dir_atomic, write_json_atomic, write_text_atomic
 from .model_card import write_model_card
 from .precision import autocast
+from .progress import Progress
 
 STATE_FILE = "training_state.pt"
 #: A loss whose size passes this many times its first step's (or 1, when that is smaller) is
@@ -270,7 +270,7 @@ class Trainer:
         self._stop = False
         self.stop_signal = None   # the name of the signal that stopped the run (SIGINT, SIGTERM)
         self._saving = False      # a checkpoint is being written: a second signal waits for it
-        self.last_metrics: dict = {}
+        self.progress: Progress | None = None  # while fit runs
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -339,7 +339,6 @@ class Trainer:
     def _evaluate_and_keep_best(self) -> None:
         if self.rank == 0:
             metrics = self.evaluate(self.step)
-            self.last_metrics = metrics
             self.run.metrics(self.step, metrics)
             score = metrics[self.metric]
             if self.first_score is None:
@@ -352,6 +351,8 @@ class Trainer:
                     write_model_card(tmp, self.run.config, self.metric, score, self.step)
                 with self._checkpointing():
                     save_dir_atomic(self.run.dir / "best", write_best)
+            if self.progress is not None:
+                self.progress.evaluated(self.step, self.metric, score, self.best, self.best_step)
         if self.world > 1:
             torch.distributed.barrier()
 
@@ -365,11 +366,11 @@ class Trainer:
         args = self.args
         save_every = getattr(args, "save_every", None) or args.eval_every
         self.run.start(self.step)
+        self.progress = Progress(getattr(args, "progress", "auto"), self.run.dir.name, args.steps, self.step,
+                                 enabled=self.rank == 0)
         if self.step == 0 and self.first_score is None:
             self._evaluate_and_keep_best()
         previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
-        bar = tqdm(total=args.steps, initial=self.step, desc=self.run.dir.name, disable=self.rank != 0,
-                   dynamic_ncols=True)
         tick, tick_step, interrupted = time.perf_counter(), self.step, False
         bad_step = bad_loss = None  # the first non-finite or diverging loss, on the device (no sync per step)
         try:
@@ -383,7 +384,6 @@ class Trainer:
                     after_step()
                 self.scheduler.step()
                 self.step += 1
-                bar.update(1)
                 loss_d = loss.detach().float()
                 if bad_step is None:
                     bad_step, bad_loss = torch.full((), -1, dtype=torch.long, device=loss_d.device), loss_d
@@ -417,10 +417,8 @@ class Trainer:
                     tick, tick_step = time.perf_counter(), self.step
                     values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
                     self.run.scalars(self.step, values, prefix="train/")
-                    postfix = {"loss": f"{loss_value:.4f}"}
-                    if self.metric in self.last_metrics:
-                        postfix[self.metric] = f"{self.last_metrics[self.metric]:.4f}"
-                    bar.set_postfix(postfix)
+                    self.progress.loss(loss_value)
+                self.progress.step(self.step)
                 if self.step % args.eval_every == 0 or self.step == args.steps:
                     self._evaluate_and_keep_best()
                     self.save_last()
@@ -430,7 +428,8 @@ class Trainer:
                     interrupted = True
                     break
         finally:
-            bar.close()
+            self.progress.close()
+            self.progress = None
             for s, handler in previous_handlers.items():
                 signal.signal(s, handler)
         if interrupted and self.rank == 0:

@@ -773,6 +773,41 @@ def test_a_torn_metrics_line_before_the_last_is_an_error(tiny_bert_dir, data_dir
     assert "\n" not in err and f"{path} line 2 is not a metrics record" in err
 
 
+# ---- progress in a log file ----------------------------------------------------------------------
+def test_a_run_logged_to_a_file_writes_plain_lines(tiny_bert_dir, data_dir, tmp_path):
+    """stderr in a file (nohup, a scheduler, > log 2>&1): no carriage returns, one line at each of the
+    7 evaluations and at each tenth of the 60 steps, and a line's numbers are the run's."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "logged"
+    argv = [sys.executable, str(REPO / "run_pretrain.py")] + base_args(tiny_bert_dir, data_dir, out, steps=60,
+                                                                        eval_every=10)
+    with open(tmp_path / "log", "w") as log:
+        assert subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO, timeout=300).returncode == 0
+    text = (tmp_path / "log").read_text()
+    assert "\r" not in text
+    lines = text.splitlines()
+    evals = [l for l in lines if ", eval sts_spearman " in l]
+    marks = [l for l in lines if re.search(r"step \d+/60 \(\d+%\)", l)]
+    assert len(evals) == 7 and len(marks) == 10
+    assert len(lines) <= len(evals) + len(marks) + 2, lines  # and at most a note or two
+    last = metrics_lines(out)[-1]
+    assert evals[-1].startswith(f"logged: step 60/60, eval sts_spearman {last['sts_spearman']:.4f} (best ")
+
+
+def test_the_bar_shows_the_newest_evaluation():
+    """On a terminal the bar's last state is the last evaluation's, not the one before it."""
+    from bertcf.progress import Progress
+
+    progress = Progress("bar", "run", total=20)
+    progress.loss(0.5)
+    progress.evaluated(10, "mean_dev", 0.4363, 0.4363, 10)
+    progress.evaluated(20, "mean_dev", 0.6732, 0.6732, 20)
+    assert progress.bar.postfix == "loss=0.5000, mean_dev=0.6732"
+    progress.close()
+
+
 def test_final_line_handles_missing_scores(tmp_path):
     line = pretrain.final_line({"first": 0.12345, "best": 0.5, "best_step": 250}, tmp_path)
     assert line == f"STS dev Spearman: step 0 0.1235, best 0.5000 at step 250; best checkpoint: {tmp_path / 'best'}"
