@@ -6,11 +6,13 @@ import argparse
 import json
 import math
 import shlex
+import signal
 import sys
 from pathlib import Path
 
-from .errors import NonFiniteLossError, UsageError
+from .errors import NonFiniteLossError, UsageError, WriteError
 from .precision import resolve_device, resolve_precision
+from .progress import MODES as PROGRESS_MODES
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -75,6 +77,9 @@ def add_common_args(parser: argparse.ArgumentParser, helps: dict | None = None, 
     g.add_argument("--max-grad-norm", type=NON_NEGATIVE, default=0.0, help="clip gradients to this norm (0: off)")
     g.add_argument("--eval-every", type=AT_LEAST_1, default=d["eval_every"],
                    help="steps between evaluations (each may write best/; each writes last/)")
+    g.add_argument("--save-every", type=AT_LEAST_1, default=None,
+                   help="steps between writes of last/, the checkpoint --resume continues from, without "
+                        "evaluating (default: --eval-every)")
     g.add_argument("--log-every", type=AT_LEAST_1, default=d["log_every"], help="steps between logged training scalars")
     g.add_argument("--max-length", type=AT_LEAST_1, default=d["max_length"],
                    help="tokens per sentence after truncation")
@@ -82,6 +87,9 @@ def add_common_args(parser: argparse.ArgumentParser, helps: dict | None = None, 
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
+    g.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
+                   help="a tqdm bar (on a terminal, with auto), plain lines at each evaluation and every tenth "
+                        "of the run (in a log file, with auto), or none")
     g.add_argument("--compile", action="store_true", help="wrap the encoder with torch.compile")
     g.add_argument("--resume", action="store_true", help="continue the run in --out-dir from its last/ checkpoint")
     for action in g._group_actions:
@@ -130,15 +138,22 @@ def command_line(script: str, argv=None) -> str:
     return shlex.join(["python", script, *(sys.argv[1:] if argv is None else argv)])
 
 
+def stop_status(result) -> int:
+    """The exit status of a command that returned ``result``: 128 + the number of the signal that
+    stopped its run (130 for Ctrl-C, 143 for SIGTERM: the shell's convention, so a batch scheduler
+    sees the job was stopped, not finished), else 0."""
+    name = result.get("signal") if isinstance(result, dict) else None
+    return 128 + signal.Signals[name].value if name else 0
+
+
 def run_main(main, argv=None) -> int:
     """Run an entry point: bad input is one line on stderr and exit status 2, no traceback."""
     from minbert import CheckpointError
 
     from .data import DataError
     try:
-        main(argv)
-        return 0
-    except (UsageError, DataError, CheckpointError, NonFiniteLossError) as e:
+        return stop_status(main(argv))
+    except (UsageError, DataError, CheckpointError, NonFiniteLossError, WriteError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (or a second one inside it)

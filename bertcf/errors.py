@@ -9,3 +9,8 @@ class UsageError(Exception):
 class NonFiniteLossError(Exception):
     """The loss became NaN or infinite, or diverged (``training.DIVERGENCE_FACTOR``); the last good
     checkpoint is kept."""
+
+
+class WriteError(Exception):
+    """A file or checkpoint could not be written (no space, quota, read-only, no permission); the
+    temporary copy is removed and the previous version is intact (``files``)."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from . import progress
 from . import senteval as se
 from .bootstrap import percentile_interval
 from .cli import AT_LEAST_1, ArgumentParser, run_main
@@ -226,7 +227,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
     p.add_argument("--json", default=None, help="write the results to this JSON file")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bars (there are none either when stderr is not a terminal)")
     return p
 
 
@@ -239,7 +241,7 @@ def main(argv=None) -> dict:
     encoder = SentenceEncoder.from_pretrained(args.encoder, vocab=args.vocab).to(device)
     encoder.precision = resolve_precision(args.precision, device)
     result = evaluate(encoder, args.senteval_dir, tasks, args.mode, args.batch_size, args.max_length,
-                      show_progress_bar=not args.no_progress)
+                      show_progress_bar=not args.no_progress and progress.resolve("auto") == "bar")
     result["encoder"] = str(args.encoder)
     print(format_table(result))
     if args.json:

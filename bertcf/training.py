@@ -9,6 +9,7 @@ returning the loss and some scalars to log, ``evaluate(step)`` returning metrics
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -20,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from minbert import CheckpointError
 
@@ -29,6 +29,7 @@ from .errors import NonFiniteLossError, UsageError
 from .files import recover_dir, save_dir_atomic, write_json_atomic, write_text_atomic
 from .model_card import write_model_card
 from .precision import autocast
+from .progress import Progress
 
 STATE_FILE = "training_state.pt"
 #: A loss whose size passes this many times its first step's (or 1, when that is smaller) is
@@ -183,8 +184,8 @@ class Run:
     def _truncate_metrics(self, step: int) -> None:
         path = self.dir / "metrics.jsonl"
         if path.exists():
-            lines = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= step]
-            write_text_atomic(path, "".join(l + "\n" for l in lines))
+            records = [r for r in read_metrics(path) if r["step"] <= step]
+            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
     def scalars(self, step: int, values: dict, prefix: str = "") -> None:
         if self.writer is None:
@@ -215,7 +216,38 @@ class Run:
             self.writer.close()
 
 
+def read_metrics(path) -> list[dict]:
+    """The records of a run's metrics.jsonl. A torn last line (a run killed, or a machine that lost
+    power, while appending it) is dropped with a note; a damaged line before it means the file is
+    not what the run wrote: CheckpointError naming the file and line."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line) if line.strip() else None
+            if record is not None and not (isinstance(record, dict) and isinstance(record.get("step"), int)):
+                raise ValueError("not a record with a step")
+        except ValueError:
+            if number == len(lines):
+                print(f"note: {path}: its last line was cut off (the run stopped while writing it); dropped",
+                      file=sys.stderr)
+                break
+            raise CheckpointError(f"{path} line {number} is not a metrics record (the file is damaged); "
+                                  f"--resume cannot continue from it: delete that line, or start a new run") from None
+        if record is not None:
+            records.append(record)
+    return records
+
+
 # ---- the loop ------------------------------------------------------------------------------------
+#: The signals that stop a run cleanly: the step is finished and last/ written (Ctrl-C; a batch
+#: scheduler's SIGTERM before it preempts the job). The command then exits with 128 + the signal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
 class Trainer:
     """The training loop of every training command.
 
@@ -236,7 +268,9 @@ class Trainer:
         self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
         self.scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
         self._stop = False
-        self.last_metrics: dict = {}
+        self.stop_signal = None   # the name of the signal that stopped the run (SIGINT, SIGTERM)
+        self._saving = False      # a checkpoint is being written: a second signal waits for it
+        self.progress: Progress | None = None  # while fit runs
 
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -262,6 +296,15 @@ class Trainer:
             s.load_state_dict(state["extra"][k])
         set_rng_state(state["rng"])
 
+    @contextlib.contextmanager
+    def _checkpointing(self):
+        """A checkpoint is being written: a second stop signal is ignored until it is done."""
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
+
     def save_last(self) -> None:
         if self.rank != 0:
             return
@@ -270,7 +313,8 @@ class Trainer:
         def write(tmp):
             self.save_model(tmp)
             torch.save(state, tmp / STATE_FILE)
-        save_dir_atomic(self.run.dir / "last", write)
+        with self._checkpointing():
+            save_dir_atomic(self.run.dir / "last", write)
 
     def resume(self) -> None:
         last = recover_dir(self.run.dir / "last")
@@ -295,7 +339,6 @@ class Trainer:
     def _evaluate_and_keep_best(self) -> None:
         if self.rank == 0:
             metrics = self.evaluate(self.step)
-            self.last_metrics = metrics
             self.run.metrics(self.step, metrics)
             score = metrics[self.metric]
             if self.first_score is None:
@@ -306,22 +349,28 @@ class Trainer:
                 def write_best(tmp):
                     self.save_model(tmp)
                     write_model_card(tmp, self.run.config, self.metric, score, self.step)
-                save_dir_atomic(self.run.dir / "best", write_best)
+                with self._checkpointing():
+                    save_dir_atomic(self.run.dir / "best", write_best)
+            if self.progress is not None:
+                self.progress.evaluated(self.step, self.metric, score, self.best, self.best_step)
         if self.world > 1:
             torch.distributed.barrier()
 
     # -- the loop ------------------------------------------------------------------------------------
     def fit(self, step_fn, after_step=None) -> dict:
         """Run ``step_fn(step) -> (loss, scalars)`` until --steps, evaluating every
-        --eval-every steps (and at step 0 and at the end). ``after_step()``, when given, runs
-        after every optimiser step (e.g. an EMA update). Returns a summary."""
+        --eval-every steps (and at step 0 and at the end) and writing last/ at each evaluation and
+        every --save-every steps. ``after_step()``, when given, runs after every optimiser step
+        (e.g. an EMA update). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns
+        a summary ("signal": the stopping signal's name, or None)."""
         args = self.args
+        save_every = getattr(args, "save_every", None) or args.eval_every
         self.run.start(self.step)
+        self.progress = Progress(getattr(args, "progress", "auto"), self.run.dir.name, args.steps, self.step,
+                                 enabled=self.rank == 0)
         if self.step == 0 and self.first_score is None:
             self._evaluate_and_keep_best()
-        previous_handler = signal.signal(signal.SIGINT, self._request_stop)
-        bar = tqdm(total=args.steps, initial=self.step, desc=self.run.dir.name, disable=self.rank != 0,
-                   dynamic_ncols=True)
+        previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
         tick, tick_step, interrupted = time.perf_counter(), self.step, False
         bad_step = bad_loss = None  # the first non-finite or diverging loss, on the device (no sync per step)
         try:
@@ -335,7 +384,6 @@ class Trainer:
                     after_step()
                 self.scheduler.step()
                 self.step += 1
-                bar.update(1)
                 loss_d = loss.detach().float()
                 if bad_step is None:
                     bad_step, bad_loss = torch.full((), -1, dtype=torch.long, device=loss_d.device), loss_d
@@ -343,9 +391,9 @@ class Trainer:
                 first = (~torch.isfinite(loss_d) | (loss_d.abs() > limit)) & (bad_step < 0)
                 bad_step, bad_loss = torch.where(first, self.step, bad_step), torch.where(first, loss_d, bad_loss)
                 log_now = self.step % args.log_every == 0 or self.step == args.steps
-                # Under torchrun every rank gets the Ctrl-C (torchrun forwards it), but not at the
-                # same step: the ranks agree to stop at the logging interval (below), since a rank
-                # that left the loop alone would leave the others waiting in a collective.
+                # Under torchrun every rank gets the Ctrl-C or SIGTERM (torchrun forwards it), but not
+                # at the same step: the ranks agree to stop at the logging interval (below), since a
+                # rank that left the loop alone would leave the others waiting in a collective.
                 stop = self._stop and self.world == 1
                 if log_now or self.step % args.eval_every == 0 or stop:
                     # Checked before anything is logged or checkpointed, so last/ never holds
@@ -369,33 +417,41 @@ class Trainer:
                     tick, tick_step = time.perf_counter(), self.step
                     values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
                     self.run.scalars(self.step, values, prefix="train/")
-                    postfix = {"loss": f"{loss_value:.4f}"}
-                    if self.metric in self.last_metrics:
-                        postfix[self.metric] = f"{self.last_metrics[self.metric]:.4f}"
-                    bar.set_postfix(postfix)
+                    self.progress.loss(loss_value)
+                self.progress.step(self.step)
                 if self.step % args.eval_every == 0 or self.step == args.steps:
                     self._evaluate_and_keep_best()
                     self.save_last()
-                elif stop:
+                elif stop or self.step % save_every == 0:
                     self.save_last()
                 if stop:
                     interrupted = True
                     break
         finally:
-            bar.close()
-            signal.signal(signal.SIGINT, previous_handler)
-        if interrupted:
-            if self.rank == 0:
-                print(f"interrupted at step {self.step}: state saved in {self.run.dir / 'last'}; "
+            self.progress.close()
+            self.progress = None
+            for s, handler in previous_handlers.items():
+                signal.signal(s, handler)
+        if interrupted and self.rank == 0:
+            last = self.run.dir / "last"
+            if self.stop_signal == "SIGINT":
+                print(f"interrupted at step {self.step}: state saved in {last}; "
                       f"continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
+            else:
+                print(f"stopped by {self.stop_signal or 'a signal'} at step {self.step}; "
+                      f"checkpoint in {last}; continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
         self.run.close()
         return {"step": self.step, "first": self.first_score, "best": self.best, "best_step": self.best_step,
-                "interrupted": interrupted}
+                "interrupted": interrupted, "signal": self.stop_signal if interrupted else None}
 
     def _request_stop(self, signum, frame):
-        if self._stop:  # a second Ctrl-C stops at once
-            raise KeyboardInterrupt
-        self._stop = True
+        name = signal.Signals(signum).name
+        if self._stop:
+            if self._saving:  # never abort a checkpoint half-written: the stop comes right after it
+                return
+            raise KeyboardInterrupt  # a second signal stops at once
+        self._stop, self.stop_signal = True, name
         if self.rank == 0:
             when = "this step" if self.world == 1 else "the steps up to the next logging interval (--log-every)"
-            print(f"\nCtrl-C: finishing {when} and saving last/ (press again to abort)", file=sys.stderr)
+            what = "Ctrl-C" if name == "SIGINT" else name
+            print(f"\n{what}: finishing {when} and saving last/ (a second signal aborts)", file=sys.stderr)

@@ -267,6 +267,43 @@ def test_interrupted_stages_continue(suite, tiny_bert_dir, suite_data, tmp_path,
 
 
 @pytest.mark.slow
+def test_sigterm_stops_after_the_current_run_and_the_next_call_continues(suite, tmp_path, monkeypatch, capsys):
+    """SIGTERM during the second pretraining: it finishes its step and saves, the command exits 143;
+    called again it reuses the first run, continues the second, and reruns nothing else."""
+    import os
+    import signal
+
+    from bertcf.objectives import mirror
+
+    out = tmp_path / "out"
+    shutil.copytree(suite[0], out)
+    for name in ("simcse", "mirror"):
+        shutil.rmtree(out / "stages" / name)
+    real, calls = mirror.span_mask, {"n": 0}
+
+    def span_then_signal(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:  # SimCSE's 2 steps, then Mirror's first
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(mirror, "span_mask", span_then_signal)
+    rows = ["--rows", "MinBERT-SimCSE,MinBERT-Mirror"]
+    assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", *rows]) == 143
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    assert json.loads((out / "stages" / "simcse" / experiments.MARKER).read_text())["status"] == "done"
+    assert json.loads((out / "stages" / "mirror" / experiments.MARKER).read_text())["status"] == "running"
+    monkeypatch.undo()
+    calls_after = []
+    real_main = pretrain.main
+    monkeypatch.setattr(pretrain, "main", lambda argv: calls_after.append(argv) or real_main(argv))
+    assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", *rows]) == 0
+    assert len(calls_after) == 1 and "--resume" in calls_after[0]
+    printed = capsys.readouterr().out
+    assert "MinBERT-SimCSE: mirror stage --method simcse from --model -> stages/simcse, 2 steps" in printed
+    assert "finished earlier, reused" in printed and "(continuing the interrupted run)" in printed
+
+
+@pytest.mark.slow
 def test_changed_settings_are_refused(suite, capsys):
     out, _ = suite
     assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", "--steps-scale", "0.0004"]) == 2

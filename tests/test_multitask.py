@@ -345,6 +345,35 @@ def test_resume_is_bit_identical(tiny_bert_dir, data_dir, tmp_path):
         (straight / "predictions" / "sst-dev-output.csv").read_bytes()
 
 
+def test_sigterm_writes_last_and_resumes_bit_identically(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """SIGTERM during step 3 of 4 (--eval-every 2): the step is finished, last/ written, exit 143, no
+    predictions; --resume ends where an uninterrupted run ends, bit for bit."""
+    import os
+    import signal
+
+    from bertcf import multitask
+    from bertcf.cli import run_main
+
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    run_quiet(argv(tiny_bert_dir, data_dir, straight, steps=4, max_train_examples=10))
+    real, calls = multitask.train_batch, {"n": 0}
+
+    def batch_then_signal(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(multitask, "train_batch", batch_then_signal)
+    assert run_main(multitask.main, argv(tiny_bert_dir, data_dir, part, steps=4, max_train_examples=10)) == 143
+    assert "stopped by SIGTERM at step 3" in capsys.readouterr().err
+    assert torch.load(part / "last" / "training_state.pt", weights_only=False)["step"] == 3
+    assert not (part / "predictions").exists()
+    monkeypatch.undo()
+    assert run_quiet(["--resume", "--out-dir", str(part)])["step"] == 4
+    a, b = last_tensors(straight), last_tensors(part)
+    assert all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
+
+
 def with_old_qqp_name(d):
     """``d`` as runs wrote it before QQP had one name: 'qqp' -> 'para', 'qqp_*' -> 'para_*'."""
     if not isinstance(d, dict):

@@ -23,6 +23,8 @@ from bertcf.cli import run_main
 from bertcf.errors import UsageError
 from minbert import CheckpointError
 
+REPO = Path(__file__).resolve().parents[1]
+
 WORDS = ("the a man woman dog cat child band girl boy plays runs eats sits walks reads sings cooks "
          "on in under near with across park street house table garden ball guitar piano book song "
          "red blue small big happy old young two three black white grass water car bike quickly "
@@ -605,8 +607,8 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_bert_dir, dat
     assert [m["step"] for m in metrics_lines(out)] == [0, 2, 4]
 
 
-def interrupt_after(monkeypatch, n_steps: int, times: int = 1):
-    """Send SIGINT to this process during step ``n_steps`` (from the span sampler, called once a step)."""
+def interrupt_after(monkeypatch, n_steps: int, times: int = 1, signum=signal.SIGINT):
+    """Send ``signum`` to this process during step ``n_steps`` (from the span sampler, called once a step)."""
     from bertcf.objectives import mirror
 
     calls = {"n": 0}
@@ -616,7 +618,7 @@ def interrupt_after(monkeypatch, n_steps: int, times: int = 1):
         calls["n"] += 1
         if calls["n"] == n_steps:
             for _ in range(times):
-                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signum)
         return real(*args, **kwargs)
     monkeypatch.setattr(mirror, "span_mask", hook)
     return calls
@@ -645,6 +647,165 @@ def test_second_ctrl_c_aborts_cleanly(tiny_bert_dir, data_dir, tmp_path, monkeyp
     assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 130
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and captured.err.strip().endswith("interrupted")
+
+
+# ---- stopped, starved or torn ------------------------------------------------------------------
+def test_sigterm_writes_last_and_resumes_bit_identically(mirror_reference, tiny_bert_dir, data_dir, tmp_path,
+                                                          monkeypatch, capsys):
+    """SIGTERM (a batch scheduler's notice before it preempts a job) as Ctrl-C: the step is finished,
+    last/ written although no evaluation is due (--eval-every 3), exit status 143; --resume then
+    reaches the uninterrupted run's weights bit for bit."""
+    out = tmp_path / "terminated"
+    handler = signal.getsignal(signal.SIGTERM)
+    interrupt_after(monkeypatch, 2, signum=signal.SIGTERM)
+    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 143
+    assert signal.getsignal(signal.SIGTERM) is handler
+    err = capsys.readouterr().err
+    assert f"stopped by SIGTERM at step 2; checkpoint in {out / 'last'}; continue with --resume" in err
+    assert training_state(out)["step"] == 2 and not list(out.glob(".*"))
+    monkeypatch.undo()
+    summary, _ = run_quiet(["--resume", "--out-dir", str(out)])
+    assert summary["step"] == 6 and not summary["interrupted"]
+    assert_same_tensors(tensors(out / "last" / "model.safetensors"),
+                        tensors(mirror_reference / "last" / "model.safetensors"))
+    assert [m["step"] for m in metrics_lines(out)] == [0, 3, 6]
+
+
+def test_a_second_signal_while_saving_waits_for_the_save(tiny_bert_dir, data_dir, tmp_path, monkeypatch):
+    """The second signal arrives while last/ is being written: it is ignored, the checkpoint is whole."""
+    out = tmp_path / "twice"
+    interrupt_after(monkeypatch, 2, signum=signal.SIGTERM)
+    real_save = torch.save
+
+    def save_with_a_signal(obj, path, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's second notice, mid-save
+        return real_save(obj, path, *args, **kwargs)
+    monkeypatch.setattr(torch, "save", save_with_a_signal)
+    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 143
+    assert training_state(out)["step"] == 2
+
+
+def test_save_every_writes_last_without_evaluating(tiny_bert_dir, data_dir, tmp_path):
+    out = tmp_path / "save-every"
+    run_quiet(base_args(tiny_bert_dir, data_dir, out, eval_every=6, save_every=2))
+    assert [m["step"] for m in metrics_lines(out)] == [0, 6]  # saving does not evaluate
+    writes = tb_tags(out).Scalars("eval/sts_spearman")
+    assert [w.step for w in writes] == [0, 6]
+    assert training_state(out)["step"] == 6
+
+
+def test_a_sigterm_subprocess_stops_with_143_and_continues(tiny_bert_dir, data_dir, tmp_path):
+    """A real SIGTERM to a running run_pretrain.py: exit 143, one line saying where the checkpoint
+    is, last/ at the step it stopped; --resume goes on from there."""
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "sub"
+    argv = [sys.executable, str(REPO / "run_pretrain.py")] + base_args(tiny_bert_dir, data_dir, out, steps=100_000,
+                                                                        eval_every=100_000, save_every=5)
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+        try:
+            deadline = time.time() + 120
+            while not (out / "last" / training.STATE_FILE).is_file() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=120) == 143
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = (tmp_path / "log").read_text()
+    step = training_state(out)["step"]
+    assert 5 <= step < 100_000 and f"stopped by SIGTERM at step {step}; checkpoint in" in text
+    assert "Traceback" not in text and not list(out.glob(".*"))
+    summary, _ = run_quiet(["--resume", "--out-dir", str(out), "--steps", str(step + 2)])
+    assert summary["step"] == step + 2 and not summary["interrupted"]
+
+
+@pytest.mark.parametrize("failure", ["ENOSPC", "torch"])
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(failure, tiny_bert_dir, data_dir, tmp_path,
+                                                                       monkeypatch, capsys):
+    """The second last/ (step 6) cannot be written: one line naming it, exit 2, the temporary
+    directory gone, last/ (step 3) and best/ untouched."""
+    import errno
+
+    out = tmp_path / "full"
+    real_save, calls = torch.save, {"n": 0}
+
+    def full_disk(obj, path, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            if failure == "ENOSPC":
+                raise OSError(errno.ENOSPC, "No space left on device")
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4480 vs 4374")
+        return real_save(obj, path, *args, **kwargs)
+    monkeypatch.setattr(torch, "save", full_disk)
+    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    reason = "no space left on device" if failure == "ENOSPC" else "torch.save could not write"
+    assert err.startswith(f"error: {reason}") and f"while writing {out / 'last'}" in err
+    assert err.endswith("the previous checkpoint is intact")
+    assert training_state(out)["step"] == 3 and not list(out.glob(".*"))
+    assert (out / "best" / "model.safetensors").is_file()
+
+
+def test_a_torn_metrics_line_is_dropped_on_resume(tiny_bert_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "torn"
+    run_quiet(base_args(tiny_bert_dir, data_dir, out))
+    path = out / "metrics.jsonl"
+    path.write_bytes(path.read_bytes()[:-15])  # a kill or a power cut during the last append
+    summary, _ = run_quiet(["--resume", "--out-dir", str(out), "--steps", "9"])
+    assert summary["step"] == 9
+    assert "metrics.jsonl: its last line was cut off" in capsys.readouterr().err
+    assert [m["step"] for m in metrics_lines(out)] == [0, 3, 9]  # clean JSON again
+
+
+def test_a_torn_metrics_line_before_the_last_is_an_error(tiny_bert_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "damaged"
+    run_quiet(base_args(tiny_bert_dir, data_dir, out))
+    path = out / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1][:20]] + lines[2:]) + "\n")
+    capsys.readouterr()
+    assert run_main(pretrain.main, ["--resume", "--out-dir", str(out), "--steps", "9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{path} line 2 is not a metrics record" in err
+
+
+# ---- progress in a log file ----------------------------------------------------------------------
+def test_a_run_logged_to_a_file_writes_plain_lines(tiny_bert_dir, data_dir, tmp_path):
+    """stderr in a file (nohup, a scheduler, > log 2>&1): no carriage returns, one line at each of the
+    7 evaluations and at each tenth of the 60 steps, and a line's numbers are the run's."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "logged"
+    argv = [sys.executable, str(REPO / "run_pretrain.py")] + base_args(tiny_bert_dir, data_dir, out, steps=60,
+                                                                        eval_every=10)
+    with open(tmp_path / "log", "w") as log:
+        assert subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO, timeout=300).returncode == 0
+    text = (tmp_path / "log").read_text()
+    assert "\r" not in text
+    lines = text.splitlines()
+    evals = [l for l in lines if ", eval sts_spearman " in l]
+    marks = [l for l in lines if re.search(r"step \d+/60 \(\d+%\)", l)]
+    assert len(evals) == 7 and len(marks) == 10
+    assert len(lines) <= len(evals) + len(marks) + 2, lines  # and at most a note or two
+    last = metrics_lines(out)[-1]
+    assert evals[-1].startswith(f"logged: step 60/60, eval sts_spearman {last['sts_spearman']:.4f} (best ")
+
+
+def test_the_bar_shows_the_newest_evaluation():
+    """On a terminal the bar's last state is the last evaluation's, not the one before it."""
+    from bertcf.progress import Progress
+
+    progress = Progress("bar", "run", total=20)
+    progress.loss(0.5)
+    progress.evaluated(10, "mean_dev", 0.4363, 0.4363, 10)
+    progress.evaluated(20, "mean_dev", 0.6732, 0.6732, 20)
+    assert progress.bar.postfix == "loss=0.5000, mean_dev=0.6732"
+    progress.close()
 
 
 def test_final_line_handles_missing_scores(tmp_path):

@@ -8,14 +8,19 @@ import shutil
 import time
 
 from ..data import DataError
-from ..errors import NonFiniteLossError, UsageError
+from ..errors import NonFiniteLossError, UsageError, WriteError
 from ..files import write_json_atomic
 from ..model_card import add_experiment_row
 from .plan import MARKER, Plan, PlannedRun, entry_module, now
 
 
 class Interrupted(Exception):
-    """A run stopped on Ctrl-C (its state is saved); rerunning the command continues it."""
+    """A run stopped on Ctrl-C or SIGTERM (its state is saved); rerunning the command continues it.
+    ``signal``: the signal's name."""
+
+    def __init__(self, message: str, signal: str | None = None):
+        super().__init__(message)
+        self.signal = signal
 
 
 def command_line(task: PlannedRun) -> str:
@@ -58,7 +63,7 @@ def run_one(plan: Plan, task: PlannedRun) -> None:
         if e.code not in (0, None):
             raise UsageError(f"{what}: the run stopped with exit status {e.code}") from None
         result = None
-    except (UsageError, DataError, NonFiniteLossError) as e:
+    except (UsageError, DataError, NonFiniteLossError, WriteError) as e:
         raise type(e)(f"{what}: {e}") from None
     except Exception as e:
         from minbert import CheckpointError
@@ -71,7 +76,7 @@ def run_one(plan: Plan, task: PlannedRun) -> None:
     if summary.get("interrupted"):
         marker["summary"] = summary
         write_json_atomic(task.dir / MARKER, marker)
-        raise Interrupted(f"{what} was interrupted")
+        raise Interrupted(f"{what} was stopped by {summary.get('signal') or 'a signal'}", summary.get("signal"))
     if not (task.dir / "best").is_dir():
         raise UsageError(f"{what}: the run finished without a best/ checkpoint")
     add_experiment_row(task.dir / "best", task.label, plan.command)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..cli import run_main
+from ..cli import run_main, stop_status
 from ..files import write_json_atomic
 from .execute import Interrupted, command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS, parse_args
@@ -79,5 +79,5 @@ def cli(argv=None) -> int:
     except (Interrupted, KeyboardInterrupt) as e:
         what = f"{e}; " if isinstance(e, Interrupted) else ""
         print(f"\ninterrupted: {what}run the same command again to continue where it stopped", file=sys.stderr)
-        return 130
+        return stop_status({"signal": getattr(e, "signal", None) or "SIGINT"})
 
