@@ -119,8 +119,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     ``max_length`` tokens (default: the model's max_position_embeddings, i.e. whole sentences).
     Returns {"mode", "sts": {task: Spearman ×100}, "sts_avg", "sts_avg_ci95", "sts_detail": {task:
     all, mean, wmean, subsets, ci95}, "transfer": {task: {accuracy[, f1], n}}, "transfer_avg"};
-    averages are over the tasks that ran (None when none did), named in "sts_avg_tasks" and
-    "transfer_avg_tasks" (SentEval's averages are over all seven). ``ci95`` is a task's bootstrap
+    averages are over the tasks that ran (None when none did). ``ci95`` is a task's bootstrap
     interval (:class:`STSEvaluator`); ``sts_avg_ci95`` averages the tasks' replicates, resample r
     of each task with resample r of the others, before taking the percentiles. ``pair_scores``:
     also "sts_pairs": {task: {"scores": cosines, "gold", "groups": subsets}} (lists over the pairs,
@@ -149,8 +148,8 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     def embed(batch):
         return vectors[[row[s] for s in batch]]
 
-    result = {"mode": mode, "sts": {}, "sts_avg": None, "sts_avg_ci95": None, "sts_avg_tasks": [], "sts_detail": {},
-              "transfer": {}, "transfer_avg": None, "transfer_avg_tasks": []} | ({"sts_pairs": {}} if pair_scores else {})
+    result = {"mode": mode, "sts": {}, "sts_avg": None, "sts_avg_ci95": None, "sts_detail": {}, "transfer": {},
+              "transfer_avg": None} | ({"sts_pairs": {}} if pair_scores else {})
     replicates = []
     for evaluator in tqdm(evaluators, desc="tasks", disable=not show_progress_bar, unit="task"):
         scores = evaluator(embed)
@@ -166,28 +165,18 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     if result["sts"]:
         result["sts_avg"] = sum(result["sts"].values()) / len(result["sts"])
         result["sts_avg_ci95"] = percentile_interval(np.mean(replicates, axis=0))
-        result["sts_avg_tasks"] = list(result["sts"])
     if result["transfer"]:
         result["transfer_avg"] = sum(r["accuracy"] for r in result["transfer"].values()) / len(result["transfer"])
-        result["transfer_avg_tasks"] = list(result["transfer"])
     return result
-
-
-def average_label(covered: list[str], group: tuple[str, ...]) -> str:
-    """"Avg." when the average covers every task of ``group`` (SentEval's seven STS sets, its seven
-    transfer tasks), else which of them it covers: the anchors' averages are over all seven."""
-    if set(group) <= set(covered):
-        return "Avg."
-    return f"Avg. of {len(covered)}/{len(group)} ({', '.join(covered)})"
 
 
 def format_table(result: dict) -> str:
     """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped.
     Under the STS scores, their 95% bootstrap intervals."""
-    def table(names, values, avg, label, intervals=None):
+    def table(names, values, avg, intervals=None):
         def cell(v):
             return "-" if v is None else f"[{v[0]:.2f}, {v[1]:.2f}]" if isinstance(v, list) else f"{v:.2f}"
-        rows = [names + [label], [cell(v) for v in values + [avg]]]
+        rows = [names + ["Avg."], [cell(v) for v in values + [avg]]]
         if intervals is not None:
             rows.append([cell(v) for v in intervals])
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -199,12 +188,11 @@ def format_table(result: dict) -> str:
     if result["sts"]:
         names = [t for t in se.STS_TASKS if result["mode"] != "dev" or t not in se.STS_YEARS]
         intervals = [result["sts_detail"].get(t, {}).get("ci95") for t in names] + [result.get("sts_avg_ci95")]
-        label = average_label(list(result["sts"]), tuple(names))
-        parts.append(table(names, [result["sts"].get(t) for t in names], result["sts_avg"], label, intervals))
+        parts.append(table(names, [result["sts"].get(t) for t in names], result["sts_avg"], intervals))
     if result["transfer"]:
         names = list(se.TRANSFER_TASKS)
         parts.append(table(names, [result["transfer"].get(t, {}).get("accuracy") for t in names],
-                           result["transfer_avg"], average_label(list(result["transfer"]), se.TRANSFER_TASKS)))
+                           result["transfer_avg"]))
         if "MRPC" in result["transfer"]:
             parts.append(f"MRPC F1: {result['transfer']['MRPC']['f1']:.2f}")
     return "\n".join(parts)

@@ -142,16 +142,9 @@ class SplitClassificationEvaluator:
         return {"accuracy": 100 * probe.score(xt, yt), "n": len(yt)}
 
 
-def pair_features(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """SentEval's MRPC features of sentence pairs: [|u - v|, u * v] ([n, 2D]), as its mrpc.py builds
-    them (``np.c_[np.abs(A - B), A * B]``), and so SimCSE's and Mirror-BERT's MRPC numbers."""
-    return torch.cat([(u - v).abs(), u * v], dim=-1)
-
-
 class TrainTestClassificationEvaluator:
     """TREC and MRPC: C picked by k-fold on train (SentEval's KFoldClassifier), accuracy ×100 on
-    test. With pairs (MRPC) the features are SentEval's :func:`pair_features` and F1 ×100 is
-    reported too."""
+    test. With pairs (MRPC) the features are [u, v, |u - v|, u * v] and F1 ×100 is reported too."""
 
     main_metric = "accuracy"
 
@@ -167,7 +160,7 @@ class TrainTestClassificationEvaluator:
         if not self.pairs:
             return _features(embed(items))
         u, v = embed([p.sentence1 for p in items]), embed([p.sentence2 for p in items])
-        return _features(pair_features(u, v))
+        return _features(torch.cat([u, v, (u - v).abs(), u * v], dim=-1))
 
     def __call__(self, embed) -> dict:
         x, y = self._x(self.train[0], embed), np.array(self.train[1])

@@ -17,7 +17,7 @@ from bertcf.bootstrap import interval
 from bertcf.data import DataError, PairExample
 from bertcf.evaluate import cli, evaluate, parse_tasks
 from bertcf.evaluators import (CVClassificationEvaluator, ProbeSettings, SplitClassificationEvaluator, STSEvaluator,
-                               TrainTestClassificationEvaluator, pair_features)
+                               TrainTestClassificationEvaluator)
 from bertcf.training import UsageError
 
 SHARED_SENTEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "senteval"
@@ -183,7 +183,7 @@ def test_probes_on_separable_vectors(settings):
     assert SplitClassificationEvaluator("toy", split, settings)(embed) == {"accuracy": 100.0, "n": 10}
     assert TrainTestClassificationEvaluator("toy", (names[:28], labels[:28]), (names[28:], labels[28:]),
                                             settings)(embed)["accuracy"] == 100.0
-    # Pairs: label 1 iff both sentences are on the same side; SentEval's [|u-v|, u*v] makes it linear (u*v).
+    # Pairs: label 1 iff both sentences are on the same side; [u, v, |u-v|, u*v] makes it linear (u*v).
     pairs = [PairExample(str(i), names[i], names[(i + 1 + (i % 2)) % 40], 0.0) for i in range(40)]
     pair_labels = [int(labels[int(p.id)] == labels[names.index(p.sentence2)]) for p in pairs]
     result = TrainTestClassificationEvaluator("pairs", (pairs[:30], pair_labels[:30]), (pairs[30:], pair_labels[30:]),
@@ -331,47 +331,3 @@ def test_real_files_parse_with_senteval_sizes():
     assert len(mpqa) == 10606
     assert [len(se.read_mrpc(_shared(se.MRPC_FILES[s]))[0]) for s in ("train", "test")] == [4076, 1725]
     assert [len(se.read_sst2(_shared(se.SST2_FILES[s]))[0]) for s in ("train", "dev", "test")] == [67349, 872, 1821]
-    trec, trec_labels = se.read_trec(_shared(se.TREC_FILES["train"]))
-    # SentEval's sizes and Li and Roth's coarse-class counts (ABBR DESC ENTY HUM LOC NUM)
-    assert [trec_labels.count(c) for c in range(6)] == [86, 1162, 1250, 1223, 835, 896] and len(trec) == 5452
-    assert "Which city has the oldest relationship as a sister\u00f0city with Los Angeles ?" in trec  # Latin-1 0xF0
-    test, test_labels = se.read_trec(_shared(se.TREC_FILES["test"]))
-    assert len(test) == 500 and sorted(set(test_labels)) == list(range(6))
-
-
-def test_mrpc_features_are_senteval_s():
-    """SentEval's mrpc.py: np.c_[np.abs(A - B), A * B]; the evaluator feeds the probe exactly that."""
-    rng = np.random.default_rng(0)
-    a, b = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
-    expected = np.c_[np.abs(a - b), a * b]
-    assert np.allclose(pair_features(torch.tensor(a), torch.tensor(b)).numpy(), expected)
-    vectors = {f"s{i}": torch.tensor(v) for i, v in enumerate(np.r_[a, b])}
-    pairs = [PairExample(str(i), f"s{i}", f"s{i + 4}", 0.0) for i in range(4)]
-    evaluator = TrainTestClassificationEvaluator("MRPC", (pairs, [0, 1, 0, 1]), (pairs, [0, 1, 0, 1]),
-                                                 ProbeSettings(folds=2), pairs=True)
-    assert np.allclose(evaluator._x(pairs, lambda batch: torch.stack([vectors[s] for s in batch])), expected)
-
-
-def test_trec_reads_latin_1_and_six_coarse_classes(tmp_path):
-    path = tmp_path / "train_5500.label"
-    path.write_bytes("DESC:manner How did serfdom develop in and then leave Russia ?\n"
-                     "LOC:city Which city has the oldest relationship as a sister\u00f0city with Los Angeles ?\n"
-                     "NUM:date When was Ozzy Osbourne born ?\n".encode("latin-1"))
-    sentences, labels = se.read_trec(path)
-    assert labels == [se.TREC_CLASSES.index(c) for c in ("DESC", "LOC", "NUM")]
-    assert sentences[1] == "Which city has the oldest relationship as a sister\u00f0city with Los Angeles ?"
-    path.write_bytes(b"QUESTION:what Is this a class ?\n")
-    with pytest.raises(DataError, match="line 1: label 'QUESTION' is not one of ABBR"):
-        se.read_trec(path)
-
-
-def test_average_label_names_the_tasks_it_covers():
-    from bertcf.evaluate import average_label, format_table
-    assert average_label(list(se.TRANSFER_TASKS), se.TRANSFER_TASKS) == "Avg."
-    assert average_label(["CR", "MPQA"], se.TRANSFER_TASKS) == "Avg. of 2/7 (CR, MPQA)"
-    result = {"mode": "test", "sts": {}, "transfer": {"CR": {"accuracy": 80.0}, "MPQA": {"accuracy": 90.0}},
-              "transfer_avg": 85.0, "transfer_avg_tasks": ["CR", "MPQA"]}
-    header = format_table(result).splitlines()[1]
-    assert "Avg. of 2/7 (CR, MPQA)" in header and header.count("|") == 9
-    result["sts"], result["sts_detail"], result["sts_avg"] = {"STSBenchmark": 80.0}, {}, 80.0
-    assert "Avg. of 1/7 (STSBenchmark)" in format_table(result)
