@@ -6,8 +6,10 @@
 STS12-16 (SentEval's "all" setting), STS-B test and SICK-R test: Spearman ×100 of the cosine of
 raw vectors, and their average; ``--mode dev`` scores STS-B dev and SICK-R trial instead (for
 model selection). Transfer tasks (MR, CR, SUBJ, MPQA, SST2, TREC, MRPC): a logistic-regression
-probe on frozen vectors, accuracy ×100 (and F1 for MRPC); ``test`` picks the probe's L2
-strength by an inner validation as SentEval does, ``fasttest`` uses 5 folds and a fixed one.
+probe on frozen vectors (MRPC: on SentEval's [|u - v|, u * v] of the pair's vectors, or with
+``--mrpc-features full`` on [u, v, |u - v|, u * v]), accuracy ×100 (and F1 for MRPC); ``test``
+picks the probe's L2 strength by an inner validation as SentEval does, ``fasttest`` uses 5 folds
+and a fixed one. The transfer average covers the tasks that ran (``transfer_avg_tasks``).
 A task whose files are absent is skipped with a warning.
 """
 from __future__ import annotations
@@ -22,8 +24,8 @@ from . import senteval as se
 from .cli import AT_LEAST_1, ArgumentParser, run_main
 from .data import DataError
 from .errors import UsageError
-from .evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, CVClassificationEvaluator, ProbeSettings, STSEvaluator,
-                         SplitClassificationEvaluator, TrainTestClassificationEvaluator)
+from .evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, PAIR_FEATURES, CVClassificationEvaluator, ProbeSettings,
+                         STSEvaluator, SplitClassificationEvaluator, TrainTestClassificationEvaluator)
 from .files import write_json_atomic
 from .precision import resolve_device, resolve_precision
 
@@ -69,8 +71,9 @@ def probe_settings(task: str, mode: str) -> ProbeSettings:
     return ProbeSettings(folds=10, c_grid=KFOLD_GRID if task in ("TREC", "MRPC") else INNER_KFOLD_GRID)
 
 
-def build_evaluator(senteval_dir, task: str, mode: str = "test"):
-    """The evaluator of one SentEval task, its files read (DataError on a malformed line)."""
+def build_evaluator(senteval_dir, task: str, mode: str = "test", mrpc_features: str = "senteval"):
+    """The evaluator of one SentEval task, its files read (DataError on a malformed line);
+    ``mrpc_features``: MRPC's pair features (:data:`bertcf.evaluators.PAIR_FEATURES`)."""
     d = Path(senteval_dir)
     split = "dev" if mode == "dev" else "test"
     if task in se.STS_YEARS:
@@ -87,7 +90,7 @@ def build_evaluator(senteval_dir, task: str, mode: str = "test"):
     reader = se.read_trec if task == "TREC" else se.read_mrpc
     files = se.TREC_FILES if task == "TREC" else se.MRPC_FILES
     return TrainTestClassificationEvaluator(task, reader(d / files["train"]), reader(d / files["test"]), settings,
-                                            pairs=task == "MRPC")
+                                            pairs=mrpc_features if task == "MRPC" else None)
 
 
 def present_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
@@ -109,16 +112,22 @@ def available_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
 
 
 def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size: int = 64,
-             max_length: int | None = None, show_progress_bar: bool = False) -> dict:
+             max_length: int | None = None, show_progress_bar: bool = False,
+             mrpc_features: str = "senteval") -> dict:
     """Run SentEval's ``tasks`` ('sts', 'transfer', task names) on a SentenceEncoder.
 
     Every distinct sentence of every task is encoded once, in length-sorted batches, up to
     ``max_length`` tokens (default: the model's max_position_embeddings, i.e. whole sentences).
     Returns {"mode", "sts": {task: Spearman ×100}, "sts_avg", "sts_detail": {task: all, mean,
-    wmean, subsets}, "transfer": {task: {accuracy[, f1], n}}, "transfer_avg"}; averages are
-    over the tasks that ran (None when none did). Raises DataError when no task has its files."""
+    wmean, subsets}, "transfer": {task: {accuracy[, f1, features], n}}, "transfer_avg",
+    "transfer_avg_tasks"}; averages are over the tasks that ran (None when none did), and
+    ``transfer_avg_tasks`` lists the tasks ``transfer_avg`` covers (SentEval's average is of all
+    seven). ``mrpc_features``: "senteval" ([|u - v|, u * v], SentEval's mrpc.py) or "full".
+    Raises DataError when no task has its files."""
     if mode not in MODES:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mrpc_features not in PAIR_FEATURES:
+        raise UsageError(f"--mrpc-features must be one of {', '.join(PAIR_FEATURES)}, not {mrpc_features!r}")
     tasks = parse_tasks(tasks)
     if mode == "dev" and any(t in se.TRANSFER_TASKS for t in tasks):
         raise UsageError("--mode dev scores STS-B dev and SICK-R trial only; run the transfer tasks "
@@ -130,7 +139,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     if not found:
         raise DataError(f"{senteval_dir}: none of the tasks {', '.join(tasks)} has its files "
                         f"(layout: data/README.md, 'SentEval')")
-    evaluators = [build_evaluator(senteval_dir, task, mode) for task in found]
+    evaluators = [build_evaluator(senteval_dir, task, mode, mrpc_features) for task in found]
 
     sentences = list(dict.fromkeys(s for e in evaluators for s in e.sentences()))
     vectors = encoder.encode(sentences, batch_size=batch_size, show_progress_bar=show_progress_bar,
@@ -150,6 +159,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
             result["transfer"][evaluator.name] = scores
     if result["sts"]:
         result["sts_avg"] = sum(result["sts"].values()) / len(result["sts"])
+    result["transfer_avg_tasks"] = list(result["transfer"])  # SentEval's order
     if result["transfer"]:
         result["transfer_avg"] = sum(r["accuracy"] for r in result["transfer"].values()) / len(result["transfer"])
     return result
@@ -157,12 +167,12 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
 
 def format_table(result: dict) -> str:
     """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped."""
-    def table(names, values, avg):
+    def table(names, values, avg, avg_name="Avg."):
         cells = [f"{v:.2f}" if v is not None else "-" for v in values] + [f"{avg:.2f}" if avg is not None else "-"]
-        widths = [max(len(n), len(c)) for n, c in zip(names + ["Avg."], cells)]
+        widths = [max(len(n), len(c)) for n, c in zip(names + [avg_name], cells)]
         rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
         line = lambda items: "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths)) + " |"
-        return "\n".join([rule, line(names + ["Avg."]), rule, line(cells), rule])
+        return "\n".join([rule, line(names + [avg_name]), rule, line(cells), rule])
 
     parts = []
     if result["sts"]:
@@ -170,10 +180,16 @@ def format_table(result: dict) -> str:
         parts.append(table(names, [result["sts"].get(t) for t in names], result["sts_avg"]))
     if result["transfer"]:
         names = list(se.TRANSFER_TASKS)
+        covered = result["transfer_avg_tasks"]
+        avg_name = "Avg." if len(covered) == len(names) else f"Avg. of {len(covered)}"
         parts.append(table(names, [result["transfer"].get(t, {}).get("accuracy") for t in names],
-                           result["transfer_avg"]))
+                           result["transfer_avg"], avg_name))
+        if avg_name != "Avg.":  # not SentEval's 7-task average: say which tasks it covers
+            parts.append(f"{avg_name}: {', '.join(covered)} (not run: "
+                         f"{', '.join(t for t in names if t not in covered)})")
         if "MRPC" in result["transfer"]:
-            parts.append(f"MRPC F1: {result['transfer']['MRPC']['f1']:.2f}")
+            mrpc = result["transfer"]["MRPC"]
+            parts.append(f"MRPC F1: {mrpc['f1']:.2f} (features {mrpc['features']}: {PAIR_FEATURES[mrpc['features']]})")
     return "\n".join(parts)
 
 
@@ -186,6 +202,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names (default %(default)s)")
     p.add_argument("--mode", choices=MODES, default="test",
                    help="test; dev (STS-B dev + SICK-R trial); fasttest (5 folds, fixed probe strength)")
+    p.add_argument("--mrpc-features", choices=PAIR_FEATURES, default="senteval",
+                   help="the MRPC probe's features of a pair (u, v): senteval = [|u-v|, u*v], as SentEval "
+                        "and the published tables; full = [u, v, |u-v|, u*v] (default %(default)s)")
     p.add_argument("--batch-size", type=AT_LEAST_1, default=64)
     p.add_argument("--max-length", type=AT_LEAST_1, default=None,
                    help="tokens per sentence (default: whole sentences, up to the model's maximum)")
@@ -206,7 +225,7 @@ def main(argv=None) -> dict:
     encoder = SentenceEncoder.from_pretrained(args.encoder).to(device)
     encoder.precision = resolve_precision(args.precision, device)
     result = evaluate(encoder, args.senteval_dir, tasks, args.mode, args.batch_size, args.max_length,
-                      show_progress_bar=not args.no_progress)
+                      show_progress_bar=not args.no_progress, mrpc_features=args.mrpc_features)
     result["encoder"] = str(args.encoder)
     print(format_table(result))
     if args.json:
