@@ -6,8 +6,10 @@
 STS12-16 (SentEval's "all" setting), STS-B test and SICK-R test: Spearman ×100 of the cosine of
 raw vectors, and their average; ``--mode dev`` scores STS-B dev and SICK-R trial instead (for
 model selection). Transfer tasks (MR, CR, SUBJ, MPQA, SST2, TREC, MRPC): a logistic-regression
-probe on frozen vectors, accuracy ×100 (and F1 for MRPC); ``test`` picks the probe's L2
-strength by an inner validation as SentEval does, ``fasttest`` uses 5 folds and a fixed one.
+probe on frozen vectors (MRPC: on SentEval's [|u - v|, u * v] of the pair's vectors, or with
+``--mrpc-features full`` on [u, v, |u - v|, u * v]), accuracy ×100 (and F1 for MRPC); ``test``
+picks the probe's L2 strength by an inner validation as SentEval does, ``fasttest`` uses 5 folds
+and a fixed one. The transfer average covers the tasks that ran (``transfer_avg_tasks``).
 A task whose files are absent is skipped with a warning.
 """
 from __future__ import annotations
@@ -25,8 +27,8 @@ from .bootstrap import percentile_interval
 from .cli import AT_LEAST_1, ArgumentParser, run_main
 from .data import DataError
 from .errors import UsageError
-from .evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, CVClassificationEvaluator, ProbeSettings, STSEvaluator,
-                         SplitClassificationEvaluator, TrainTestClassificationEvaluator)
+from .evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, PAIR_FEATURES, CVClassificationEvaluator, ProbeSettings,
+                         STSEvaluator, SplitClassificationEvaluator, TrainTestClassificationEvaluator)
 from .files import write_json_atomic
 from .precision import resolve_device, resolve_precision
 
@@ -72,8 +74,9 @@ def probe_settings(task: str, mode: str) -> ProbeSettings:
     return ProbeSettings(folds=10, c_grid=KFOLD_GRID if task in ("TREC", "MRPC") else INNER_KFOLD_GRID)
 
 
-def build_evaluator(senteval_dir, task: str, mode: str = "test"):
-    """The evaluator of one SentEval task, its files read (DataError on a malformed line)."""
+def build_evaluator(senteval_dir, task: str, mode: str = "test", mrpc_features: str = "senteval"):
+    """The evaluator of one SentEval task, its files read (DataError on a malformed line);
+    ``mrpc_features``: MRPC's pair features (:data:`bertcf.evaluators.PAIR_FEATURES`)."""
     d = Path(senteval_dir)
     split = "dev" if mode == "dev" else "test"
     if task in se.STS_YEARS:
@@ -90,7 +93,7 @@ def build_evaluator(senteval_dir, task: str, mode: str = "test"):
     reader = se.read_trec if task == "TREC" else se.read_mrpc
     files = se.TREC_FILES if task == "TREC" else se.MRPC_FILES
     return TrainTestClassificationEvaluator(task, reader(d / files["train"]), reader(d / files["test"]), settings,
-                                            pairs=task == "MRPC")
+                                            pairs=mrpc_features if task == "MRPC" else None)
 
 
 def present_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
@@ -112,21 +115,26 @@ def available_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
 
 
 def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size: int = 64,
-             max_length: int | None = None, show_progress_bar: bool = False, pair_scores: bool = False) -> dict:
+             max_length: int | None = None, show_progress_bar: bool = False, pair_scores: bool = False,
+             mrpc_features: str = "senteval") -> dict:
     """Run SentEval's ``tasks`` ('sts', 'transfer', task names) on a SentenceEncoder.
 
     Every distinct sentence of every task is encoded once, in length-sorted batches, up to
     ``max_length`` tokens (default: the model's max_position_embeddings, i.e. whole sentences).
     Returns {"mode", "sts": {task: Spearman ×100}, "sts_avg", "sts_avg_ci95", "sts_detail": {task:
-    all, mean, wmean, subsets, ci95}, "transfer": {task: {accuracy[, f1], n}}, "transfer_avg"};
-    averages are over the tasks that ran (None when none did). ``ci95`` is a task's bootstrap
-    interval (:class:`STSEvaluator`); ``sts_avg_ci95`` averages the tasks' replicates, resample r
-    of each task with resample r of the others, before taking the percentiles. ``pair_scores``:
-    also "sts_pairs": {task: {"scores": cosines, "gold", "groups": subsets}} (lists over the pairs,
-    in the order of "all"), for bootstraps over several encoders. Raises DataError when no task
-    has its files."""
+    all, mean, wmean, subsets, ci95}, "transfer": {task: {accuracy[, f1, features], n}}, "transfer_avg",
+    "transfer_avg_tasks"}; averages are over the tasks that ran (None when none did), and
+    ``transfer_avg_tasks`` lists the tasks ``transfer_avg`` covers (SentEval's average is of all
+    seven). ``ci95`` is a task's bootstrap interval (:class:`STSEvaluator`); ``sts_avg_ci95``
+    averages the tasks' replicates, resample r of each task with resample r of the others, before
+    taking the percentiles. ``pair_scores``: also "sts_pairs": {task: {"scores": cosines, "gold",
+    "groups": subsets}} (lists over the pairs, in the order of "all"), for bootstraps over several
+    encoders. ``mrpc_features``: "senteval" ([|u - v|, u * v], SentEval's mrpc.py) or "full".
+    Raises DataError when no task has its files."""
     if mode not in MODES:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
+    if mrpc_features not in PAIR_FEATURES:
+        raise UsageError(f"--mrpc-features must be one of {', '.join(PAIR_FEATURES)}, not {mrpc_features!r}")
     tasks = parse_tasks(tasks)
     if mode == "dev" and any(t in se.TRANSFER_TASKS for t in tasks):
         raise UsageError("--mode dev scores STS-B dev and SICK-R trial only; run the transfer tasks "
@@ -138,7 +146,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     if not found:
         raise DataError(f"{senteval_dir}: none of the tasks {', '.join(tasks)} has its files "
                         f"(layout: data/README.md, 'SentEval')")
-    evaluators = [build_evaluator(senteval_dir, task, mode) for task in found]
+    evaluators = [build_evaluator(senteval_dir, task, mode, mrpc_features) for task in found]
 
     sentences = list(dict.fromkeys(s for e in evaluators for s in e.sentences()))
     vectors = encoder.encode(sentences, batch_size=batch_size, show_progress_bar=show_progress_bar,
@@ -165,6 +173,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     if result["sts"]:
         result["sts_avg"] = sum(result["sts"].values()) / len(result["sts"])
         result["sts_avg_ci95"] = percentile_interval(np.mean(replicates, axis=0))
+    result["transfer_avg_tasks"] = list(result["transfer"])  # SentEval's order
     if result["transfer"]:
         result["transfer_avg"] = sum(r["accuracy"] for r in result["transfer"].values()) / len(result["transfer"])
     return result
@@ -172,11 +181,12 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
 
 def format_table(result: dict) -> str:
     """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped.
-    Under the STS scores, their 95% bootstrap intervals."""
-    def table(names, values, avg, intervals=None):
+    Under the STS scores, their 95% bootstrap intervals. An average that does not cover every task
+    of its table is headed "Avg. of N" and followed by a line naming the tasks it covers."""
+    def table(names, values, avg, avg_name="Avg.", intervals=None):
         def cell(v):
             return "-" if v is None else f"[{v[0]:.2f}, {v[1]:.2f}]" if isinstance(v, list) else f"{v:.2f}"
-        rows = [names + ["Avg."], [cell(v) for v in values + [avg]]]
+        rows = [names + [avg_name], [cell(v) for v in values + [avg]]]
         if intervals is not None:
             rows.append([cell(v) for v in intervals])
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -184,17 +194,27 @@ def format_table(result: dict) -> str:
         line = lambda items: "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths)) + " |"
         return "\n".join([rule, line(rows[0]), rule, *map(line, rows[1:]), rule])
 
+    def covered(names, ran):
+        """The average's heading, and a line naming what it covers when that is not every task."""
+        if len(ran) == len(names):
+            return "Avg.", []
+        name = f"Avg. of {len(ran)}"
+        return name, [f"{name}: {', '.join(ran)} (not run: {', '.join(t for t in names if t not in ran)})"]
+
     parts = []
     if result["sts"]:
         names = [t for t in se.STS_TASKS if result["mode"] != "dev" or t not in se.STS_YEARS]
         intervals = [result["sts_detail"].get(t, {}).get("ci95") for t in names] + [result.get("sts_avg_ci95")]
-        parts.append(table(names, [result["sts"].get(t) for t in names], result["sts_avg"], intervals))
+        avg_name, note = covered(names, list(result["sts"]))
+        parts += [table(names, [result["sts"].get(t) for t in names], result["sts_avg"], avg_name, intervals)] + note
     if result["transfer"]:
         names = list(se.TRANSFER_TASKS)
-        parts.append(table(names, [result["transfer"].get(t, {}).get("accuracy") for t in names],
-                           result["transfer_avg"]))
+        avg_name, note = covered(names, result["transfer_avg_tasks"])
+        parts += [table(names, [result["transfer"].get(t, {}).get("accuracy") for t in names],
+                        result["transfer_avg"], avg_name)] + note
         if "MRPC" in result["transfer"]:
-            parts.append(f"MRPC F1: {result['transfer']['MRPC']['f1']:.2f}")
+            mrpc = result["transfer"]["MRPC"]
+            parts.append(f"MRPC F1: {mrpc['f1']:.2f} (features {mrpc['features']}: {PAIR_FEATURES[mrpc['features']]})")
     return "\n".join(parts)
 
 
@@ -208,6 +228,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names")
     p.add_argument("--mode", choices=MODES, default="test",
                    help="test; dev (STS-B dev + SICK-R trial); fasttest (5 folds, fixed probe strength)")
+    p.add_argument("--mrpc-features", choices=PAIR_FEATURES, default="senteval",
+                   help="the MRPC probe's features of a pair (u, v): senteval = [|u-v|, u*v], as SentEval "
+                        "and the published tables; full = [u, v, |u-v|, u*v]")
     p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="sentences encoded at once")
     p.add_argument("--max-length", type=AT_LEAST_1, default=None,
                    help="tokens per sentence (default: whole sentences, up to the model's maximum)")
@@ -229,7 +252,8 @@ def main(argv=None) -> dict:
     encoder = SentenceEncoder.from_pretrained(args.encoder, vocab=args.vocab).to(device)
     encoder.precision = resolve_precision(args.precision, device)
     result = evaluate(encoder, args.senteval_dir, tasks, args.mode, args.batch_size, args.max_length,
-                      show_progress_bar=not args.no_progress and progress.resolve("auto") == "bar")
+                      show_progress_bar=not args.no_progress and progress.resolve("auto") == "bar",
+                      mrpc_features=args.mrpc_features)
     result["encoder"] = str(args.encoder)
     print(format_table(result))
     if args.json:

@@ -73,7 +73,13 @@ class STSEvaluator:
 @dataclass
 class ProbeSettings:
     """How a probe is trained. ``c_grid`` None: the fixed ``c`` (fasttest); else the L2 strength
-    (sklearn's C = 1/λ) is picked from SentEval's grid by an inner validation."""
+    (sklearn's C = 1/λ) is picked from SentEval's grid by an inner validation.
+
+    The probe is scikit-learn's LogisticRegression, the model of SentEval's ``usepytorch=False``
+    branch, with the installed scikit-learn's defaults (lbfgs; multinomial for TREC's 6 classes)
+    except ``max_iter``: 1000, not 100, to give lbfgs room to converge. SimCSE's evaluation script
+    uses SentEval's PyTorch probe (``usepytorch=True``: the same linear model trained by Adam with
+    early stopping, with its own L2 grid), so its figures and ours need not agree to the decimal."""
 
     folds: int = 10
     c_grid: tuple[float, ...] | None = None
@@ -87,10 +93,11 @@ class ProbeSettings:
         return StratifiedKFold(n_splits=self.folds, shuffle=True, random_state=SEED)
 
     def tuned(self):
-        """The probe, wrapped in a k-fold grid search over C when there is a grid."""
+        """The probe, wrapped in a k-fold grid search over C when there is a grid (SentEval's
+        KFoldClassifier and the inner loop of its InnerKFoldClassifier)."""
         if self.c_grid is None:
             return self.probe()
-        return GridSearchCV(self.probe(), {"C": list(self.c_grid)}, cv=self.kfold())
+        return GridSearchCV(self.probe(), {"C": list(self.c_grid)}, cv=self.kfold(), refit=best_c)
 
 
 #: SentEval's C grids (validation.py, scikit-learn branch).
@@ -98,18 +105,58 @@ INNER_KFOLD_GRID = tuple(2.0 ** t for t in range(-2, 4))  # MR/CR/SUBJ/MPQA, SST
 KFOLD_GRID = tuple(2.0 ** t for t in range(-1, 6))        # TREC, MRPC
 
 
+def percent(accuracy):
+    """Accuracy ×100 rounded to 2 decimals, as SentEval rounds every score it compares or averages."""
+    return np.round(100 * np.asarray(accuracy, dtype=np.float64), 2)
+
+
+def best_c(cv_results: dict) -> int:
+    """GridSearchCV's refit rule as SentEval's: the first C of the grid whose mean validation
+    accuracy, ×100 rounded to 2 decimals, is the highest."""
+    return int(np.argmax(percent(cv_results["mean_test_score"])))
+
+
+def senteval_order(items: list, labels: list[int]) -> tuple[list, list[int]]:
+    """``items`` and ``labels`` in the order SentEval's task code feeds its classifier: sorted by
+    the number of words (of each sentence of a pair, in turn), then the label; ties keep the file's
+    order. The shuffled stratified folds depend on this order, so the same order gives SentEval's folds."""
+    def key(i):
+        item = items[i]  # a sentence, or a PairExample
+        if isinstance(item, str):
+            return len(item.split()), labels[i]
+        return len(item.sentence1.split()), len(item.sentence2.split()), labels[i]
+    order = sorted(range(len(items)), key=key)
+    return [items[i] for i in order], [labels[i] for i in order]
+
+
+#: The probe's features of a pair (u, v), by name: SentEval's MRPC task uses [|u - v|, u * v]
+#: (mrpc.py); "full" adds u and v (InferSent's NLI classifier's features), as this project's MRPC
+#: figures did before SentEval's became the default.
+PAIR_FEATURES = {"senteval": "[|u-v|, u*v]", "full": "[u, v, |u-v|, u*v]"}
+
+
+def pair_features(u: torch.Tensor, v: torch.Tensor, kind: str = "senteval") -> torch.Tensor:
+    """[N, D] x [N, D] -> [N, 2D] (senteval: [|u - v|, u * v]) or [N, 4D] (full: [u, v, |u - v|, u * v])."""
+    if kind not in PAIR_FEATURES:
+        raise ValueError(f"pair features must be one of {', '.join(PAIR_FEATURES)}, not {kind!r}")
+    both = [(u - v).abs(), u * v]
+    return torch.cat([u, v, *both] if kind == "full" else both, dim=-1)
+
+
 def _features(x: torch.Tensor) -> np.ndarray:
     return x.double().numpy()
 
 
 class CVClassificationEvaluator:
-    """MR, CR, SUBJ, MPQA: accuracy ×100 of k-fold cross-validation over all sentences; in each
-    outer fold, an inner k-fold on the training part picks C (``settings.c_grid``)."""
+    """MR, CR, SUBJ, MPQA (SentEval's InnerKFoldClassifier): accuracy ×100 of k-fold
+    cross-validation over all sentences, the mean of the folds' rounded accuracies; in each outer
+    fold, an inner k-fold on the training part picks C (``settings.c_grid``)."""
 
     main_metric = "accuracy"
 
     def __init__(self, name: str, sentences: list[str], labels: list[int], settings: ProbeSettings):
-        self.name, self._sentences, self.labels, self.settings = name, sentences, np.array(labels), settings
+        self._sentences, labels = senteval_order(sentences, labels)
+        self.name, self.labels, self.settings = name, np.array(labels), settings
 
     def sentences(self) -> list[str]:
         return self._sentences
@@ -117,7 +164,7 @@ class CVClassificationEvaluator:
     def __call__(self, embed) -> dict:
         x = _features(embed(self._sentences))
         scores = cross_val_score(self.settings.tuned(), x, self.labels, cv=self.settings.kfold())
-        return {"accuracy": 100 * float(scores.mean()), "n": len(self.labels)}
+        return {"accuracy": float(percent(scores).mean()), "n": len(self.labels)}
 
 
 class SplitClassificationEvaluator:
@@ -137,37 +184,41 @@ class SplitClassificationEvaluator:
         c = None
         if self.settings.c_grid is not None:
             dev = [self.settings.probe(c).fit(x, y).score(xd, yd) for c in self.settings.c_grid]
-            c = self.settings.c_grid[int(np.argmax(dev))]
+            c = self.settings.c_grid[int(np.argmax(percent(dev)))]
         probe = self.settings.probe(c).fit(x, y)
         return {"accuracy": 100 * probe.score(xt, yt), "n": len(yt)}
 
 
 class TrainTestClassificationEvaluator:
     """TREC and MRPC: C picked by k-fold on train (SentEval's KFoldClassifier), accuracy ×100 on
-    test. With pairs (MRPC) the features are [u, v, |u - v|, u * v] and F1 ×100 is reported too."""
+    test. With ``pairs`` (MRPC: "senteval" or "full") the items are PairExamples, the probe sees
+    :func:`pair_features` of that kind of their vectors, and F1 ×100 is reported too."""
 
     main_metric = "accuracy"
 
-    def __init__(self, name: str, train: tuple, test: tuple, settings: ProbeSettings, pairs: bool = False):
-        self.name, self.train, self.test, self.settings, self.pairs = name, train, test, settings, pairs
+    def __init__(self, name: str, train: tuple, test: tuple, settings: ProbeSettings, pairs: str | None = None):
+        self.name, self.settings, self.pairs = name, settings, pairs
+        self.train, self.test = senteval_order(*train), senteval_order(*test)
 
     def sentences(self) -> list[str]:
         if self.pairs:
             return [s for items, _ in (self.train, self.test) for p in items for s in (p.sentence1, p.sentence2)]
         return list(self.train[0]) + list(self.test[0])
 
-    def _x(self, items, embed) -> np.ndarray:
+    def features(self, items, embed) -> np.ndarray:
+        """The probe's input for ``items``: their vectors, or the pair features of their pairs."""
         if not self.pairs:
             return _features(embed(items))
         u, v = embed([p.sentence1 for p in items]), embed([p.sentence2 for p in items])
-        return _features(torch.cat([u, v, (u - v).abs(), u * v], dim=-1))
+        return _features(pair_features(u, v, self.pairs))
 
     def __call__(self, embed) -> dict:
-        x, y = self._x(self.train[0], embed), np.array(self.train[1])
-        xt, yt = self._x(self.test[0], embed), np.array(self.test[1])
+        x, y = self.features(self.train[0], embed), np.array(self.train[1])
+        xt, yt = self.features(self.test[0], embed), np.array(self.test[1])
         probe = self.settings.tuned().fit(x, y)
         predicted = probe.predict(xt)
         result = {"accuracy": 100 * float((predicted == yt).mean()), "n": len(yt)}
         if self.pairs:
             result["f1"] = 100 * float(f1_score(yt, predicted))
+            result["features"] = self.pairs
         return result

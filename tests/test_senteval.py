@@ -11,13 +11,15 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import StratifiedKFold
 
 from bertcf import senteval as se
 from bertcf.bootstrap import interval
 from bertcf.data import DataError, PairExample
-from bertcf.evaluate import cli, evaluate, parse_tasks
-from bertcf.evaluators import (CVClassificationEvaluator, ProbeSettings, SplitClassificationEvaluator, STSEvaluator,
-                               TrainTestClassificationEvaluator)
+from bertcf.evaluate import cli, evaluate, format_table, parse_tasks
+from bertcf.evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, SEED, CVClassificationEvaluator, ProbeSettings, best_c,
+                               SplitClassificationEvaluator, STSEvaluator, TrainTestClassificationEvaluator)
 from bertcf.training import UsageError
 
 SHARED_SENTEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "senteval"
@@ -104,6 +106,23 @@ def test_transfer_readers(tmp_path):
     assert len(pairs) == 20 and mrpc_labels[:2] == [0, 1] and pairs[0].id == "0-100"
 
 
+def test_trec_reads_latin1_questions_and_six_coarse_classes(tmp_path):
+    """TREC's training file is Latin-1 (byte 0xF0 in one question): read as SentEval reads it, the
+    question keeps its character; the label is the coarse class before the colon, SentEval's index."""
+    path = write(tmp_path / se.TREC_FILES["train"], [
+        "LOC:city Which city has the oldest relationship as a sister\xf0city with Los Angeles ?",
+        "HUM:ind Who  founded the Caf\xe9 Procope ?", "ABBR:exp What does NASA stand for ?",
+        "NUM:date When did the war end ?", "DESC:def What is a fjord ?", "ENTY:animal What is the fastest bird ?"],
+        "latin-1")
+    with pytest.raises(UnicodeDecodeError):
+        path.read_bytes().decode("utf-8")  # the file is not UTF-8: a UTF-8 reader would fail or garble it
+    sentences, labels = se.read_trec(path)
+    assert sentences[:2] == ["Which city has the oldest relationship as a sister\u00f0city with Los Angeles ?",
+                             "Who founded the Caf\u00e9 Procope ?"]
+    assert labels == [4, 3, 0, 5, 1, 2]  # SentEval's tgt2idx: ABBR 0, DESC 1, ENTY 2, HUM 3, LOC 4, NUM 5
+    assert se.TREC_CLASSES == ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
+
+
 @pytest.mark.parametrize("relative, line, message", [
     (se.STSB_FILES["test"], "x\ty\tz\t1\tfive\ta\tb", "line 2: score 'five' is not a number"),
     (se.STSB_FILES["test"], "x\ty\tz\t1\t2.0\ta", "line 2: expected at least 7 tab-separated fields, found 6"),
@@ -174,8 +193,9 @@ def _separable(n: int = 40, dim: int = 6, seed: int = 0):
     return vectors, [f"s{i}" for i in range(n)], labels
 
 
+@pytest.mark.parametrize("features", ["senteval", "full"])
 @pytest.mark.parametrize("settings", [ProbeSettings(folds=5), ProbeSettings(folds=4, c_grid=(0.25, 1.0, 4.0))])
-def test_probes_on_separable_vectors(settings):
+def test_probes_on_separable_vectors(settings, features):
     vectors, names, labels = _separable()
     embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
     assert CVClassificationEvaluator("toy", names, labels, settings)(embed)["accuracy"] == 100.0
@@ -183,12 +203,12 @@ def test_probes_on_separable_vectors(settings):
     assert SplitClassificationEvaluator("toy", split, settings)(embed) == {"accuracy": 100.0, "n": 10}
     assert TrainTestClassificationEvaluator("toy", (names[:28], labels[:28]), (names[28:], labels[28:]),
                                             settings)(embed)["accuracy"] == 100.0
-    # Pairs: label 1 iff both sentences are on the same side; [u, v, |u-v|, u*v] makes it linear (u*v).
+    # Pairs: label 1 iff both sentences are on the same side; both feature sets make it linear (u*v).
     pairs = [PairExample(str(i), names[i], names[(i + 1 + (i % 2)) % 40], 0.0) for i in range(40)]
     pair_labels = [int(labels[int(p.id)] == labels[names.index(p.sentence2)]) for p in pairs]
     result = TrainTestClassificationEvaluator("pairs", (pairs[:30], pair_labels[:30]), (pairs[30:], pair_labels[30:]),
-                                              settings, pairs=True)(embed)
-    assert result["accuracy"] == 100.0 and result["f1"] == 100.0
+                                              settings, pairs=features)(embed)
+    assert result["accuracy"] == 100.0 and result["f1"] == 100.0 and result["features"] == features
 
 
 def test_probe_is_at_chance_on_random_labels():
@@ -196,6 +216,137 @@ def test_probe_is_at_chance_on_random_labels():
     labels = list(np.random.default_rng(1).integers(0, 2, size=40))
     embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
     assert CVClassificationEvaluator("toy", names, labels, ProbeSettings(folds=5))(embed)["accuracy"] < 80.0
+
+
+# ---- the probes against SentEval's own procedure (validation.py, scikit-learn branch) -------------
+# The references below are written from SentEval's loops (binary.py/trec.py/mrpc.py sort the items,
+# then InnerKFoldClassifier / KFoldClassifier): explicit loops over the folds and the C grid, scores
+# ×100 rounded to 2 decimals before they are compared or averaged, the first best C. The evaluators
+# get the items in file order and must reproduce the numbers through GridSearchCV/cross_val_score.
+def _reference_probe(c: float, x, y):
+    return LogisticRegression(C=c, max_iter=ProbeSettings.max_iter, random_state=SEED).fit(x, y)
+
+
+def _reference_best_c(x, y, grid, k: int) -> float:
+    folds = StratifiedKFold(n_splits=k, shuffle=True, random_state=SEED)
+    scores = [round(100 * np.mean([_reference_probe(c, x[a], y[a]).score(x[b], y[b]) for a, b in folds.split(x, y)]), 2)
+              for c in grid]
+    return grid[int(np.argmax(scores))]
+
+
+def _reference_inner_kfold(x, y, grid, k: int) -> float:
+    """SentEval's InnerKFoldClassifier: the mean of the outer folds' rounded test accuracies."""
+    accuracies = []
+    for train, test in StratifiedKFold(n_splits=k, shuffle=True, random_state=SEED).split(x, y):
+        c = _reference_best_c(x[train], y[train], grid, k)
+        accuracies.append(round(100 * _reference_probe(c, x[train], y[train]).score(x[test], y[test]), 2))
+    return float(np.mean(accuracies))
+
+
+def _noisy_sentences(n: int, dim: int, classes: int, seed: int):
+    """Sentences of 1-6 words (so SentEval's sort by length moves them), labels, and vectors
+    with a weak class signal (so the regularisation matters and C is really chosen)."""
+    rng = np.random.default_rng(seed)
+    labels = [int(v) for v in rng.integers(0, classes, size=n)]
+    sentences = [" ".join(f"w{i}" for _ in range(int(rng.integers(1, 7)))) + f" x{i}" for i in range(n)]
+    means = rng.normal(size=(classes, dim))
+    vectors = {s: torch.tensor(0.6 * means[y] + rng.normal(size=dim), dtype=torch.float32)
+               for s, y in zip(sentences, labels)}
+    return sentences, labels, vectors
+
+
+def _sorted_like_senteval(keys, *columns):
+    """SentEval's ``sorted(zip(...), key=(lengths..., label))``: keys are tuples of lengths."""
+    rows = sorted(zip(*columns), key=lambda row: (*keys(row), row[-1]))
+    return [list(c) for c in zip(*rows)]
+
+
+def test_cv_probe_is_senteval_inner_kfold():
+    sentences, labels, vectors = _noisy_sentences(90, 12, 2, seed=3)
+    embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
+    ours = CVClassificationEvaluator("toy", sentences, labels, ProbeSettings(folds=3, c_grid=INNER_KFOLD_GRID))(embed)
+    words, y = _sorted_like_senteval(lambda row: (len(row[0].split()),), sentences, labels)
+    x = embed(words).double().numpy()
+    expected = _reference_inner_kfold(x, np.array(y), INNER_KFOLD_GRID, 3)
+    assert ours["accuracy"] == pytest.approx(expected, abs=1e-9)
+    # the order matters: the same procedure on the file's order gives other folds and another score
+    unsorted = _reference_inner_kfold(embed(sentences).double().numpy(), np.array(labels), INNER_KFOLD_GRID, 3)
+    assert unsorted != pytest.approx(expected, abs=1e-9)
+
+
+def _toy_pairs(n: int, seed: int):
+    rng = np.random.default_rng(seed)
+    sentences, _, vectors = _noisy_sentences(n, 10, 2, seed=seed)
+    pairs, labels = [], []
+    for i in range(n):
+        j = int(rng.integers(0, n))
+        u, v = vectors[sentences[i]], vectors[sentences[j]]
+        labels.append(int(float(torch.dot(u, v)) + rng.normal() > 0))  # paraphrase-like: a noisy u·v
+        pairs.append(PairExample(str(i), sentences[i], sentences[j], float(labels[-1])))
+    return pairs, labels, vectors
+
+
+def test_mrpc_features_are_sentevals_formula():
+    """[|u - v|, u * v] as mrpc.py's ``np.c_[np.abs(A - B), A * B]`` (and "full" with u, v first),
+    on a built example with known vectors."""
+    vectors = {"a": torch.tensor([1.0, -2.0, 0.5]), "b": torch.tensor([3.0, 1.0, -0.5]),
+               "c": torch.tensor([0.0, 4.0, 2.0])}
+    pairs = [PairExample("0", "a", "b", 1.0), PairExample("1", "c", "a", 0.0)]
+    embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
+    a, b = np.array([[1.0, -2.0, 0.5], [0.0, 4.0, 2.0]]), np.array([[3.0, 1.0, -0.5], [1.0, -2.0, 0.5]])
+    by_hand = np.array([[2.0, 3.0, 1.0, 3.0, -2.0, -0.25], [1.0, 6.0, 1.5, 0.0, -8.0, 1.0]])
+    assert np.array_equal(by_hand, np.c_[np.abs(a - b), a * b])
+    def features(kind):
+        evaluator = TrainTestClassificationEvaluator("MRPC", (pairs, [1, 0]), (pairs, [1, 0]), ProbeSettings(), kind)
+        return evaluator.features(pairs, embed)
+    assert np.array_equal(features("senteval"), by_hand)
+    assert np.array_equal(features("full"), np.c_[a, b, by_hand])
+    with pytest.raises(ValueError, match="one of senteval, full, not 'diff'"):
+        features("diff")
+
+
+@pytest.mark.parametrize("task, seed", [("MRPC", 6), ("TREC", 8)])  # seeds where the order changes C
+def test_train_test_probe_is_senteval_kfold_classifier(task, seed):
+    """SentEval's KFoldClassifier: C by k-fold on train (items sorted as mrpc.py / trec.py sort
+    them), the probe refitted on all of train, accuracy (and MRPC's F1) on test."""
+    from sklearn.metrics import f1_score
+    settings = ProbeSettings(folds=3, c_grid=KFOLD_GRID)
+    if task == "MRPC":
+        items, labels, vectors = _toy_pairs(120, seed=seed)
+        keys = lambda row: (len(row[0].sentence1.split()), len(row[0].sentence2.split()))  # noqa: E731
+    else:  # TREC: several classes
+        items, labels, vectors = _noisy_sentences(120, 12, 3, seed=seed)
+        keys = lambda row: (len(row[0].split()),)  # noqa: E731
+    embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
+    train, test = (items[:80], labels[:80]), (items[80:], labels[80:])
+    evaluator = TrainTestClassificationEvaluator(task, train, test, settings,
+                                                 pairs="senteval" if task == "MRPC" else None)
+    ours = evaluator(embed)
+
+    def features(rows):
+        if task == "TREC":
+            return embed(rows).double().numpy()
+        a = embed([p.sentence1 for p in rows]).double().numpy()
+        b = embed([p.sentence2 for p in rows]).double().numpy()
+        return np.c_[np.abs(a - b), a * b]
+    def reference(train_rows, train_labels):
+        x, y = features(train_rows), np.array(train_labels)
+        return _reference_probe(_reference_best_c(x, y, KFOLD_GRID, 3), x, y)
+    xt, yt = features(test[0]), np.array(test[1])
+    probe = reference(*_sorted_like_senteval(keys, *train))
+    assert ours["accuracy"] == pytest.approx(round(100 * probe.score(xt, yt), 2), abs=0.005 + 1e-9)
+    if task == "MRPC":
+        assert ours["f1"] == pytest.approx(round(100 * f1_score(yt, probe.predict(xt)), 2), abs=0.005 + 1e-9)
+    assert 40 < ours["accuracy"] < 100  # a real, imperfect probe: the comparison is not between two trivial 100s
+    # the order matters: on the file's order the folds pick another C, with another test accuracy
+    assert reference(*train).score(xt, yt) != probe.score(xt, yt)
+
+
+def test_best_c_compares_rounded_scores_like_senteval():
+    """Two Cs within 0.005 points tie once rounded: SentEval keeps the first; a plain argmax would not."""
+    scores = {"mean_test_score": np.array([0.80, 0.812341, 0.812344, 0.79])}
+    assert best_c(scores) == 1 and int(np.argmax(scores["mean_test_score"])) == 2
+    assert best_c({"mean_test_score": np.array([0.80, 0.8123, 0.8124])}) == 2
 
 
 # ---- evaluate() and the command line -----------------------------------------------------------
@@ -225,6 +376,34 @@ def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, capsys):
     assert intervals[0] == "[{:.2f}, {:.2f}]".format(*result["sts_detail"]["STS12"]["ci95"])
     assert intervals[-1] == "[{:.2f}, {:.2f}]".format(*result["sts_avg_ci95"])
     assert "f1" in result["transfer"]["MRPC"] and result["transfer_avg"] is not None
+    assert result["transfer"]["MRPC"]["features"] == "senteval"  # SentEval's features by default
+    assert result["transfer_avg_tasks"] == list(se.TRANSFER_TASKS)
+    transfer_header = [c.strip() for c in printed.splitlines()[7].split("|")[1:-1]]  # under the STS table and its intervals
+    assert transfer_header == [*se.TRANSFER_TASKS, "Avg."] and "Avg. of" not in printed
+
+
+def test_transfer_average_says_which_tasks_it_covers(tmp_path, tiny_bert_dir, capsys):
+    """Without MR and SUBJ the average is not SentEval's 7-task one: the table's column says how
+    many tasks it covers and a line names them; the JSON lists them in transfer_avg_tasks."""
+    root = write_senteval(tmp_path / "SentEval")
+    for task in ("MR", "SUBJ"):
+        for relative in se.BINARY_FILES[task]:
+            (root / relative).unlink()
+    out = tmp_path / "result.json"
+    assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--tasks", "transfer", "--mode",
+                "fasttest", "--mrpc-features", "full", "--json", str(out), "--no-progress", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    result = json.loads(out.read_text())
+    covered = ["CR", "MPQA", "SST2", "TREC", "MRPC"]
+    assert result["transfer_avg_tasks"] == covered and list(result["transfer"]) == covered
+    assert result["transfer_avg"] == pytest.approx(sum(result["transfer"][t]["accuracy"] for t in covered) / 5)
+    lines = printed.splitlines()
+    assert [c.strip() for c in lines[1].split("|")[1:-1]] == [*se.TRANSFER_TASKS, "Avg. of 5"]
+    cells = [c.strip() for c in lines[3].split("|")[1:-1]]
+    assert cells[:3] == ["-", f"{result['transfer']['CR']['accuracy']:.2f}", "-"]  # MR, CR, SUBJ
+    assert "Avg. of 5: CR, MPQA, SST2, TREC, MRPC (not run: MR, SUBJ)" in lines
+    assert f"MRPC F1: {result['transfer']['MRPC']['f1']:.2f} (features full: [u, v, |u-v|, u*v])" in lines
+    assert format_table(result) == printed.rstrip("\n")
 
 
 def test_cli_vocab_for_a_checkpoint_without_tokenizer_files(tmp_path, tiny_bert_dir, vocab_path, capsys):
@@ -292,6 +471,7 @@ def test_missing_task_skipped_with_warning_and_none_left_is_an_error(tmp_path, t
     (["--tasks", "nope"], "unknown task 'nope'"),
     (["--mode", "dev", "--tasks", "transfer"], "--mode dev scores STS-B dev"),
     (["--batch-size", "0"], "argument --batch-size: must be at least 1, not 0"),
+    (["--mrpc-features", "pairs"], "argument --mrpc-features: invalid choice: 'pairs'"),
     (["--senteval-dir", "/nonexistent/x"], "is not a directory"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, tiny_bert_dir, capsys, args, message):
@@ -303,6 +483,12 @@ def test_bad_input_exits_2_with_one_line(tmp_path, tiny_bert_dir, capsys, args, 
     assert status == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_bad_mrpc_features_refused_before_encoding(tmp_path):
+    root = write_senteval(tmp_path / "SentEval")
+    with pytest.raises(UsageError, match="--mrpc-features must be one of senteval, full, not 'u,v'"):
+        evaluate(None, root, "MRPC", mode="fasttest", mrpc_features="u,v")  # no encoder needed to refuse it
 
 
 def test_malformed_file_exits_2_and_json_not_written(tmp_path, tiny_bert_dir, capsys):
@@ -331,3 +517,14 @@ def test_real_files_parse_with_senteval_sizes():
     assert len(mpqa) == 10606
     assert [len(se.read_mrpc(_shared(se.MRPC_FILES[s]))[0]) for s in ("train", "test")] == [4076, 1725]
     assert [len(se.read_sst2(_shared(se.SST2_FILES[s]))[0]) for s in ("train", "dev", "test")] == [67349, 872, 1821]
+
+
+def test_real_trec_files_six_classes_and_latin1_question():
+    train, train_labels = se.read_trec(_shared(se.TREC_FILES["train"]))
+    test, test_labels = se.read_trec(_shared(se.TREC_FILES["test"]))
+    assert (len(train), len(test)) == (5452, 500)
+    # Li and Roth's coarse classes, in SentEval's order ABBR, DESC, ENTY, HUM, LOC, NUM
+    assert np.bincount(train_labels).tolist() == [86, 1162, 1250, 1223, 835, 896]
+    assert np.bincount(test_labels).tolist() == [9, 138, 94, 65, 81, 113]
+    assert [s for s in train if not s.isascii()] == [
+        "Which city has the oldest relationship as a sister\u00f0city with Los Angeles ?"]

@@ -93,7 +93,8 @@ def row_summary(per_seed: dict) -> dict:
     if ran:
         out["senteval"] = {"sts": {t: collect("senteval", "sts", t) for t in ran[0]["sts"]},
                            "sts_avg": collect("senteval", "sts_avg"),
-                           "transfer_avg": collect("senteval", "transfer_avg")}
+                           "transfer_avg": collect("senteval", "transfer_avg"),
+                           "transfer_avg_tasks": ran[0].get("transfer_avg_tasks", [])}
     return out
 
 
@@ -203,9 +204,13 @@ class Report:
         found = {k: v["senteval"] for k, v in summaries.items() if v["senteval"]}
         if not found:
             return [], {}
-        n = len(next(iter(found.values()))["sts"])
+        first = next(iter(found.values()))
+        n = len(first["sts"])
         header = ["7 STS avg (test)" if n == 7 else f"STS avg (test, {n} sets)"]
-        header += ["Transfer avg (fasttest)"] if self.transfer else []
+        if self.transfer:  # the anchors' average is over all seven tasks: say which this one covers
+            tasks = first["transfer_avg_tasks"]
+            header.append("Transfer avg (fasttest)" if len(tasks) == 7 else
+                          f"Transfer avg of {len(tasks)}/7 (fasttest: {', '.join(tasks)})")
         cells = {k: [self.cell(v["sts_avg"], 2)] + ([self.cell(v["transfer_avg"], 2)] if self.transfer else [])
                  for k, v in found.items()}
         return header, cells
