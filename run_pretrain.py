@@ -2,8 +2,7 @@
 """Self-supervised pretraining: python run_pretrain.py --stage mirror|joint|flow [--help]."""
 import sys
 
-from bertcf.pretrain import main
-from bertcf.cli import run_main
+from bertcf.pretrain import command
 
 if __name__ == "__main__":
-    sys.exit(run_main(main))
+    sys.exit(command())

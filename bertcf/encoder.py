@@ -17,7 +17,7 @@ from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, token
 from minbert.model import has_weights
 
 from . import st_format
-from .files import write_json_atomic
+from .files import atomic_path, write_json_atomic
 from .precision import autocast
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
@@ -136,7 +136,8 @@ class SentenceEncoder(nn.Module):
                 "normalize": self.normalize}
         write_json_atomic(directory / ENCODER_FILE, meta)
         if self.flow is not None:
-            self.flow.save(directory / FLOW_FILE)
+            with atomic_path(directory / FLOW_FILE) as tmp:
+                self.flow.save(tmp)
         elif (directory / FLOW_FILE).exists():
             os.remove(directory / FLOW_FILE)
         st_format.write(directory, self.dim, self.pooling, self._max_length(),
@@ -165,7 +166,10 @@ class SentenceEncoder(nn.Module):
         flow = None
         if flow_file is not None:
             from .flow import Glow
-            flow = Glow.load(flow_file)
+            try:
+                flow = Glow.load(flow_file)
+            except ValueError as e:  # flow.py raises no project error: checkpoints carry it standalone
+                raise CheckpointError(str(e)) from None
         settings = layout | meta  # this project's own file first
         return cls(bert, tokenizer, pooling=pooling or settings.get("pooling", "mean"), flow=flow,
                    max_length=max_length or settings.get("max_length", 128),

@@ -18,6 +18,10 @@ embedding u (the encoder's sentence vector, shape [b, D]) is mapped to its laten
     flow_loss(nll, D, unit)      the batch's objective in nats or in bits per dimension
 
 Vectors are rows; a linear layer with matrix W acts as z = u @ W.T (i.e. z_i = W u_i per row).
+
+This file needs torch and safetensors only: a checkpoint with a flow carries a copy of it beside
+its sentence-transformers module (``bertcf/st.py``), so the model loads where BERT-CF is not
+installed (``bertcf.st_format``).
 """
 
 import json
@@ -26,11 +30,9 @@ import math
 import torch
 import torch.nn as nn
 
-from minbert import CheckpointError
-from minbert.model import load_state_dict_file
 
-from .distributed import is_distributed
-from .files import save_tensors_atomic
+def _is_distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 # -----------------------------------------------------------------------------
 
@@ -74,12 +76,12 @@ class ActNorm(nn.Module):
         u = u.detach().to(self.bias.dtype)
         n = torch.tensor([float(u.shape[0])], dtype=u.dtype, device=u.device)
         total = u.sum(dim=0)
-        if is_distributed():
+        if _is_distributed():
             torch.distributed.all_reduce(n)
             torch.distributed.all_reduce(total)
         mean = total / n
         sq = ((u - mean) ** 2).sum(dim=0)
-        if is_distributed():
+        if _is_distributed():
             torch.distributed.all_reduce(sq)
         std = (sq / n).sqrt()
         self.bias.copy_(-mean)
@@ -283,26 +285,30 @@ class Glow(nn.Module):
                    permutation=d.get("permutation", "lu"))
 
     def save(self, path):
-        """Write the state_dict to a safetensors file with the config JSON in metadata['config']."""
-        save_tensors_atomic(path, self.state_dict(), metadata={"config": json.dumps(self.config())})
+        """Write the state_dict to a safetensors file with the config JSON in metadata['config'].
+        (BERT-CF's checkpoints write it through ``bertcf.files.atomic_path``.)"""
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(path), metadata={"config": json.dumps(self.config())})
 
     @classmethod
     def load(cls, path, map_location="cpu"):
-        """A flow written by :meth:`save`; a truncated or corrupt file is a CheckpointError naming it."""
+        """A flow written by :meth:`save`; a missing, truncated or corrupt file is a ValueError
+        naming it."""
         from safetensors import safe_open
 
         try:
             with safe_open(str(path), framework="pt") as f:
                 config = json.loads(f.metadata()["config"])
-        except Exception as e:  # SafetensorError, a missing or unreadable config
-            raise CheckpointError(f"{path} is truncated or corrupt ({type(e).__name__}: {str(e)[:120]}); "
-                                  f"write it again from its run, or use another checkpoint") from None
+                state = {k: f.get_tensor(k) for k in f.keys()}
+        except Exception as e:  # SafetensorError, a missing file or an unreadable config
+            raise ValueError(f"{path} is truncated or corrupt ({type(e).__name__}: {str(e)[:120]}); "
+                             f"write it again from its run, or use another checkpoint") from None
         model = cls.from_config(config)
-        device = torch.device(map_location) if map_location is not None else torch.device("cpu")
-        state = load_state_dict_file(path)
-        dtype = next((v.dtype for k, v in state.items() if v.is_floating_point()), torch.float32)
+        dtype = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
         model.to(dtype).load_state_dict(state)
-        return model.to(device)
+        return model.to(torch.device(map_location) if map_location is not None else torch.device("cpu"))
 
     # --- the flow ------------------------------------------------------------------------------
 

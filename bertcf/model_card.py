@@ -10,16 +10,36 @@ from .files import write_text_atomic
 CARD_FILE = "README.md"
 
 
-def model_card(config: dict, metric: str, score: float, step: int) -> str:
+def hub_base(config: dict, depth: int = 0) -> str | None:
+    """The Hugging Face Hub model a run's encoder comes from, following --init / --encoder back
+    through the runs that wrote them; None when it comes from a local directory (a path means
+    nothing on the Hub)."""
+    from .encoder import run_settings
+
+    source = config.get("init") or config.get("encoder") or config.get("model")
+    if source is None or depth > 20:
+        return None
+    if not Path(source).exists():
+        return str(source)
+    found = run_settings(source)
+    return hub_base(found[1], depth + 1) if found else None
+
+
+def model_card(config: dict, metric: str, score: float, step: int, flow: bool = False) -> str:
     """The card of a checkpoint chosen at ``step`` by ``metric`` = ``score``, from the run's ``config``
-    (its config.json: every setting, and ``command``, the command line)."""
+    (its config.json: every setting, and ``command``, the command line); ``flow``: whether the
+    checkpoint has a flow (its sentence-transformers module is then custom code)."""
     base = config.get("init") or config.get("encoder") or config.get("model")
+    hub = hub_base(config)
     what = (f"stage `{config['stage']}`, method `{config['method']}`" if "stage" in config
             else "multitask fine-tuning (SST-5, QQP, STS)")
     corpus = config.get("corpus") or ("the task train files' sentences" if config.get("corpus_from_tasks") else None)
+    evaluation = ([f"- SentEval STS-B dev Spearman ×100: {100 * score:.2f} at step {step} (`--select-on "
+                   "stsb-dev`)", ""] if config.get("select_on") == "stsb-dev" else [])
     lines = ["---", "library_name: sentence-transformers", "pipeline_tag: sentence-similarity", "tags:",
-             "- sentence-transformers", "- sentence-similarity", "- feature-extraction", "- bertcf",
-             f"base_model: {base}", "---", "",
+             "- sentence-transformers", "- sentence-similarity", "- feature-extraction", "- bertcf"]
+    lines += [f"base_model: {hub}"] if hub else []
+    lines += ["---", "",
              "# A BERT-CF sentence encoder", "",
              "Trained with BERT-CF (Contrastive Flows for MultiTask-BERT) on minBERT, a BERT written from scratch.", "",
              "## Training", "",
@@ -29,21 +49,30 @@ def model_card(config: dict, metric: str, score: float, step: int) -> str:
              f"- Data: `{config.get('data_dir')}`" + (f"; pretraining corpus: {corpus}" if corpus else ""),
              f"- Steps: {config.get('steps')} (batch {config.get('batch_size')}, lr {config.get('lr')}, "
              f"seed {config.get('seed')})",
-             f"- Best dev metric: {metric} = {score:.4f} at step {step}", "",
-             "## Usage", "",
-             "With BERT-CF:", "", "```python", "from bertcf import SentenceEncoder", "",
-             'encoder = SentenceEncoder.from_pretrained("PATH")',
-             'vectors = encoder.encode(["A man plays a guitar.", "Someone plays music."])', "```", "",
-             "With sentence-transformers (BERT-CF installed: a checkpoint with a flow loads its module, "
-             "`bertcf.st.Flow`, which needs `trust_remote_code=True`):", "",
-             "```python", "from sentence_transformers import SentenceTransformer", "",
-             'model = SentenceTransformer("PATH", trust_remote_code=True)',
-             'vectors = model.encode(["A man plays a guitar.", "Someone plays music."])', "```", ""]
+             f"- Best dev metric: {metric} = {score:.4f} at step {step}", ""]
+    lines += (["## Evaluation", ""] + evaluation) if evaluation else []
+    remote = ("This checkpoint has a normalising flow on top of the pooled vector. Its code ships in this "
+              "directory (`bertcf_st.py`, `flow.py`; torch, safetensors and sentence-transformers are all it "
+              "imports), so loading it runs that code: pass `trust_remote_code=True`." if flow else
+              "No custom code: a plain Transformer and Pooling model.")
+    lines += ["## Usage", "",
+              "With sentence-transformers alone (`pip install sentence-transformers`; BERT-CF is not needed). "
+              + remote, "",
+              "```python", "from sentence_transformers import SentenceTransformer", "",
+              'model = SentenceTransformer("PATH"' + (", trust_remote_code=True)" if flow else ")"),
+              'vectors = model.encode(["A man plays a guitar.", "Someone plays music."])', "```", "",
+              "With BERT-CF:", "", "```python", "from bertcf import SentenceEncoder", "",
+              'encoder = SentenceEncoder.from_pretrained("PATH")',
+              'vectors = encoder.encode(["A man plays a guitar.", "Someone plays music."])', "```", ""]
     return "\n".join(lines)
 
 
 def write_model_card(directory, config: dict, metric: str, score: float, step: int) -> None:
-    write_text_atomic(Path(directory) / CARD_FILE, model_card(config, metric, score, step))
+    """The card of the checkpoint written in ``directory``."""
+    from . import st_format
+
+    flow = (st_format.read(directory) or {}).get("flow") is not None
+    write_text_atomic(Path(directory) / CARD_FILE, model_card(config, metric, score, step, flow))
 
 
 def add_experiment_row(directory, row: str, command: str) -> None:

@@ -432,3 +432,8 @@ def train(args, device) -> dict:
           f"at step {summary['best_step']}")
     report(summary["metrics"], run.dir)
     return summary
+
+
+def command(argv=None) -> int:
+    """``run_multitask.py`` and ``bertcf-multitask``: the command's exit status (bad input: one line, 2)."""
+    return cli.run_main(main, argv)

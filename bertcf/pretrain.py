@@ -261,3 +261,8 @@ def final_line(summary: dict, run_dir, label: str = "STS dev Spearman") -> str:
         return f"{label}: step 0 {score(summary['first'])}; no best checkpoint written"
     return (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
             f"{summary['best_step']}; best checkpoint: {Path(run_dir) / 'best'}")
+
+
+def command(argv=None) -> int:
+    """``run_pretrain.py`` and ``bertcf-pretrain``: the command's exit status (bad input: one line, 2)."""
+    return cli.run_main(main, argv)

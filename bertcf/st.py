@@ -1,8 +1,12 @@
-"""BERT-CF's flow as a sentence-transformers module, so that ``SentenceTransformer(checkpoint)``
-returns F(x) = g^{-1}(f(x)), the vectors ``SentenceEncoder.encode`` returns. A checkpoint's
-``modules.json`` names it by its import path, ``bertcf.st.Flow`` (``bertcf.st_format``): where
-bertcf cannot be imported, sentence-transformers fails to load the checkpoint, rather than
-silently returning f(x).
+"""BERT-CF's flow as a sentence-transformers module, so that ``SentenceTransformer(checkpoint,
+trust_remote_code=True)`` returns F(x) = g^{-1}(f(x)), the vectors ``SentenceEncoder.encode`` returns.
+
+This file and ``flow.py`` need torch, safetensors and sentence-transformers only: a checkpoint with
+a flow carries copies of both (``bertcf_st.py`` and ``flow.py``) and its ``modules.json`` names
+the module ``bertcf_st.Flow``, which sentence-transformers loads from the checkpoint itself, so the
+model works where BERT-CF is not installed (``bertcf.st_format``). Checkpoints written before
+name ``bertcf.st.Flow`` and load where BERT-CF is installed; ``python -m bertcf.st_format upgrade
+DIR`` gives them the files.
 
     Flow.forward(features) maps features["sentence_embedding"] [b, D] through the Glow flow.
 """

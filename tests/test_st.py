@@ -68,7 +68,7 @@ def test_a_flow_checkpoint_never_loads_silently_without_the_flow(tiny_bert_dir, 
     from sentence_transformers import SentenceTransformer
 
     with_flow(tiny_bert_dir).save_pretrained(tmp_path / "ckpt")
-    with pytest.raises(ValueError, match="bertcf.st.Flow"):
+    with pytest.raises(ValueError, match="bertcf_st\\.Flow"):
         SentenceTransformer(str(tmp_path / "ckpt"), device="cpu")
 
 
@@ -155,10 +155,103 @@ def test_run_checkpoints_load_both_ways_with_card_and_modes(tiny_bert_dir, tiny_
     assert "multitask fine-tuning" in (tuned / "best" / "README.md").read_text()
 
 
+def test_model_card_names_a_hub_base_only_and_says_what_a_user_without_bertcf_needs(tmp_path):
+    from bertcf.model_card import model_card
+
+    run = tmp_path / "run"  # a local run whose base came from the hub
+    (run / "best").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"model": "bert-base-uncased", "stage": "mirror"}))
+    from_hub = model_card({"stage": "joint", "method": "mirror", "init": str(run / "best")}, "sts_spearman", 0.5, 3,
+                          flow=True)
+    assert "\nbase_model: bert-base-uncased\n" in from_hub and "trust_remote_code=True" in from_hub
+    assert "BERT-CF is not needed" in from_hub and "bertcf_st.py" in from_hub
+    local = model_card({"stage": "mirror", "method": "mirror", "model": str(tmp_path)}, "sts_spearman", 0.5, 3)
+    assert "base_model:" not in local and "trust_remote_code" not in local and "No custom code" in local
+    assert "## Evaluation" not in local
+    stsb = model_card({"stage": "mirror", "method": "mirror", "select_on": "stsb-dev"}, "sts_spearman", 0.8123, 7)
+    assert "SentEval STS-B dev Spearman ×100: 81.23 at step 7" in stsb
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+# ---- a checkpoint shared with someone who has not installed BERT-CF ---------------------------------
+STANDALONE = """
+import importlib.abc, json, sys
+class NoBertcf(importlib.abc.MetaPathFinder):  # as on a machine where BERT-CF was never installed
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("bertcf", "minbert"):
+            raise ImportError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoBertcf())
+try:
+    import bertcf
+    sys.exit("bertcf is importable")
+except ImportError:
+    pass
+from sentence_transformers import SentenceTransformer
+sentences, models = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(json.dumps([SentenceTransformer(path, device="cpu", trust_remote_code=trust).encode(sentences).tolist()
+                  for path, trust in models]))
+"""
+
+
+def standalone_vectors(*models) -> list[torch.Tensor]:
+    """The vectors sentence-transformers gives for SENTENCES from each (checkpoint, trust_remote_code)
+    of ``models``, in a process started outside the repository (-I: no current directory or
+    PYTHONPATH on the path) where bertcf cannot be imported."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as elsewhere:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+            "HF_MODULES_CACHE": os.path.join(elsewhere, "hf-modules"), "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-I", "-c", STANDALONE, json.dumps(SENTENCES),
+                               json.dumps([(str(path), trust) for path, trust in models])],
+                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [torch.tensor(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+@pytest.mark.slow
+def test_a_joint_checkpoint_loads_where_bertcf_is_not_installed(finished_run, tiny_bert_dir, tmp_path):
+    """The checkpoint carries its flow module's code: sentence-transformers alone gives encode()'s
+    vectors; a checkpoint without a flow needs no remote code at all."""
+    best = finished_run[0] / "best"
+    assert {"bertcf_st.py", "flow.py"} <= {p.name for p in best.iterdir()}
+    assert json.loads((best / "modules.json").read_text())[2]["type"] == "bertcf_st.Flow"
+    plain = tmp_path / "plain"
+    SentenceEncoder.from_pretrained(tiny_bert_dir).save_pretrained(plain)
+    assert not (plain / "bertcf_st.py").exists() and not (plain / "flow.py").exists()
+    with_flow_vectors, plain_vectors = standalone_vectors((best, True), (plain, False))
+    assert (with_flow_vectors - SentenceEncoder.from_pretrained(best).encode(SENTENCES)).abs().max().item() < 1e-5
+    assert (plain_vectors - SentenceEncoder.from_pretrained(plain).encode(SENTENCES)).abs().max().item() < 1e-5
+
+
+@pytest.mark.slow
+def test_an_old_flow_checkpoint_loads_and_upgrades_in_place(finished_run, tmp_path, capsys):
+    """A checkpoint written before (modules.json naming bertcf.st.Flow, no code files) loads in this
+    project; one command gives it the code, after which it loads without BERT-CF."""
+    from bertcf import st_format
+
+    old = tmp_path / "old"
+    shutil.copytree(finished_run[0] / "best", old)
+    for name in st_format.FLOW_CODE:
+        (old / name).unlink()
+    modules = json.loads((old / "modules.json").read_text())
+    modules[2]["type"] = st_format.OLD_FLOW_MODULE
+    (old / "modules.json").write_text(json.dumps(modules))
+    ours = SentenceEncoder.from_pretrained(old).encode(SENTENCES)
+    assert_same_vectors(old)  # in this project, as before
+    assert run_main(st_format.main, ["upgrade", str(old)]) == 0
+    assert run_main(st_format.main, ["upgrade", str(old)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{old}: upgraded",
+                                                    f"{old}: nothing to upgrade (no flow, or already done)"]
+    assert json.loads((old / "modules.json").read_text())[2]["type"] == st_format.FLOW_MODULE
+    assert (standalone_vectors((old, True))[0] - ours).abs().max().item() < 1e-5
 
 
 # ---- bad checkpoints: one line, exit status 2 -------------------------------------------------------

@@ -1,0 +1,80 @@
+"""The package as pip builds and installs it: a wheel whose metadata lists requirements.txt's
+dependencies and the five commands, and installed commands that run from outside the repository."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
+            "bertcf-evaluate": "python -m bertcf.evaluate", "bertcf-experiments": "python -m bertcf.experiments",
+            "bertcf-bench": "python -m bertcf.bench"}
+
+
+def requirements() -> list[str]:
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """The wheel pip builds from a copy of the source tree (so no build/ lands in the repository)."""
+    pytest.importorskip("setuptools", minversion="70.1")  # pip install -e ".[test]" brings it
+    tmp = tmp_path_factory.mktemp("package")
+    source = tmp / "src"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "runs", "data", "__pycache__", "*.egg-info",
+                                                                "build", "dist", ".gpu"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+                           str(tmp / "dist"), str(source)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    wheels = list((tmp / "dist").glob("bertcf-*.whl"))
+    assert len(wheels) == 1, wheels
+    return wheels[0]
+
+
+def dist_info(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as z:
+        return z.read(next(n for n in z.namelist() if n.endswith(f".dist-info/{name}"))).decode()
+
+
+@pytest.mark.slow
+def test_the_wheel_lists_the_dependencies_and_the_commands(wheel):
+    from packaging.requirements import Requirement
+
+    def ranges(lines):
+        return {(r.name, r.specifier) for r in map(Requirement, lines) if r.marker is None}
+    metadata = dist_info(wheel, "METADATA")
+    required = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert ranges(required) == ranges(requirements())  # one source: requirements.txt
+    assert any("pytest" in r and 'extra == "test"' in r for r in required)
+    entry_points = dist_info(wheel, "entry_points.txt")
+    for command in COMMANDS:
+        assert f"{command} = " in entry_points, command
+    with zipfile.ZipFile(wheel) as z:
+        files = set(z.namelist())
+    assert {"bertcf/objectives/mirror.py", "bertcf/experiments/suite.py", "minbert/model.py", "bertcf/st.py"} <= files
+
+
+@pytest.mark.slow
+def test_installed_commands_run_from_outside_the_repository(wheel, tmp_path):
+    site = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = os.environ | {"PYTHONPATH": str(site)}  # the installed package; its dependencies from this environment
+    for command, prog in COMMANDS.items():
+        proc = subprocess.run([str(site / "bin" / command), "--help"], cwd=elsewhere, env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert proc.returncode == 0, (command, proc.stderr[-2000:])
+        assert proc.stdout.startswith(f"usage: {prog}"), (command, proc.stdout[:200])
+    where = subprocess.run([sys.executable, "-c", "import bertcf; print(bertcf.__file__)"], cwd=elsewhere, env=env,
+                           capture_output=True, text=True, timeout=120).stdout
+    assert where.startswith(str(site)), where  # not the repository's copy
