@@ -132,6 +132,21 @@ def parse_args(parser: argparse.ArgumentParser, argv=None, upgrade=None) -> argp
     return args
 
 
+def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
+    """The settings (argparse dests) that ``argv`` gives on the command line, even at their
+    default value, as opposed to those left to their defaults. ``argv`` has been parsed once
+    already (no --help, no bad flag)."""
+    not_given = object()
+    dests = [a.dest for a in parser._actions if a.dest != "help"]
+    defaults = {d: parser.get_default(d) for d in dests}
+    parser.set_defaults(**dict.fromkeys(dests, not_given))
+    try:
+        parsed = parser.parse_args(argv)
+    finally:
+        parser.set_defaults(**defaults)
+    return {d for d in dests if getattr(parsed, d, not_given) is not not_given}
+
+
 def command_line(script: str, argv=None) -> str:
     """The command that runs ``script`` with ``argv`` (default: this process's arguments), as a
     shell line; config.json and the model card record it."""

@@ -44,24 +44,52 @@ def span_mask(input_ids, attention_mask, special_tokens_mask, mask_token_id: int
     return out
 
 
+#: The candidates of each anchor (``--negatives``): the report's 2b - 1 one-sided; SimCSE's b
+#: (``cl_forward``: each z1_i against the z2_j only); Mirror-BERT's NT-Xent, symmetric over the 2b views.
+NEGATIVES = ("report", "simcse", "ntxent")
+
+
+def char_span_mask(text: str, chars: int = 5, mask_token: str = "[MASK]", generator=None,
+                   min_length: int = 30) -> str:
+    """Mirror-BERT's released view of a sentence: ``chars`` consecutive characters of the raw text,
+    at a uniform position, replaced by the mask token (spaced, so it stays one token). Sentences
+    shorter than ``min_length`` characters are left as they are, as in Mirror-BERT's data loader."""
+    if len(text) < max(min_length, chars + 1):
+        return text
+    start = int(torch.randint(0, len(text) - chars, (1,), generator=generator))
+    return f"{text[:start]} {mask_token} {text[start + chars:]}"
+
+
 class InfoNCE(nn.Module):
     """InfoNCE with cosine similarity and temperature (Mirror-BERT / SimCSE, unsupervised).
 
-    Inputs: ``anchors`` f(x) and ``positives`` f'(x'), both [b, D], row i a positive pair.
-    For anchor i the candidates are every positive f'(x'_j) (j = i is the target) and every
-    other anchor f(x_j), j != i: 2b - 1 candidates. Returns the mean cross-entropy over the
-    batch (a scalar, float32). Under torch.distributed the candidates come from the global
-    batch of every rank (``gather=True``), the anchors stay local.
+    Inputs: ``anchors`` f(x) and ``positives`` f'(x'), both [b, D], row i a positive pair; returns
+    the mean cross-entropy (a scalar, float32) of the softmax over each anchor's candidates,
+    cosine / ``temperature``. ``negatives`` chooses the candidates:
+
+    - ``report`` (the BERT-CF report, section 3): for anchor i every positive f'(x'_j) (j = i is
+      the target) and every other anchor f(x_j), j != i: 2b - 1 candidates, mean over the b anchors;
+    - ``simcse`` (SimCSE's published loss): the b positives only;
+    - ``ntxent`` (Mirror-BERT's published loss, SimCLR's NT-Xent): each of the 2b views is an anchor
+      whose candidates are the other 2b - 1 views (its pair the target), mean over the 2b anchors.
+
+    Under torch.distributed the candidates come from the global batch of every rank
+    (``gather=True``), the anchors stay local.
     """
 
-    def __init__(self, temperature: float = 0.05, gather: bool = True):
+    def __init__(self, temperature: float = 0.05, gather: bool = True, negatives: str = "report"):
         super().__init__()
+        if negatives not in NEGATIVES:
+            raise ValueError(f"negatives must be one of {NEGATIVES}, not {negatives!r}")
         self.temperature = temperature
         self.gather = gather
+        self.negatives = negatives
 
     def logits_and_targets(self, anchors, positives):
-        """([b, 2B] scores of each anchor against [all positives | all anchors], self masked;
-        [b] the column of each anchor's positive)."""
+        """(scores of each anchor against its candidates [rows, candidates], self masked with -inf;
+        [rows] the column of each anchor's target). report: [b, 2B] = [all positives | all
+        anchors]; simcse: [b, B]; ntxent: [2b, 2B], rows the local anchors then the local
+        positives, columns [all anchors | all positives]."""
         a = F.normalize(anchors.float(), dim=-1)
         p = F.normalize(positives.float(), dim=-1)
         all_a, all_p, offset = a, p, 0
@@ -71,12 +99,22 @@ class InfoNCE(nn.Module):
             if both.shape[0] != a.shape[0]:
                 all_a, all_p = both[:, 0], both[:, 1]
                 offset = dist_info()[0] * a.shape[0]
-        rows = torch.arange(a.shape[0], device=a.device)
+        b, total = a.shape[0], all_a.shape[0]
+        rows = torch.arange(b, device=a.device)
         # float32 even under autocast: bf16 cosines (3 digits) divided by tau = 0.05 are off by ~0.05.
         with torch.autocast(device_type=a.device.type, enabled=False):
-            to_positives, to_anchors = a @ all_p.T, a @ all_a.T
-        to_anchors[rows, rows + offset] = float("-inf")  # an anchor is not its own candidate
-        return torch.cat([to_positives, to_anchors], dim=1) / self.temperature, rows + offset
+            if self.negatives == "simcse":
+                return a @ all_p.T / self.temperature, rows + offset
+            if self.negatives == "report":
+                to_positives, to_anchors = a @ all_p.T, a @ all_a.T
+                to_anchors[rows, rows + offset] = float("-inf")  # an anchor is not its own candidate
+                return torch.cat([to_positives, to_anchors], dim=1) / self.temperature, rows + offset
+            views, candidates = torch.cat([a, p]), torch.cat([all_a, all_p])
+            scores = views @ candidates.T
+        own = torch.cat([rows + offset, rows + offset + total])  # each view's own column
+        scores[torch.arange(2 * b, device=a.device), own] = float("-inf")
+        pair = torch.cat([rows + offset + total, rows + offset])  # its pair: x_i <-> x'_i
+        return scores / self.temperature, pair
 
     def forward(self, anchors, positives):
         logits, targets = self.logits_and_targets(anchors, positives)

@@ -14,6 +14,7 @@ and keeps the best checkpoint. Every stage and method also runs data-parallel un
 """
 from __future__ import annotations
 
+import json
 import math
 import sys
 from pathlib import Path
@@ -23,7 +24,7 @@ import torch
 from minbert import pad_batch
 from minbert.model import load_state_dict_file
 
-from . import cli, objectives, training
+from . import cli, objectives, presets, training
 from .data import read_corpus, read_sts, task_file, task_sentences
 from .distributed import dist_info, run_distributed, wrap_ddp
 from .encoder import SentenceEncoder, resolve_encoder_path, run_settings
@@ -41,7 +42,6 @@ SELECTION_LABEL = {"cs224n-sts": "STS dev Spearman", "stsb-dev": "STS-B dev Spea
 HELDOUT_SENTENCES = 512
 #: What a run given to --init passes on to this one, unless the command line gives it: its data.
 RUN_DATA = ("data_dir", "corpus", "corpus_from_tasks", "min_words", "max_sentences", "senteval_dir")
-NOT_GIVEN = object()
 
 
 def build_parser() -> cli.ArgumentParser:
@@ -52,6 +52,10 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--method", default=None,
                    help="mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
                         "--stage mirror; flow for --stage flow")
+    p.add_argument("--preset", choices=tuple(presets.PRESETS), default=None,
+                   help="a method as its authors published it (loss variant, pooling, augmentation, temperature, "
+                        "batch, lr, length, one epoch of the corpus); flags given here win; README lists what "
+                        "each sets")
     g = p.add_argument_group("corpus")
     g.add_argument("--corpus", default=None, help="text file, one sentence per line "
                    "(default: DATA_DIR/wiki1m_for_simcse.txt when present)")
@@ -61,8 +65,9 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
     g = p.add_argument_group("encoder")
     g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
-    g.add_argument("--pooling", choices=("mean", "cls"), default="mean",
-                   help="the sentence vector: the mean of the last layer over tokens, or [CLS]'s")
+    g.add_argument("--pooling", choices=("mean", "cls", "cls-mlp"), default="mean",
+                   help="the sentence vector: the mean of the last layer over tokens, or [CLS]'s; cls-mlp "
+                        "(SimCSE): an MLP over [CLS] in training, [CLS] without it in evaluation and the checkpoint")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     g.add_argument("--eval-max-length", type=cli.checked(int, lambda v: v >= 2, "at least 2"), default=None,
                    help="tokens per sentence in the STS-dev evaluation (default: the model's "
@@ -134,7 +139,8 @@ def load_encoder(args) -> SentenceEncoder:
     ``max_length`` (what evaluation and a later ``encode`` of the checkpoint use) is
     --eval-max-length, resolved here to the model's limit when not given, so config.json records it."""
     source = resolve_encoder_path(args.init) if args.init else args.model
-    encoder = SentenceEncoder.from_pretrained(source, pooling=args.pooling, vocab=args.vocab,
+    pooling = "cls" if args.pooling == "cls-mlp" else args.pooling  # the MLP is the objective's (training only)
+    encoder = SentenceEncoder.from_pretrained(source, pooling=pooling, vocab=args.vocab,
                                               hidden_dropout_prob=args.dropout,
                                               attention_probs_dropout_prob=args.dropout)
     limit = encoder.bert.config.max_position_embeddings
@@ -153,14 +159,11 @@ def take_data_from_init(parser, argv, args) -> None:
     if found is None:
         return
     run_dir, settings = found
-    defaults = {k: parser.get_default(k) for k in RUN_DATA}
-    parser.set_defaults(**dict.fromkeys(RUN_DATA, NOT_GIVEN))
-    given = parser.parse_args(argv)  # parsed once already: no --help, no bad flag
-    parser.set_defaults(**defaults)
-    missing = {k for k in RUN_DATA if getattr(given, k) is NOT_GIVEN}
+    missing = set(RUN_DATA) - cli.given_flags(parser, argv)
     if not {"corpus", "corpus_from_tasks"} <= missing:
         missing -= {"corpus", "corpus_from_tasks"}
-    taken = {k: settings[k] for k in RUN_DATA if k in missing and k in settings and settings[k] != defaults[k]}
+    taken = {k: settings[k] for k in RUN_DATA
+             if k in missing and k in settings and settings[k] != parser.get_default(k)}
     if taken:
         vars(args).update(taken)
         flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in taken.items())
@@ -170,6 +173,10 @@ def take_data_from_init(parser, argv, args) -> None:
 def main(argv=None) -> dict:
     parser = build_parser()
     args = cli.parse_args(parser, argv)
+    if args.resume:  # the run goes on with what its preset set (config.json has it), not the preset anew
+        args.preset_values = json.loads((Path(args.out_dir) / "config.json").read_text()).get("preset_values", {})
+    else:
+        presets.apply(args, cli.given_flags(parser, argv))
     take_data_from_init(parser, argv, args)
     args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)
@@ -191,6 +198,8 @@ def train(args, device) -> dict:
         args.out_dir = out_dir[0]
     training.set_seed(args.seed)
     sentences = load_corpus(args)
+    if not args.resume:
+        presets.set_length(args, len(sentences))
     dev_pairs = (read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"])
                  if args.select_on == "stsb-dev" else read_sts(task_file(args.data_dir, "sts", "dev")))
     evaluator = STSDevEvaluator(dev_pairs)
@@ -214,7 +223,9 @@ def train(args, device) -> dict:
 
     def step_fn(step):
         # The global batch, padded as one process would pad it; every rank draws the same.
-        return step_objective(*batch([token_ids[i] for i in sampler.next(args.batch_size)]), rank=rank, world=world)
+        rows = sampler.next(args.batch_size)
+        texts = {"texts": [sentences[i] for i in rows]} if objective.needs_text else {}
+        return step_objective(*batch([token_ids[i] for i in rows]), rank=rank, world=world, **texts)
 
     # Held-out sentences for the objective's own metrics (MLM's accuracy): the dev pairs' first
     # sentences, which no training corpus here holds.

@@ -903,7 +903,8 @@ def test_torchrun_ctrl_c_stops_every_rank_at_one_step_and_resumes(tiny_bert_dir,
     import time
 
     out, log, log_every = tmp_path / "run", tmp_path / "log", 7
-    argv = base_args(tiny_bert_dir, data_dir, out, steps=10**6, eval_every=10**6, log_every=log_every, batch_size=8)
+    argv = base_args(tiny_bert_dir, data_dir, out, steps=10**6, eval_every=10**6, log_every=log_every, batch_size=8,
+                     progress="bar")  # the bar in the log file shows every step
     proc = start_torchrun(argv, tmp_path, log)
     try:
         deadline = time.monotonic() + 120

@@ -14,6 +14,7 @@ Trainer; the bench times the same objects.
 from __future__ import annotations
 
 from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, checked
+from ..contrastive import NEGATIVES
 from ..errors import UsageError
 from ..flow import FLOW_LOSS_UNITS, PERMUTATIONS
 from .base import DEFAULTS, Objective
@@ -46,6 +47,15 @@ def add_args(parser) -> None:
     g.add_argument("--span-cap", type=AT_LEAST_0, default=DEFAULTS["span_cap"], help="longest masked span (simcse: 0)")
     g.add_argument("--temperature", type=POSITIVE, default=DEFAULTS["temperature"],
                    help="InfoNCE's temperature (cosines are divided by it)")
+    g.add_argument("--negatives", choices=NEGATIVES, default=DEFAULTS["negatives"],
+                   help="each anchor's candidates: report, the report's 2b - 1 (one-sided); simcse, SimCSE's b "
+                        "(the positives only); ntxent, Mirror-BERT's NT-Xent over the 2b views (symmetric)")
+    g.add_argument("--span-unit", choices=("token", "char"), default=DEFAULTS["span_unit"],
+                   help="token: a span of tokens ~ Geometric(--span-p) capped at --span-cap (the report); char: "
+                        "--span-chars characters of the raw text, in sentences of 30 characters or more "
+                        "(Mirror-BERT's released code)")
+    g.add_argument("--span-chars", type=AT_LEAST_1, default=DEFAULTS["span_chars"],
+                   help="--span-unit char: characters replaced by [MASK]")
     g = parser.add_argument_group("flow (--stage joint and flow)")
     g.add_argument("--lambda-mirror", type=float, default=DEFAULTS["lambda_mirror"],
                    help="weight of L_mirror in the joint loss")
@@ -84,6 +94,8 @@ def check_args(args) -> None:
     """What the flags' own types cannot check (a bad value is a UsageError)."""
     if args.stage != "joint" and args.unfreeze_encoder:
         raise UsageError("--unfreeze-encoder is for --stage joint")
+    if args.pooling == "cls-mlp" and (args.stage, args.method) not in (("mirror", "mirror"), ("mirror", "simcse")):
+        raise UsageError("--pooling cls-mlp (SimCSE's training head) is for --stage mirror --method mirror|simcse")
 
 
 __all__ = ["OBJECTIVES", "METHODS", "Objective", "build_objective", "add_args", "check_args", "Mirror", "SimCSE",

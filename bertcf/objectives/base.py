@@ -10,7 +10,8 @@ from ..encoder import SentenceEncoder
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
 
 # Defaults of the objectives' flags (also used when an objective is built from a partial ``args``).
-DEFAULTS = {"span_p": 0.3, "span_cap": 5, "temperature": 0.05,
+DEFAULTS = {"span_p": 0.3, "span_cap": 5, "temperature": 0.05, "negatives": "report", "span_unit": "token",
+            "span_chars": 5, "pooling": "mean", "max_length": 32,
             "lambda_mirror": 0.3, "flow_blocks": 3, "flow_hidden": None, "flow_permutation": "lu",
             "flow_loss_unit": "bits-per-dim", "unfreeze_encoder": False, "encoder_lr": 1e-4,
             "momentum": 0.999, "predictor_k": 8, "predictor_hidden": None, "ct_negatives": 7,
@@ -60,10 +61,14 @@ class Objective(nn.Module):
     - ``after_step()``: runs after every optimiser step (BSL's EMA update);
     - ``heldout_metrics(ids, mask, special)``: its own metrics on held-out sentences (MLM's accuracy).
 
+    ``needs_text``: the objective also takes the batch's raw sentences (``texts``: a list of b
+    strings), for views made on the text itself (Mirror-BERT's character span).
+
     ``uses_flow``: whether the encoder keeps its flow; the other objectives train the encoder
     itself, so a flow that ``--init`` carries is dropped."""
 
     uses_flow = False
+    needs_text = False
 
     def __init__(self, encoder: SentenceEncoder, args=None, generator: torch.Generator | None = None):
         super().__init__()
@@ -101,16 +106,18 @@ class Objective(nn.Module):
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.encoder_frozen):
             return self.encoder.embed(ids, mask, num_tokens=num_tokens)
 
-    def loss(self, ids, mask, special, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, dict]:
+    def loss(self, ids, mask, special, rank: int = 0, world: int = 1, texts=None) -> tuple[torch.Tensor, dict]:
         """ids, mask, special: CPU [B, t] (token ids; 1 = real token; 1 = [CLS]/[SEP]/padding),
-        the global batch. ``rank``, ``world``: this process's share under torch.distributed
+        the global batch; ``texts``: its B sentences (given when ``needs_text``). ``rank``, ``world``: this process's share under torch.distributed
         (rows ``local_rows(B, rank, world)``); every random choice is drawn for all B rows,
         only this share is encoded, and the loss is scaled so that its mean over the ranks is
         the whole batch's. Returns the scalar float32 loss and a dict of detached scalars to log
         (this rank's rows)."""
         raise NotImplementedError
 
-    def forward(self, ids, mask, special, rank: int = 0, world: int = 1):
+    def forward(self, ids, mask, special, rank: int = 0, world: int = 1, texts=None):
+        if self.needs_text:
+            return self.loss(ids, mask, special, rank, world, texts=texts)
         return self.loss(ids, mask, special, rank, world)
 
     def heldout_metrics(self, ids, mask, special) -> dict:

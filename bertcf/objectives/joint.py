@@ -96,8 +96,8 @@ class Joint(Mirror):
     def checkpoint_modules(self):
         return {"encoder": self.encoder} if self.train_encoder else {"flow": self.flow}
 
-    def loss(self, ids, mask, special, rank=0, world=1):
-        u, u_masked = self.views(ids, mask, special, rank, world)
+    def loss(self, ids, mask, special, rank=0, world=1, texts=None):
+        u, u_masked = self.views(ids, mask, special, rank, world, texts)
         if self.train_encoder:
             if not self._actnorm_ready:
                 # ActNorm's data-dependent initialisation sees the two views, as with a frozen

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
 
-from ..contrastive import InfoNCE, span_mask
+from minbert import pad_batch
+
+from ..contrastive import InfoNCE, char_span_mask, span_mask
 from ..distributed import local_rows
 from .base import Objective, pair_scalars, setting
 
@@ -12,41 +15,72 @@ class Mirror(Objective):
     """Mirror-BERT (Liu et al. 2021, "Fast, Effective, and Self-Supervised: Transforming Masked
     Language Models into Universal Lexical and Sentence Encoders", EMNLP).
 
-    Two views of each sentence x: x itself and x' = x with one token span replaced by [MASK]
-    (span length ~ Geometric(--span-p) capped at --span-cap; ``span_mask``), both through the
-    encoder with dropout, in one forward pass of 2b rows (dropout masks differ per row, so the
-    views are independent). With u = f(x), u' = f(x') [b, D]:
+    Two views of each sentence x: x itself and x' = x with one span replaced by [MASK], both
+    through the encoder with dropout, in one forward pass of 2b rows (dropout masks differ per
+    row, so the views are independent). The span (``--span-unit``): ``token``, the report's, a span
+    of tokens with length ~ Geometric(--span-p) capped at --span-cap (``span_mask``); or ``char``,
+    Mirror-BERT's released code, --span-chars characters of the raw text, in sentences of 30
+    characters or more (``char_span_mask``; the view is then tokenised from the masked text).
+    With u = f(x), u' = f(x') [b, D]:
 
-        loss = InfoNCE(u, u') (cosine / --temperature, 2b - 1 candidates per anchor; under
-        torch.distributed the candidates come from the global batch).
+        loss = InfoNCE(u, u') (cosine / --temperature; candidates by --negatives: the report's 2b - 1
+        one-sided, SimCSE's b, or Mirror-BERT's NT-Xent over the 2b views; under torch.distributed
+        the candidates come from the global batch).
+
+    ``--pooling cls-mlp`` (SimCSE's training head): u = tanh(W [CLS] + c), an MLP the objective
+    owns; evaluation and the checkpoint use [CLS] without it (the encoder pools ``cls``).
     """
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
         self.span_p, self.span_cap = setting(args, "span_p"), setting(args, "span_cap")
-        self.info_nce = InfoNCE(temperature=setting(args, "temperature"))
+        self.span_unit, self.span_chars = setting(args, "span_unit"), int(setting(args, "span_chars"))
+        self.max_length = int(setting(args, "max_length"))
+        self.info_nce = InfoNCE(temperature=setting(args, "temperature"), negatives=setting(args, "negatives"))
+        self.mlp = None
+        if setting(args, "pooling") == "cls-mlp":
+            encoder.pooling = "cls"
+            d, std = encoder.dim, encoder.bert.config.initializer_range
+            self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+            nn.init.normal_(self.mlp[0].weight, std=std)
+            nn.init.zeros_(self.mlp[0].bias)
 
-    def views(self, ids, mask, special, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This rank's rows of the two views, u and u' [b, D]. The spans are drawn for the whole
-        global batch, so the generator advances alike on every rank (and as in one process)."""
-        masked = span_mask(ids, mask, special, self.mask_token_id, self.span_p, self.span_cap, self.generator)
+    @property
+    def needs_text(self) -> bool:
+        return self.span_unit == "char"
+
+    def views(self, ids, mask, special, rank: int, world: int, texts=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's rows of the two views, u and u' [b, D] (after the MLP with cls-mlp). The spans
+        are drawn for the whole global batch, so the generator advances alike on every rank (and as
+        in one process)."""
         rows = local_rows(ids.shape[0], rank, world)
-        ids, masked, mask = ids[rows], masked[rows], mask[rows]
-        return self.embed(torch.cat([ids, masked]), torch.cat([mask, mask])).chunk(2)
+        if self.span_unit == "char":
+            masked_texts = [char_span_mask(t, self.span_chars, self.encoder.tokenizer.mask_token, self.generator)
+                            for t in texts]
+            local = texts[rows] + masked_texts[rows]
+            tokens = self.encoder.tokenizer(local, truncation=True, max_length=self.max_length)["input_ids"]
+            both, both_mask = pad_batch(tokens, self.pad_token_id)
+        else:
+            masked = span_mask(ids, mask, special, self.mask_token_id, self.span_p, self.span_cap, self.generator)
+            ids, masked, mask = ids[rows], masked[rows], mask[rows]
+            both, both_mask = torch.cat([ids, masked]), torch.cat([mask, mask])
+        u = self.embed(both, both_mask)
+        return (self.mlp(u) if self.mlp is not None else u).chunk(2)
 
     def checkpoint_modules(self):
-        return {"encoder": self.encoder}  # no module of its own
+        return {"encoder": self.encoder} | ({"mlp": self.mlp} if self.mlp is not None else {})
 
-    def loss(self, ids, mask, special, rank=0, world=1):
-        u, u_masked = self.views(ids, mask, special, rank, world)
+    def loss(self, ids, mask, special, rank=0, world=1, texts=None):
+        u, u_masked = self.views(ids, mask, special, rank, world, texts)
         return self.info_nce(u, u_masked), pair_scalars(u, u_masked)
 
 
 class SimCSE(Mirror):
     """Unsupervised SimCSE (Gao et al. 2021, "SimCSE: Simple Contrastive Learning of Sentence
     Embeddings", EMNLP): Mirror-BERT without the span, so the two views differ by dropout only
-    (--span-cap 0)."""
+    (--span-cap 0). SimCSE's published loss and head are --negatives simcse --pooling cls-mlp
+    (``--preset simcse-unsup``)."""
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
-        self.span_cap = 0
+        self.span_cap, self.span_unit = 0, "token"
