@@ -430,6 +430,28 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
 
 
 @pytest.mark.slow
+def test_objectives_as_published(suite, tmp_path, capsys):
+    """objectives --preset published: every method with its paper's preset (no --steps, no
+    --max-length: the preset sets them), in directories of their own; the table names the presets."""
+    out = tmp_path / "out"
+    shutil.copytree(suite[0], out)
+    summary = experiments.main(["objectives", "--out-dir", str(out), "--preset", "published", "--dry-run"])
+    commands = {t["label"]: t["command"] for t in summary["tasks"]}
+    assert list(commands) == ["SimCSE (published)", "Mirror-BERT (published)", "BSL (published)", "CT (published)",
+                              "TSDAE (published)", "MinBERT-MLM"]
+    assert "--preset mirror-bert" in commands["Mirror-BERT (published)"]
+    assert "--steps" not in commands["CT (published)"] and "--steps" in commands["MinBERT-MLM"]
+    assert "stages/ct-published" in commands["CT (published)"]
+    experiments.main(["objectives", "--out-dir", str(out), "--preset", "published", "--rows", "CT (published)"])
+    config = json.loads((out / "stages" / "ct-published" / "config.json").read_text())
+    assert (config["preset"], config["lr"], config["ct_negatives"]) == ("ct", 1e-5, 7)
+    assert config["batch_size"] == 4  # --pretrain-args wins over the preset
+    md = (out / "objectives.md").read_text()
+    assert "| CT (published) | Contrastive Tension as published (`--preset ct`) |" in md
+    assert "at its paper's settings" in md
+
+
+@pytest.mark.slow
 def test_objectives_rows_filter(tiny_bert_dir, suite_data, tmp_path, capsys):
     out = tmp_path / "out"
     experiments.main(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "tsdae", "--dry-run"))

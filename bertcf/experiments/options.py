@@ -16,7 +16,7 @@ ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
-              "seeds", "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
+              "seeds", "preset", "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
               "mlm_args")
 RENAMED_SETTINGS = {"stage_args": "pretrain_args"}  # old name -> new, in suite.json files written before
 
@@ -63,6 +63,10 @@ def build_parser() -> ArgumentParser:
     g = p.add_argument_group("what to run")
     g.add_argument("--rows", default=None,
                    help="comma-separated rows to run (names or keys, e.g. MinBERT,BERT-CF; default: all of the command's)")
+    g.add_argument("--preset", choices=("report", "published"), default="report",
+                   help="objectives: the methods as the report trains them (their BERT-CF variants), or as their "
+                        "papers published them (run_pretrain.py --preset: SimCSE, Mirror-BERT, BSL, CT, TSDAE; "
+                        "one epoch of the corpus each)")
     g.add_argument("--no-finetune", action="store_true",
                    help="no multitask fine-tuning in table1, all and mlm-base (the supervised columns stay empty)")
     g.add_argument("--max-analysis-pairs", type=AT_LEAST_0, default=5000,

@@ -32,6 +32,7 @@ class Pretraining:
     init: str | None        # another Pretraining's name, or None for --model
     flags: tuple = ()
     what: str = ""
+    preset: str | None = None  # run_pretrain.py --preset: the method as published (its length included)
 
 
 PRETRAININGS = {s.name: s for s in (
@@ -48,6 +49,12 @@ PRETRAININGS = {s.name: s for s in (
     Pretraining("tsdae", "mirror", "tsdae", None,
                 what="TSDAE: rebuild the sentence from one vector after token deletion"),
     Pretraining("mlm", "mirror", "mlm", None, what="masked language modelling"),
+    # objectives --preset published: each method at its paper's settings (bertcf.presets)
+    Pretraining("simcse-published", "mirror", "simcse", None, what="SimCSE as published", preset="simcse-unsup"),
+    Pretraining("mirror-published", "mirror", "mirror", None, what="Mirror-BERT as published", preset="mirror-bert"),
+    Pretraining("bsl-published", "mirror", "bsl", None, what="BSL as published", preset="bsl"),
+    Pretraining("ct-published", "mirror", "ct", None, what="Contrastive Tension as published", preset="ct"),
+    Pretraining("tsdae-published", "mirror", "tsdae", None, what="TSDAE as published", preset="tsdae"),
 )}
 
 
@@ -66,7 +73,14 @@ ABLATION_ROWS = (Row("SimCSE-joint", "simcse-joint", "simcse-joint"),
                  Row("Mirror-flow", "mirror-flow", "mirror-flow"))
 OBJECTIVE_ROWS = (Row("MinBERT-BSL", "bsl", "bsl"), Row("MinBERT-CT", "ct", "ct"),
                   Row("MinBERT-TSDAE", "tsdae", "tsdae"), Row("MinBERT-MLM", "mlm", "mlm"))
-ROW_OF_PRETRAINING = {r.pretraining: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS if r.pretraining}
+#: objectives --preset published: every method at its paper's settings (MLM has no preset).
+PUBLISHED_ROWS = (Row("SimCSE (published)", "simcse-published", "simcse-published"),
+                  Row("Mirror-BERT (published)", "mirror-published", "mirror-published"),
+                  Row("BSL (published)", "bsl-published", "bsl-published"),
+                  Row("CT (published)", "ct-published", "ct-published"),
+                  Row("TSDAE (published)", "tsdae-published", "tsdae-published"), OBJECTIVE_ROWS[-1])
+ROW_OF_PRETRAINING = {r.pretraining: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS + PUBLISHED_ROWS
+                      if r.pretraining}
 
 #: mlm-base: MLM pretraining from random weights (--config), whose best/ is then every row's
 #: --model; batch 64, lr 5e-4 with a linear warm-up over the first tenth of the steps and a
@@ -160,7 +174,8 @@ class Plan:
         if self.base:
             table1 = [RANDOM_ROW] + table1
         ablations = list(ABLATION_ROWS) if "ablations" in self.commands else []
-        objectives = list(OBJECTIVE_ROWS) if "objectives" in self.commands else []
+        published = self.args.preset == "published"
+        objectives = list(PUBLISHED_ROWS if published else OBJECTIVE_ROWS) if "objectives" in self.commands else []
         if self.args.rows:
             wanted = [w.strip().lower() for w in self.args.rows.split(",") if w.strip()]
             offered = table1 + ablations + objectives
@@ -237,8 +252,12 @@ class Plan:
         if spec.init:
             argv += ["--init", str(self.pretraining_dir(spec.init, seed) / "best")]
         out = self.pretraining_dir(spec.name, seed)
-        argv += self._common(model, seed) + ["--out-dir", str(out), "--steps", str(steps),
-                                             "--max-length", str(a.max_length)]
+        argv += self._common(model, seed) + ["--out-dir", str(out)]
+        if spec.preset:  # the preset sets the length (one epoch of the corpus) and the max length
+            argv += ["--preset", spec.preset]
+            steps = None
+        else:
+            argv += ["--steps", str(steps), "--max-length", str(a.max_length)]
         if a.corpus:
             argv += ["--corpus", a.corpus]
         if a.corpus_from_tasks:
@@ -254,12 +273,14 @@ class Plan:
                     "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus),
                     "corpus_from_tasks": a.corpus_from_tasks,
                     "max_sentences": a.max_sentences, "flags": flags, "extra_args": a.pretrain_args_list}
+        if spec.preset:  # a key of its own, so the settings of every other run stay as they were
+            settings |= {"preset": spec.preset, "max_length": None}
         start = (self.rel(self.pretraining_dir(spec.init, seed)) if spec.init else "--config" if is_base
                  else "--model")
         method = f" --method {spec.method}" if spec.stage != "flow" else ""
         shown = f" {' '.join(spec.flags)}" if spec.flags else ""
-        description = (f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, "
-                       f"{steps} steps ({spec.what})")
+        length = f"--preset {spec.preset} (one epoch)" if spec.preset else f"{steps} steps"
+        description = f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, {length} ({spec.what})"
         return PlannedRun("pretraining", label, out, argv, settings, description, seed=seed, spec=spec)
 
     def finetune_run(self, row: Row, seed: int) -> PlannedRun:

@@ -134,6 +134,9 @@ def settings_md(plan: Plan) -> str:
     if plan.base:
         lines.append(f"- mlm-base: MinBERT is the MLM base, {a.mlm_steps} steps of masked language modelling from the "
                      f"random weights of `{a.config}` (stages/{plan.base}); Random weights is that encoder untrained")
+    if "objectives" in plan.commands and a.preset == "published":
+        lines.append("- objectives: each method at its paper's settings (`--preset published`: run_pretrain.py "
+                     "--preset NAME, one epoch of the corpus each; flags in --pretrain-args win)")
     if a.pretrain_args:
         lines.append(f"- extra flags of every pretraining run: `{a.pretrain_args}`")
     if a.finetune_args:
@@ -270,10 +273,17 @@ class Report:
                               REPORT_ABLATIONS, ABLATION_REFERENCES, results)
 
     def objectives(self, rows: list[Row], results: dict) -> dict:
-        text = ("Other self-supervised objectives in the first pretraining stage (`--stage mirror "
-                "--method bsl|ct|tsdae|mlm`), each from --model with the same corpus, steps and choice "
-                "of the best STS-dev checkpoint as MinBERT-Mirror. The report has no numbers for these "
-                "(it trains Mirror-BERT and SimCSE only), so their (report) cells are empty.\n\n")
+        if any(PRETRAININGS[r.pretraining].preset for r in rows if r.pretraining):
+            text = ("Each method at its paper's settings (`run_pretrain.py --preset NAME`: its loss variant, "
+                    "pooling, augmentation, temperature, batch, learning rate, length, one epoch of the corpus; "
+                    "README's table of methods says what still differs), from --model, with the choice of "
+                    "the best STS-dev checkpoint of this project. MLM has no preset: it runs as in `objectives`. "
+                    "The report has no numbers for these, so their (report) cells are empty.\n\n")
+        else:
+            text = ("Other self-supervised objectives in the first pretraining stage (`--stage mirror "
+                    "--method bsl|ct|tsdae|mlm`), each from --model with the same corpus, steps and choice "
+                    "of the best STS-dev checkpoint as MinBERT-Mirror. The report has no numbers for these "
+                    "(it trains Mirror-BERT and SimCSE only), so their (report) cells are empty.\n\n")
         return self.sts_table("objectives", "Pretraining objectives: unsupervised STS dev Spearman", text,
                               "Encoder", rows, {}, OBJECTIVE_REFERENCES, results)
 
@@ -286,7 +296,9 @@ class Report:
         summaries = {row.key: self.summary(results, row) for row in rows + present}
 
         def entry(row: Row, report_value) -> dict:
-            what = PRETRAININGS[row.pretraining].what if row.pretraining else "--model, untouched"
+            spec = PRETRAININGS[row.pretraining] if row.pretraining else None
+            what = "--model, untouched" if spec is None else spec.what + (
+                f" (`--preset {spec.preset}`)" if spec.preset else "")
             summary = summaries[row.key]
             return {"name": row.name, "what": what,
                     "ours": {"sts_spearman": summary["sts_spearman"], "senteval": summary["senteval"]},
