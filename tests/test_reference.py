@@ -80,7 +80,7 @@ def test_published_simcse_is_multiple_negatives_ranking_loss(tiny_bert_dir):
 
 
 def test_published_mirror_bert_is_pytorch_metric_learning_nt_xent(tiny_bert_dir):
-    from pytorch_metric_learning.losses import NTXentLoss
+    NTXentLoss = pytest.importorskip("pytorch_metric_learning.losses", reason="pip install -e '.[test]'").NTXentLoss
 
     enc = load(tiny_bert_dir)
     objective = Mirror(enc, args(negatives="ntxent", temperature=0.04), torch.Generator().manual_seed(0))
@@ -229,7 +229,7 @@ def test_mlm_masking_matches_data_collator_for_language_modeling(tiny_bert_dir):
 def test_glow_blocks_are_normflows_blocks():
     """ActNorm, the LU linear map and additive coupling against normflows' with the same weights:
     outputs and log-determinants (normflows' forward is our direction for all three)."""
-    import normflows as nf
+    nf = pytest.importorskip("normflows", reason="pip install -e '.[test]'")
     from normflows.flows.mixing import _LULinear
 
     torch.manual_seed(0)
