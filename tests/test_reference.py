@@ -19,7 +19,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from bertcf.contrastive import InfoNCE
 from bertcf.flow import ActNorm, AdditiveCoupling, InvertibleLinear

@@ -209,7 +209,8 @@ class Report:
             return [], {}
         first = next(iter(found.values()))
         n = len(first["sts"])
-        header = ["7 STS avg (test)" if n == 7 else f"STS avg (test, {n} sets)"]
+        header = ["7 STS avg (test)" if n == 7 else f"{next(iter(first['sts']))} (test)" if n == 1
+                  else f"STS avg (test, {n} sets)"]
         if self.transfer:  # the anchors' average is over all seven tasks: say which this one covers
             tasks = first["transfer_avg_tasks"]
             header.append("Transfer avg (fasttest)" if len(tasks) == 7 else
