@@ -187,9 +187,12 @@ def seed_replicates(runs: list, gold, metric: str, groups=None, resamples: int =
 
     ``runs``: one entry per row, each a list of k score arrays [n] (one per seed: the same k seeds,
     in the same order, for every row) over the same items (``gold`` [n], ``groups`` [n] optional).
-    Each replicate draws k seeds with replacement and, for each drawn seed, one resample of the
-    items (within groups), and gives every row the mean of its metric over those k draws; the
-    draws are the same for every row, so rows compared replicate by replicate are paired."""
+    Each replicate draws k seeds with replacement and one resample of the items (within groups),
+    and gives every row the mean, over the k drawn seeds, of its metric on that resample. One item
+    resample serves all the drawn seeds: every seed was evaluated on the same items, so the items'
+    sampling noise is shared by them, not averaged away (drawing a resample per seed would make the
+    interval too narrow by up to sqrt(k)). The draws are the same for every row, so rows compared
+    replicate by replicate are paired."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} (one of {', '.join(METRICS)})")
     if resamples < 1:
@@ -197,19 +200,16 @@ def seed_replicates(runs: list, gold, metric: str, groups=None, resamples: int =
     runs, gold = _arrays(runs, gold)
     k, n = len(runs[0]), len(gold)
     rng = np.random.default_rng(seed)
-    block = max(1, 4_000_000 // (k * n))  # replicates in blocks of about 4M counts (memory)
+    block = max(1, 4_000_000 // n)  # replicates in blocks of about 4M counts (memory)
     out = []
     for start in range(0, resamples, block):
         m = min(block, resamples - start)
-        drawn_seeds = rng.integers(0, k, size=m * k)  # replicate r's k draws at r*k .. r*k + k - 1
-        counts = resample_counts(n, m * k, rng, groups)
-        values = np.empty((len(runs), m * k))
-        for s in range(k):  # a few seeds; each one's resamples in one call
-            rows = np.flatnonzero(drawn_seeds == s)
-            if rows.size:
-                for i, row in enumerate(runs):
-                    values[i, rows] = replicates(row[s], gold, metric, counts=counts[rows])
-        out.append(values.reshape(len(runs), m, k).mean(axis=2))
+        drawn = rng.integers(0, k, size=(m, k))  # replicate r's k seeds
+        counts = resample_counts(n, m, rng, groups)
+        columns = np.arange(m)[:, None]
+        # every seed's metric on every resample [k, m], then each replicate's drawn seeds averaged
+        out.append(np.stack([np.stack([replicates(scores, gold, metric, counts=counts) for scores in row])[drawn, columns]
+                             .mean(axis=1) for row in runs]))
     return np.concatenate(out, axis=1)
 
 
@@ -227,9 +227,9 @@ def paired_difference(a: list, b: list, gold, metric: str, groups=None, resample
 
     ``a``, ``b``: one score array [n] per seed (the same k >= 1 seeds, in the same order) over
     the same items (``gold`` [n], ``groups`` [n] optional). A paired, hierarchical bootstrap
-    (:func:`seed_replicates`): each replicate draws k seeds with replacement and, for each drawn
-    seed, one resample of the items (within groups); it averages metric(a[s]) - metric(b[s]) over
-    the k draws, both metrics on the same resample. Returns {"mean_difference": the mean over
+    (:func:`seed_replicates`): each replicate draws k seeds with replacement and one resample of
+    the items (within groups); it averages metric(a[s]) - metric(b[s]) over the k drawn seeds, a and
+    b on the same resample. Returns {"mean_difference": the mean over
     seeds of metric(a[s]) - metric(b[s]) on all the items, "ci95": [lo, hi] (the percentile
     interval at ``level``), "seeds": k, "verdict": "supported" (lo > 0), "contradicted" (hi < 0)
     or "inconclusive"}."""

@@ -194,3 +194,15 @@ def test_seed_replicates_pair_the_rows_and_widen_with_the_spread_between_seeds()
     mean = np.mean([stats.spearmanr(x, gold).statistic for x in spread])
     assert lo <= mean <= hi
     assert hi - lo > max(np.subtract(*interval(x, gold, "spearman", resamples=2000, seed=5)[::-1]) for x in spread)
+
+
+def test_seeds_scored_on_the_same_pairs_share_the_pairs_noise():
+    """k identical seeds are one seed evaluated k times on the same pairs: the pairs' noise does not
+    average away, so the interval is as wide as one seed's (a resample per seed would shrink it by
+    about sqrt(k))."""
+    rng = np.random.default_rng(7)
+    gold = rng.normal(size=500)
+    scores = gold + rng.normal(scale=1.5, size=500)
+    one = seeds_interval([scores], gold, "spearman", resamples=3000, seed=1)
+    three = seeds_interval([scores] * 3, gold, "spearman", resamples=3000, seed=1)
+    assert (three[1] - three[0]) == pytest.approx(one[1] - one[0], rel=0.1)

@@ -6,7 +6,7 @@ every metric both rows have: the CS224N STS dev Spearman, each SentEval STS set 
 ×100) and, when both were fine-tuned, the three fine-tuned dev metrics. The difference a − b is
 averaged over the seeds both rows ran with, and its 95% interval comes from a paired, hierarchical
 bootstrap (``bertcf.bootstrap.paired_difference``): resample the seeds, then the evaluation pairs
-(within each STS subset), the same pairs for a and b. The verdict: ``supported`` when the interval
+(within each STS subset; one resample shared by the drawn seeds), the same pairs for a and b. The verdict: ``supported`` when the interval
 lies above 0, ``contradicted`` when it lies below 0, ``inconclusive`` otherwise.
 """
 from __future__ import annotations
@@ -100,7 +100,8 @@ def claims_md(claims: list[dict], footer: str) -> str:
             "Each claim says that row a scores higher than row b. *a − b* is the difference averaged over the "
             "seeds both rows ran with; the 95% interval is a paired, hierarchical bootstrap "
             f"({RESAMPLES} resamples): the seeds are resampled, then the evaluation pairs (within each STS "
-            "subset), the same pairs for a and b. **supported**: the interval lies above 0; **contradicted**: "
+            "subset; one resample for all the drawn seeds, which were scored on the same pairs), the same pairs "
+            "for a and b. **supported**: the interval lies above 0; **contradicted**: "
             "below 0; **inconclusive**: it contains 0 (the difference is within the noise of this many seeds "
             "and pairs). *(report)*: the report's a − b on that metric (bert-base-uncased), where it has one.\n\n"
             + claims_text + "\n"
