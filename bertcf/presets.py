@@ -64,9 +64,7 @@ PRESETS = {p.name: p for p in (
            dict(stage="mirror", method="tsdae", batch_size=8, lr=3e-5, deletion_ratio=0.6, pooling="cls",
                 max_length=75, weight_decay=0.0, lr_schedule="linear"),
            epochs=1, warmup=0.1,
-           differs="we delete word pieces, TSDAE words; our decoder is a torch TransformerDecoder "
-                   "(--decoder-layers) with the encoder's embeddings tied, TSDAE's a BERT decoder tied to the "
-                   "encoder layer by layer"),
+           differs="we delete word pieces, TSDAE words"),
 )}
 
 

@@ -333,7 +333,11 @@ class Trainer:
             raise UsageError(f"--resume: {last / STATE_FILE} holds {', '.join(sorted(state['modules']))}, not "
                              f"{', '.join(sorted(self.modules))}: it was written by another version of this "
                              f"command; start a new run")
-        self.load_state_dict(state)
+        try:
+            self.load_state_dict(state)
+        except RuntimeError as e:  # a module whose parameters changed since (missing or unexpected keys)
+            raise UsageError(f"--resume: {last / STATE_FILE} does not fit this version's modules "
+                             f"({' '.join(str(e).split())[:160]}); start a new run") from None
 
     # -- evaluation ----------------------------------------------------------------------------------
     def _evaluate_and_keep_best(self) -> None:

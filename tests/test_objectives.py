@@ -253,51 +253,6 @@ def test_tsdae_deletion_ratio_and_special_tokens(tiny_bert_dir):
     assert (dmask.sum(1) == 3).float().mean() > 0.5 and (dmask.sum(1) >= 3).all()
 
 
-def test_tsdae_loss_by_hand(tiny_bert_dir):
-    enc = load(tiny_bert_dir)
-    torch.manual_seed(0)
-    obj = TSDAE(enc, args(deletion_ratio=0.5, decoder_layers=1), torch.Generator().manual_seed(2))
-    perturb(obj.decoder, scale=0.1)
-    vocab, dim = enc.bert.config.vocab_size, enc.dim
-    assert not any(p.shape == (vocab, dim) for p in obj.decoder.parameters())  # embeddings are tied, not copied
-    ids, mask, special = batch(enc)
-    state = obj.generator.get_state()
-    loss, scalars = obj.loss(ids, mask, special)
-
-    obj.generator.set_state(state)
-    damaged, dmask = obj.delete(ids, mask, special)
-    layer = obj.decoder.layers.layers[0]
-    heads, dh = enc.bert.config.num_attention_heads, dim // enc.bert.config.num_attention_heads
-    with torch.no_grad():
-        u = mean_pool(enc.bert(damaged, dmask)["last_hidden_state"], dmask)  # [b, D]
-        inputs, targets, valid = ids[:, :-1], ids[:, 1:], mask[:, 1:].bool()
-        b, t = inputs.shape
-        x = enc.bert.embeddings(inputs, torch.zeros_like(inputs))
-        # causal self-attention
-        W, c = layer.self_attn.in_proj_weight, layer.self_attn.in_proj_bias
-        q, k, v = (x @ W.T + c).split(dim, -1)
-        q, k, v = (z.view(b, t, heads, dh).transpose(1, 2) for z in (q, k, v))
-        scores = q @ k.transpose(-1, -2) / math.sqrt(dh)
-        scores = scores.masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
-        sa = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, dim)
-        x = layer.norm1(x + sa @ layer.self_attn.out_proj.weight.T + layer.self_attn.out_proj.bias)
-        # cross-attention to one memory vector: its softmax weight is 1, so it adds out(value(u)) everywhere
-        W, c = layer.multihead_attn.in_proj_weight, layer.multihead_attn.in_proj_bias
-        value = u @ W[2 * dim:].T + c[2 * dim:]
-        ca = value @ layer.multihead_attn.out_proj.weight.T + layer.multihead_attn.out_proj.bias
-        x = layer.norm2(x + ca[:, None, :])
-        ff = F.gelu(x @ layer.linear1.weight.T + layer.linear1.bias) @ layer.linear2.weight.T + layer.linear2.bias
-        x = layer.norm3(x + ff)
-        logits = x @ enc.bert.embeddings.word_embeddings.weight.T + obj.decoder.bias
-        logp = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
-        expected = -logp[valid].mean()
-    assert torch.allclose(loss, expected, atol=1e-5), (loss, expected)
-    assert set(scalars) == {"token_accuracy", "kept_fraction"}
-    loss.backward()  # the decoder's tied output matrix and the encoder both get gradients
-    assert enc.bert.encoder.layer[-1].output.dense.weight.grad.abs().sum() > 0
-    assert obj.decoder.bias.grad.abs().sum() > 0
-
-
 # ---- MLM ---------------------------------------------------------------------------------------------
 
 def test_mlm_80_10_10(tiny_bert_dir):
@@ -443,7 +398,7 @@ def test_bad_objective_flags(tiny_bert_dir, tiny_data_dir, tmp_path, capsys):
     from bertcf.errors import UsageError
 
     for flag, value in [("--momentum", "1.0"), ("--ct-negatives", "0"), ("--deletion-ratio", "1"),
-                        ("--decoder-layers", "0"), ("--mlm-probability", "0")]:
+                        ("--mlm-probability", "0")]:
         with pytest.raises(SystemExit) as e:  # argparse's error(): one line, exit status 2
             pretrain(tiny_bert_dir, tiny_data_dir, tmp_path / "bad", "bsl", "--steps", "1", flag, value)
         assert e.value.code == 2

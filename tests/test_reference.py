@@ -6,6 +6,8 @@ the loss, and its gradient with respect to the embeddings (or parameters), withi
 - the report's InfoNCE (2b - 1 candidates) = the report's formula written out, and MNRL with its
   query_to_query direction;
 - Contrastive Tension = sentence-transformers' ContrastiveTensionLoss;
+- TSDAE = sentence-transformers' DenoisingAutoEncoderLoss (decoder tied to the encoder), same
+  deleted input, same cross-attention and head weights;
 - MLM = transformers' BertForMaskedLM on the same labels, and the 80/10/10 draw against
   DataCollatorForLanguageModeling's;
 - the Glow blocks (ActNorm, LU linear, additive coupling) = normflows' blocks with the same weights;
@@ -22,7 +24,7 @@ import torch
 
 from bertcf.contrastive import InfoNCE
 from bertcf.flow import ActNorm, AdditiveCoupling, InvertibleLinear
-from bertcf.objectives import BSL, ContrastiveTension, MaskedLM, Mirror, SimCSE
+from bertcf.objectives import BSL, TSDAE, ContrastiveTension, MaskedLM, Mirror, SimCSE
 from bertcf.objectives.base import IGNORE_INDEX
 from test_objectives import args, batch, load, mlm_dir, random_batch  # noqa: F401 (mlm_dir: a fixture)
 
@@ -170,6 +172,50 @@ def test_contrastive_tension_is_sentence_transformers_loss(tiny_bert_dir, monkey
     same(a.grad * n, a2.grad)
     same(b.grad * n, b2.grad)
     assert labels.sum() == math.ceil(n / 8)  # one positive pair in 8
+
+
+# ---- TSDAE ----------------------------------------------------------------------------------------------
+def test_tsdae_is_sentence_transformers_denoising_auto_encoder_loss(tiny_bert_dir):
+    """On the same deleted input: our decoder (the encoder's BERT run causally, tied, with
+    cross-attention to the sentence vector, BERT's LM head) gives DenoisingAutoEncoderLoss's loss,
+    with the cross-attention and head weights copied into its decoder, and the same gradient on
+    the word embeddings, which encoder, decoder and head share in both."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.losses import DenoisingAutoEncoderLoss
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    enc = load(tiny_bert_dir)
+    objective = TSDAE(enc, args(deletion_ratio=0.5), torch.Generator().manual_seed(2)).eval()
+    with torch.no_grad():  # a head and cross-attention that are not at their initial values
+        for p in objective.decoder.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids, mask, special = batch(enc)
+    state = objective.generator.get_state()
+    loss, _ = objective.loss(ids, mask, special)
+    loss.backward()
+    objective.generator.set_state(state)
+    damaged, damaged_mask = objective.delete(ids, mask, special)
+
+    transformer = Transformer(str(tiny_bert_dir))
+    model = SentenceTransformer(modules=[transformer, Pooling(transformer.get_embedding_dimension(), "mean")],
+                                device="cpu").eval()
+    reference = DenoisingAutoEncoderLoss(model, tie_encoder_decoder=True).eval()
+    decoder = reference.decoder
+    ours = {f"bert.encoder.layer.{i}.crossattention.{k}": v for i, cross in enumerate(objective.decoder.cross)
+            for k, v in cross.state_dict().items()}
+    ours |= {f"cls.predictions.{k}": v for k, v in objective.decoder.head.state_dict().items()}
+    theirs = dict(decoder.named_parameters())
+    assert set(ours) <= set(theirs), set(ours) - set(theirs)
+    with torch.no_grad():
+        for k, v in ours.items():
+            theirs[k].copy_(v)
+    their_loss = reference([{"input_ids": damaged, "attention_mask": damaged_mask},
+                            {"input_ids": ids, "attention_mask": mask}], None)
+    their_loss.backward()
+    same(loss.detach(), their_loss.detach())
+    words = decoder.bert.embeddings.word_embeddings.weight  # the encoder's too (tied)
+    assert words is model[0].auto_model.embeddings.word_embeddings.weight
+    same(enc.bert.embeddings.word_embeddings.weight.grad, words.grad)
 
 
 # ---- MLM ------------------------------------------------------------------------------------------------

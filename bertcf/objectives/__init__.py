@@ -83,8 +83,6 @@ def add_args(parser) -> None:
                    help="ct: negative pairs per positive pair (7: 1 positive pair in 8)")
     g.add_argument("--deletion-ratio", type=PROBABILITY, default=DEFAULTS["deletion_ratio"],
                    help="tsdae: probability of deleting each token")
-    g.add_argument("--decoder-layers", type=AT_LEAST_1, default=DEFAULTS["decoder_layers"],
-                   help="tsdae: transformer decoder layers")
     g.add_argument("--mlm-probability", type=checked(float, lambda v: 0 < v < 1, "in (0, 1)"),
                    default=DEFAULTS["mlm_probability"],
                    help="mlm: share of tokens to predict")

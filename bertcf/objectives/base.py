@@ -15,7 +15,7 @@ DEFAULTS = {"span_p": 0.3, "span_cap": 5, "temperature": 0.05, "negatives": "rep
             "lambda_mirror": 0.3, "flow_blocks": 3, "flow_hidden": None, "flow_permutation": "lu",
             "flow_loss_unit": "bits-per-dim", "unfreeze_encoder": False, "encoder_lr": 1e-4,
             "momentum": 0.999, "predictor_k": 8, "predictor_hidden": None, "ct_negatives": 7,
-            "deletion_ratio": 0.6, "decoder_layers": 2, "mlm_probability": 0.15}
+            "deletion_ratio": 0.6, "mlm_probability": 0.15}
 
 
 def setting(args, name: str):

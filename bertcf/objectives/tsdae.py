@@ -6,42 +6,61 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from minbert import pad_batch
+from minbert.model import BertSelfOutput
 
 from ..distributed import local_rows
 from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions, setting
+from .mlm import MLMHead
+
+
+class CrossAttention(nn.Module):
+    """BERT's cross-attention (Hugging Face's names: ``self.query|key|value``, ``output.dense``,
+    ``output.LayerNorm``): the decoder's tokens x [b, t, D] attend to the memory [b, m, D]; output
+    projection, dropout, residual and post-LayerNorm as in the self-attention."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.num_heads, self.dropout_p = config.num_attention_heads, config.attention_probs_dropout_prob
+        self.self = nn.Module()
+        for name in ("query", "key", "value"):
+            setattr(self.self, name, nn.Linear(config.hidden_size, config.hidden_size))
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x, memory):
+        heads = lambda z: z.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)  # noqa: E731 - [b, heads, *, hd]
+        y = F.scaled_dot_product_attention(heads(self.self.query(x)), heads(self.self.key(memory)),
+                                           heads(self.self.value(memory)),
+                                           dropout_p=self.dropout_p if self.training else 0.0)
+        return self.output(y.transpose(1, 2).flatten(2), x)
 
 
 class TSDAEDecoder(nn.Module):
-    """The decoder of TSDAE: a post-LayerNorm transformer decoder (``torch.nn.TransformerDecoder``,
-    BERT-sized layers: the encoder's D, heads, feed-forward width, GELU, dropout) whose
-    cross-attention sees one memory vector per sentence.
+    """TSDAE's decoder, as the paper and sentence-transformers' ``DenoisingAutoEncoderLoss`` (with
+    ``tie_encoder_decoder``) build it: the encoder's own BERT run as a causal decoder, its
+    embeddings and every layer's self-attention and feed-forward weights shared with the encoder,
+    with a cross-attention (``cross``) added after each layer's self-attention, and BERT's
+    LM head (``head``: transform, LayerNorm, the word embeddings tied, a bias).
 
-    forward(hidden [b, t, D] (embedded decoder input), memory [b, D], word_embeddings [V, D])
-    -> logits [b, t, V] = decoder(hidden | memory) @ word_embeddings^T + bias. Causal
-    self-attention; right padding needs no key-padding mask under it.
-    """
+    forward(bert (the encoder's minBERT), ids [b, t], memory [b, D]) -> logits [b, t, V]."""
 
-    def __init__(self, config, num_layers: int):
+    def __init__(self, config):
         super().__init__()
-        layer = nn.TransformerDecoderLayer(config.hidden_size, config.num_attention_heads, config.intermediate_size,
-                                           dropout=config.hidden_dropout_prob, activation="gelu",
-                                           layer_norm_eps=config.layer_norm_eps, batch_first=True, norm_first=False)
-        self.layers = nn.TransformerDecoder(layer, num_layers)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        # nn.TransformerDecoder clones one layer: give every layer its own BERT-style initialisation.
-        for name, p in self.layers.named_parameters():
-            if "norm" in name:
-                continue
-            if p.ndim >= 2:
-                nn.init.normal_(p, std=config.initializer_range)
-            else:
-                nn.init.zeros_(p)
+        self.cross = nn.ModuleList(CrossAttention(config) for _ in range(config.num_hidden_layers))
+        self.head = MLMHead(config)
+        for module in self.cross.modules():  # BERT's initialisation
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=config.initializer_range)
+                nn.init.zeros_(module.bias)
 
-    def forward(self, hidden, memory, word_embeddings):
-        t = hidden.shape[1]
-        causal = nn.Transformer.generate_square_subsequent_mask(t, device=hidden.device, dtype=hidden.dtype)
-        h = self.layers(hidden, memory.unsqueeze(1).to(hidden.dtype), tgt_mask=causal, tgt_is_causal=True)
-        return F.linear(h, word_embeddings, self.bias)
+    def forward(self, bert, ids, memory):
+        t = ids.shape[1]
+        causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).tril()  # True: may attend
+        h = bert.embeddings(ids, torch.zeros_like(ids))
+        for layer, cross in zip(bert.encoder.layer, self.cross):
+            h = layer.attention.output(layer.attention.self(h, causal), h)
+            h = cross(h, memory[:, None].to(h.dtype))
+            h = layer.output(layer.intermediate(h), h)
+        return self.head(h, bert.embeddings.word_embeddings.weight)
 
 
 def kept_fraction(damaged_mask, mask, special) -> torch.Tensor:
@@ -56,20 +75,22 @@ class TSDAE(Objective):
     Learning", Findings of EMNLP).
 
     Noise: every non-special token is deleted with probability r (--deletion-ratio, 0.6;
-    a sentence keeps at least one; [CLS]/[SEP] stay) -> damaged ids [b, t'] (t' <= t).
-    The encoder maps the damaged sentence to its pooled vector u [b, D]; a transformer decoder
-    (``decoder``, --decoder-layers) reconstructs the original with teacher forcing: its input
-    is ids[:, :-1] embedded by the encoder's own embedding layer (word embeddings tied), its
-    cross-attention sees only u, its output projection is the word-embedding matrix (tied) plus
-    a bias, and it predicts ids[:, 1:]:
+    a sentence keeps at least one; [CLS]/[SEP] stay) -> damaged ids [b, t'] (t' <= t). (TSDAE
+    deletes words; this deletes word pieces, so it works on the token ids.) The encoder maps the
+    damaged sentence to its pooled vector u [b, D]; the decoder (``TSDAEDecoder``: the encoder's
+    BERT, tied, run causally, with cross-attention to u alone) reconstructs the original with
+    teacher forcing from ids[:, :-1] and predicts ids[:, 1:]:
 
-        loss = token cross-entropy over the real target tokens (padding ignored).
+        loss = token cross-entropy over the real target tokens (padding ignored),
+
+    which equals sentence-transformers' DenoisingAutoEncoderLoss with tie_encoder_decoder
+    (tests/test_reference.py).
     """
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
         self.deletion_ratio = float(setting(args, "deletion_ratio"))
-        self.decoder = TSDAEDecoder(encoder.bert.config, int(setting(args, "decoder_layers")))
+        self.decoder = TSDAEDecoder(encoder.bert.config)
 
     def delete(self, ids, mask, special) -> tuple[torch.Tensor, torch.Tensor]:
         """The damaged batch (ids, mask), right-padded to its longest sentence."""
@@ -88,9 +109,7 @@ class TSDAE(Objective):
         original, original_mask = ids.to(self.device), mask.to(self.device)
         inputs = original[:, :-1]
         labels = original[:, 1:].masked_fill(original_mask[:, 1:] == 0, IGNORE_INDEX)
-        embeddings = self.encoder.bert.embeddings
-        hidden = embeddings(inputs, torch.zeros_like(inputs))
-        logits = self.decoder(hidden, u, embeddings.word_embeddings.weight).float()
+        logits = self.decoder(self.encoder.bert, inputs, u).float()
         # The mean over the global batch's target tokens (a rank's share of it under DDP).
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
                                reduction="sum") * (world / count)
