@@ -442,13 +442,24 @@ def test_objectives_as_published(suite, tmp_path, capsys):
     assert "--preset mirror-bert" in commands["Mirror-BERT (published)"]
     assert "--steps" not in commands["CT (published)"] and "--steps" in commands["MinBERT-MLM"]
     assert "stages/ct-published" in commands["CT (published)"]
-    experiments.main(["objectives", "--out-dir", str(out), "--preset", "published", "--rows", "CT (published)"])
+    experiments.main(["objectives", "--out-dir", str(out), "--preset", "published", "--rows",
+                      "CT (published),SimCSE (published)"])
     config = json.loads((out / "stages" / "ct-published" / "config.json").read_text())
     assert (config["preset"], config["lr"], config["ct_negatives"]) == ("ct", 1e-5, 7)
     assert config["batch_size"] == 4  # --pretrain-args wins over the preset
     md = (out / "objectives.md").read_text()
     assert "| CT (published) | Contrastive Tension as published (`--preset ct`) |" in md
     assert "at its paper's settings" in md
+    assert "| *MinBERT-SimCSE* (reference) |" in md and "| *MinBERT-Mirror* (reference) |" in md
+    # The paper's SimCSE against the report's, paired on the same STS dev pairs; the report's claims still there.
+    claims = {(c["a"], c["b"]): c for c in json.loads((out / "claims.json").read_text())["claims"]}
+    ours = claims[("SimCSE (published)", "MinBERT-SimCSE")]
+    assert ours["report_claim"] is False and claims[("BERT-CF", "Mirror-flow")]["report_claim"] is True
+    rows = {r["name"]: r["ours"] for r in json.loads((out / "objectives.json").read_text())["rows"]
+            + json.loads((out / "objectives.json").read_text())["reference"]}
+    difference = rows["SimCSE (published)"]["sts_spearman"]["mean"] - rows["MinBERT-SimCSE"]["sts_spearman"]["mean"]
+    assert ours["mean_difference"] == pytest.approx(difference, abs=1e-9)
+    assert ("Mirror-BERT (published)", "MinBERT-Mirror") not in claims  # not run in this OUT
 
 
 @pytest.mark.slow

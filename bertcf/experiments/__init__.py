@@ -12,8 +12,8 @@ BERT-CF (joint stage from the Mirror run). Ablations: SimCSE-joint (joint ``--me
 from the SimCSE run), MinBERT-joint (joint ``--unfreeze-encoder`` from ``--model``), Mirror-flow
 (flow stage from the Mirror run). Objectives (not in the report, so not part of ``all``):
 MinBERT-BSL, -CT, -TSDAE and -MLM (mirror stage, ``--method bsl|ct|tsdae|mlm``, from
-``--model``; see bertcf/objectives/), each one more pretraining run, with MinBERT and
-MinBERT-Mirror as reference rows (the latter once table1 or all has trained it in ``OUT``).
+``--model``; see bertcf/objectives/), each one more pretraining run, with MinBERT, MinBERT-SimCSE
+and MinBERT-Mirror as reference rows (the latter two once table1 or all has trained them in ``OUT``).
 
 Every pretraining (stage 1 or 2 of the report) is a run of ``bertcf.pretrain``
 (``run_pretrain.py``) in ``OUT/stages/<name>/``, every fine-tuning (stage 3) a run of

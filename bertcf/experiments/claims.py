@@ -1,5 +1,6 @@
 """The report's comparative claims, each tested on this output directory's rows: ``claims.json`` and
-``claims.md``.
+``claims.md``; beside them, each method at its paper's settings against the report's variant of it
+(``objectives --preset published``), tested the same way.
 
 A claim says that row ``a`` scores higher than row ``b`` on a metric (``CLAIMS``). It is tested on
 every metric both rows have: the CS224N STS dev Spearman, each SentEval STS set that ran (Spearman
@@ -14,17 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import bootstrap
-from .plan import ABLATION_ROWS, TABLE1_ROWS, Row
+from .plan import ABLATION_ROWS, PUBLISHED_ROWS, TABLE1_ROWS, Row
 from .report import REPORT_ABLATIONS, REPORT_TABLE1, fmt, md_table
 from .results import BOOTSTRAP_SEED, FINETUNED, RESAMPLES, ItemScores
 
 
-
 @dataclass(frozen=True)
 class Claim:
-    a: str      # row names (plan.TABLE1_ROWS, plan.ABLATION_ROWS)
+    a: str      # row names (plan.TABLE1_ROWS, plan.ABLATION_ROWS, plan.PUBLISHED_ROWS)
     b: str
     what: str   # the claim in words
+    report: bool = True  # a claim of the report; False: a comparison of ours
 
 
 CLAIMS = (
@@ -34,8 +35,12 @@ CLAIMS = (
     Claim("MinBERT-Mirror", "MinBERT-SimCSE", "the span: Mirror-BERT's span masking against SimCSE's dropout alone"),
     Claim("MinBERT-flow", "MinBERT", "the flow alone improves the base encoder"),
     Claim("BERT-CF", "MinBERT-Mirror", "the flow on top: BERT-CF improves on the Mirror encoder it starts from"),
+    Claim("SimCSE (published)", "MinBERT-SimCSE", "SimCSE at its paper's settings against the report's variant",
+          report=False),
+    Claim("Mirror-BERT (published)", "MinBERT-Mirror", "Mirror-BERT at its paper's settings against the report's "
+          "variant", report=False),
 )
-ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS}
+ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS + PUBLISHED_ROWS}
 
 
 def report_value(row: str, metric: str):
@@ -77,7 +82,7 @@ def test_claims(results: dict, seeds: list[int], data_dir) -> list[dict]:
             out.append({"claim": f"{claim.a} > {claim.b} — {claim.what}", "a": claim.a, "b": claim.b,
                         "metric": metric, "mean_difference": scale * test["mean_difference"],
                         "ci95": [scale * v for v in test["ci95"]], "seeds": [s for s, _, _ in paired],
-                        "verdict": test["verdict"],
+                        "verdict": test["verdict"], "report_claim": claim.report,
                         "report_difference": None if ra is None or rb is None else round(ra - rb, 6)})
     return out
 
@@ -94,7 +99,8 @@ def claims_md(claims: list[dict], footer: str) -> str:
     rows = [[c["a"], c["b"], label(c["metric"]), fmt(c["mean_difference"], 3),
              f"[{fmt(c['ci95'][0], 3)}, {fmt(c['ci95'][1], 3)}]", str(len(c["seeds"])), f"**{c['verdict']}**",
              fmt(c["report_difference"], 3)] for c in claims]
-    claims_text = "".join(f"- **{c.a} > {c.b}** — {c.what}\n" for c in CLAIMS)
+    claims_text = "".join(f"- **{c.a} > {c.b}** — {c.what}" + ("" if c.report else " (ours, not the report's)")
+                          + "\n" for c in CLAIMS)
     one_seed = any(len(c["seeds"]) == 1 for c in claims)
     return ("# The report's claims, tested\n\n"
             "Each claim says that row a scores higher than row b. *a − b* is the difference averaged over the "
@@ -103,7 +109,9 @@ def claims_md(claims: list[dict], footer: str) -> str:
             "subset; one resample for all the drawn seeds, which were scored on the same pairs), the same pairs "
             "for a and b. **supported**: the interval lies above 0; **contradicted**: "
             "below 0; **inconclusive**: it contains 0 (the difference is within the noise of this many seeds "
-            "and pairs). *(report)*: the report's a − b on that metric (bert-base-uncased), where it has one.\n\n"
+            "and pairs). *(report)*: the report's a − b on that metric (bert-base-uncased), where it has one. "
+            "The last two compare each method at its paper's settings with the report's variant, where "
+            "`objectives --preset published` ran in the same output directory.\n\n"
             + claims_text + "\n"
             + (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict", "(report)"], rows, "lllrrrlr")
                if rows else "No claim has both of its rows in this output directory yet.\n")
@@ -115,4 +123,4 @@ def claims_md(claims: list[dict], footer: str) -> str:
 def claim_rows() -> list[Row]:
     """The rows the claims compare."""
     names = {n for c in CLAIMS for n in (c.a, c.b)}
-    return [r for r in TABLE1_ROWS + ABLATION_ROWS if r.name in names]
+    return [r for r in ROWS.values() if r.name in names]
