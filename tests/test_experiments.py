@@ -402,9 +402,10 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
         config = json.loads((out / "stages" / method / "config.json").read_text())
         assert (config["stage"], config["method"], config["init"]) == ("mirror", method, None)
         assert json.loads((out / "stages" / method / experiments.MARKER).read_text())["summary"]["step"] == 2
-    assert [r["name"] for r in objectives["reference"]] == ["MinBERT", "MinBERT-Mirror"]
+    references = ["MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror"]
+    assert [r["name"] for r in objectives["reference"]] == references
     table1 = {r["name"]: r["ours"]["sts_spearman"] for r in json.loads((out / "table1.json").read_text())["rows"]}
-    assert [r["ours"]["sts_spearman"] for r in objectives["reference"]] == [table1["MinBERT"], table1["MinBERT-Mirror"]]
+    assert [r["ours"]["sts_spearman"] for r in objectives["reference"]] == [table1[n] for n in references]
     md = (out / "objectives.md").read_text()
     assert all(f"| {n} |" in md for n in names) and "| *MinBERT-Mirror* (reference) |" in md
     assert "no numbers for these" in md and "0.736" in md
@@ -425,7 +426,8 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
     (out / "stages" / "mirror" / experiments.MARKER).unlink()
     experiments.main(["objectives", "--out-dir", str(out)])
     assert calls == []
-    assert [r["name"] for r in json.loads((out / "objectives.json").read_text())["reference"]] == ["MinBERT"]
+    assert [r["name"] for r in json.loads((out / "objectives.json").read_text())["reference"]] == ["MinBERT",
+                                                                                                  "MinBERT-SimCSE"]
     assert "MinBERT-Mirror (reference): not trained in this --out-dir yet" in (out / "objectives.md").read_text()
 
 
