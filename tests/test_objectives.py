@@ -11,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from bertcf.contrastive import span_mask
 from bertcf.encoder import SentenceEncoder
