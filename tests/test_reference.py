@@ -55,6 +55,17 @@ def objective_views(objective, batch_):
     return loss, u.detach(), u.grad
 
 
+def loss_then_rewind(objective, enc):
+    """(our loss on ``batch(enc)``, its gradient taken; the batch), with the objective's generator
+    rewound so that the test draws the same random choices (deletions, masked positions) again."""
+    ids, mask, special = batch(enc)
+    state = objective.generator.get_state()
+    loss, _ = objective.loss(ids, mask, special)
+    loss.backward()
+    objective.generator.set_state(state)
+    return loss, (ids, mask, special)
+
+
 def same(ours, theirs, atol=1e-5):
     assert torch.allclose(ours, theirs, atol=atol, rtol=1e-5), (ours - theirs).abs().max()
 
@@ -189,11 +200,7 @@ def test_tsdae_is_sentence_transformers_denoising_auto_encoder_loss(tiny_bert_di
     with torch.no_grad():  # a head and cross-attention that are not at their initial values
         for p in objective.decoder.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    ids, mask, special = batch(enc)
-    state = objective.generator.get_state()
-    loss, _ = objective.loss(ids, mask, special)
-    loss.backward()
-    objective.generator.set_state(state)
+    loss, (ids, mask, special) = loss_then_rewind(objective, enc)
     damaged, damaged_mask = objective.delete(ids, mask, special)
 
     transformer = Transformer(str(tiny_bert_dir))
@@ -226,11 +233,7 @@ def test_mlm_is_bert_for_masked_lm_loss_and_gradient(mlm_dir):
 
     enc = load(mlm_dir)
     objective = MaskedLM(enc, args(model=str(mlm_dir), init=None), torch.Generator().manual_seed(4))
-    ids, mask, special = batch(enc)
-    state = objective.generator.get_state()
-    loss, _ = objective.loss(ids, mask, special)
-    loss.backward()
-    objective.generator.set_state(state)
+    loss, (ids, mask, special) = loss_then_rewind(objective, enc)
     inputs, labels = objective.mask_tokens(ids, mask, special)
     hf = transformers.BertForMaskedLM.from_pretrained(str(mlm_dir)).eval()
     theirs = hf(input_ids=inputs, attention_mask=mask, labels=labels).loss
