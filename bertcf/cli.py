@@ -122,7 +122,11 @@ def parse_args(parser: argparse.ArgumentParser, argv=None, upgrade=None) -> argp
         config = Path(args.out_dir) / "config.json"
         if not config.is_file():
             raise UsageError(f"--resume: {config} not found")
-        saved = json.loads(config.read_text())
+        try:
+            saved = json.loads(config.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise UsageError(f"--resume: {config} is not valid JSON ({e}); it is the run's settings, which "
+                             f"--resume needs: restore it or start a new run") from None
         saved = upgrade(saved) if upgrade else saved
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved.items() if k in known})

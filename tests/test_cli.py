@@ -71,6 +71,16 @@ def test_resume_takes_saved_settings_through_upgrade(tmp_path):
     assert (args.qqp_weight, args.steps) == (20.0, 30)
 
 
+def test_resume_from_a_damaged_config_is_one_line(tmp_path, capsys):
+    """A config.json that is not JSON (hand-edited, or a disk that lost it): one line, exit 2."""
+    from bertcf import pretrain
+
+    (tmp_path / "config.json").write_text('{"steps": 3')
+    assert cli.run_main(pretrain.main, ["--resume", "--out-dir", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--resume: {tmp_path / 'config.json'} is not valid JSON" in err
+
+
 COMMANDS = ("pretrain", "multitask", "evaluate", "bench")
 
 
