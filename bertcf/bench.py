@@ -104,7 +104,7 @@ def load_models(model: str | None, tiny: bool = False, seed: int = 11711):
 class Encoder(nn.Module):
     """Either implementation behind minBERT's call, ``(input_ids, attention_mask,
     token_type_ids=None, num_tokens=None) -> {'last_hidden_state': [b, t, D]}``, so that every
-    workload (and :class:`bertcf.multitask_model.MultitaskModel`) runs the same code on both.
+    workload (and :class:`bertcf.models.multitask.MultitaskModel`) runs the same code on both.
 
     ``compile_``: minBERT compiles layer by layer (:meth:`minbert.BertModel.compile`),
     transformers as a whole model, both with ``dynamic=True`` (the batch shapes change from
@@ -217,13 +217,13 @@ class Workload:
                           (self.cls, self.sep))
 
     def autocast(self):
-        from .precision import autocast
+        from .utils.precision import autocast
         return autocast(self.device, self.precision)
 
     def training_step(self, params, lr, loss_fn):
         """A step closure: ``loss_fn(inputs)`` through ``training.update`` (autocast, scaled
         backward) with AdamW (fused, weight decay 0.01) over ``params`` (or parameter groups)."""
-        from .training import make_optimizer, update
+        from .training.optim import make_optimizer, update
 
         opt = make_optimizer(params, lr, 0.01, self.device)
         scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
@@ -261,7 +261,7 @@ class Mirror(Workload):
     def build(self, bert):
         from types import SimpleNamespace
 
-        from .encoder import SentenceEncoder
+        from .models.encoder import SentenceEncoder
         from .objectives import build_objective
         from .pretrain import STAGE_LR
 
@@ -317,8 +317,8 @@ class Multitask(Workload):
         return out
 
     def build(self, bert):
-        from .encoder import SentenceEncoder
-        from .multitask_model import MultitaskLoss, MultitaskModel
+        from .models.encoder import SentenceEncoder
+        from .models.multitask import MultitaskLoss, MultitaskModel
 
         torch.manual_seed(0)  # the same initial heads for both implementations
         model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), proj_dim=768, sst_dropout=0.3,
@@ -362,7 +362,7 @@ class Encode(Workload):
         return out
 
     def build(self, bert):
-        from .encoder import pool
+        from .models.encoder import pool
 
         bert.eval()
 
@@ -480,7 +480,7 @@ def main(argv=None) -> dict:
     import transformers
 
     from .errors import UsageError
-    from .precision import resolve_device, resolve_precision
+    from .utils.precision import resolve_device, resolve_precision
 
     args = build_parser().parse_args(argv)
     workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
@@ -549,7 +549,7 @@ def main(argv=None) -> dict:
     print(f"\nwall time {info['wall_s']:.1f} s")
     out = {"info": info, "results": results}
     if args.json:
-        from .files import write_json_atomic
+        from .utils.files import write_json_atomic
         write_json_atomic(args.json, out)
         print(f"results written to {args.json}")
     return out

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 from .errors import NonFiniteLossError, UsageError, WriteError
-from .precision import resolve_device, resolve_precision
-from .progress import MODES as PROGRESS_MODES
+from .utils.precision import resolve_device, resolve_precision
+from .utils.progress import MODES as PROGRESS_MODES
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -169,7 +169,7 @@ def run_main(main, argv=None) -> int:
     """Run an entry point: bad input is one line on stderr and exit status 2, no traceback."""
     from minbert import CheckpointError
 
-    from .data import DataError
+    from .errors import DataError
     try:
         return stop_status(main(argv))
     except (UsageError, DataError, CheckpointError, NonFiniteLossError, WriteError) as e:

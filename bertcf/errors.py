@@ -1,5 +1,5 @@
 """The errors that end a command with one line and exit status 2 (``cli.run_main``), beside
-``data.DataError`` and ``minbert.CheckpointError``."""
+``minbert.CheckpointError``."""
 
 
 class UsageError(Exception):
@@ -14,3 +14,7 @@ class NonFiniteLossError(Exception):
 class WriteError(Exception):
     """A file or checkpoint could not be written (no space, quota, read-only, no permission); the
     temporary copy is removed and the previous version is intact (``files``)."""
+
+
+class DataError(Exception):
+    """Bad or missing input data.  ``str(error)`` is one line meant for the user."""

@@ -1,221 +1,19 @@
-"""The standard SentEval evaluation of a sentence encoder, as SimCSE runs it.
+"""The evaluation command: SentEval's STS and transfer tasks on a sentence encoder, a table on
+stdout and the scores as JSON (the tasks and how they are scored: ``bertcf.evaluation.senteval``).
 
     python -m bertcf.evaluate --encoder runs/<run> --senteval-dir data/SentEval [--tasks sts,transfer]
                               [--mode test|dev|fasttest] [--json FILE]
-
-STS12-16 (SentEval's "all" setting), STS-B test and SICK-R test: Spearman ×100 of the cosine of
-raw vectors, and their average; ``--mode dev`` scores STS-B dev and SICK-R trial instead (for
-model selection). Transfer tasks (MR, CR, SUBJ, MPQA, SST2, TREC, MRPC): a logistic-regression
-probe on frozen vectors (MRPC: on SentEval's [|u - v|, u * v] of the pair's vectors, or with
-``--mrpc-features full`` on [u, v, |u - v|, u * v]), accuracy ×100 (and F1 for MRPC); ``test``
-picks the probe's L2 strength by an inner validation as SentEval does, ``fasttest`` uses 5 folds
-and a fixed one. The transfer average covers the tasks that ran (``transfer_avg_tasks``).
-A task whose files are absent is skipped with a warning.
 """
 from __future__ import annotations
 
-import logging
 import sys
-from pathlib import Path
 
-import numpy as np
-from tqdm.auto import tqdm
-
-from . import progress
-from . import senteval as se
-from .bootstrap import percentile_interval
 from .cli import AT_LEAST_1, ArgumentParser, run_main
-from .data import DataError
-from .errors import UsageError
-from .evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, PAIR_FEATURES, CVClassificationEvaluator, ProbeSettings,
-                         STSEvaluator, SplitClassificationEvaluator, TrainTestClassificationEvaluator)
-from .files import write_json_atomic
-from .precision import resolve_device, resolve_precision
-
-logger = logging.getLogger("bertcf.senteval")
-
-MODES = ("test", "dev", "fasttest")
-TASK_GROUPS = {"sts": se.STS_TASKS, "transfer": se.TRANSFER_TASKS}
-
-
-def parse_tasks(text: str | list | tuple) -> list[str]:
-    """'sts,transfer' or task names ('STS12,CR') -> SentEval task names, in the standard order."""
-    items = [t.strip() for t in text.split(",")] if isinstance(text, str) else list(text)
-    known = {name.lower(): name for name in se.STS_TASKS + se.TRANSFER_TASKS}
-    chosen = set()
-    for item in filter(None, items):
-        if item.lower() in TASK_GROUPS:
-            chosen.update(TASK_GROUPS[item.lower()])
-        elif item.lower() in known:
-            chosen.add(known[item.lower()])
-        else:
-            raise UsageError(f"--tasks: unknown task {item!r} (sts, transfer, or one of "
-                             f"{', '.join(se.STS_TASKS + se.TRANSFER_TASKS)})")
-    if not chosen:
-        raise UsageError("--tasks: no task given")
-    return [t for t in se.STS_TASKS + se.TRANSFER_TASKS if t in chosen]
-
-
-def _files(task: str, mode: str) -> list[str]:
-    split = "dev" if mode == "dev" else "test"
-    if task in se.STS_YEARS:
-        return [str(p) for p in se.sts_year_files("", task)]
-    if task == "STSBenchmark":
-        return [se.STSB_FILES[split]]
-    if task == "SICKRelatedness":
-        return [se.SICK_FILES[split]]
-    return {"SST2": list(se.SST2_FILES.values()), "TREC": list(se.TREC_FILES.values()),
-            "MRPC": list(se.MRPC_FILES.values())}.get(task) or list(se.BINARY_FILES[task])
-
-
-def probe_settings(task: str, mode: str) -> ProbeSettings:
-    if mode == "fasttest":
-        return ProbeSettings(folds=5)
-    return ProbeSettings(folds=10, c_grid=KFOLD_GRID if task in ("TREC", "MRPC") else INNER_KFOLD_GRID)
-
-
-def build_evaluator(senteval_dir, task: str, mode: str = "test", mrpc_features: str = "senteval"):
-    """The evaluator of one SentEval task, its files read (DataError on a malformed line);
-    ``mrpc_features``: MRPC's pair features (:data:`bertcf.evaluators.PAIR_FEATURES`)."""
-    d = Path(senteval_dir)
-    split = "dev" if mode == "dev" else "test"
-    if task in se.STS_YEARS:
-        return STSEvaluator(task, se.read_sts_year(d, task))
-    if task == "STSBenchmark":
-        return STSEvaluator(task, {split: se.read_stsb(d / se.STSB_FILES[split])})
-    if task == "SICKRelatedness":
-        return STSEvaluator(task, {split: se.read_sick(d / se.SICK_FILES[split])})
-    settings = probe_settings(task, mode)
-    if task in se.BINARY_FILES:
-        return CVClassificationEvaluator(task, *se.read_binary(*(d / f for f in se.BINARY_FILES[task])), settings)
-    if task == "SST2":
-        return SplitClassificationEvaluator(task, {k: se.read_sst2(d / f) for k, f in se.SST2_FILES.items()}, settings)
-    reader = se.read_trec if task == "TREC" else se.read_mrpc
-    files = se.TREC_FILES if task == "TREC" else se.MRPC_FILES
-    return TrainTestClassificationEvaluator(task, reader(d / files["train"]), reader(d / files["test"]), settings,
-                                            pairs=mrpc_features if task == "MRPC" else None)
-
-
-def present_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
-    """The tasks of ``tasks`` whose files are all in ``senteval_dir`` (no warning)."""
-    return [t for t in tasks if not se.missing_files(senteval_dir, _files(t, mode))]
-
-
-def available_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
-    """The tasks of ``tasks`` whose files are all in ``senteval_dir``; each other one is skipped
-    with a warning naming its first missing file."""
-    found = []
-    for task in tasks:
-        missing = se.missing_files(senteval_dir, _files(task, mode))
-        if missing:
-            logger.warning("warning: %s skipped: %s not found", task, missing[0])
-        else:
-            found.append(task)
-    return found
-
-
-def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size: int = 64,
-             max_length: int | None = None, show_progress_bar: bool = False, pair_scores: bool = False,
-             mrpc_features: str = "senteval") -> dict:
-    """Run SentEval's ``tasks`` ('sts', 'transfer', task names) on a SentenceEncoder.
-
-    Every distinct sentence of every task is encoded once, in length-sorted batches, up to
-    ``max_length`` tokens (default: the model's max_position_embeddings, i.e. whole sentences).
-    Returns {"mode", "sts": {task: Spearman ×100}, "sts_avg", "sts_avg_ci95", "sts_detail": {task:
-    all, mean, wmean, subsets, ci95}, "transfer": {task: {accuracy[, f1, features], n}}, "transfer_avg",
-    "transfer_avg_tasks"}; averages are over the tasks that ran (None when none did), and
-    ``transfer_avg_tasks`` lists the tasks ``transfer_avg`` covers (SentEval's average is of all
-    seven). ``ci95`` is a task's bootstrap interval (:class:`STSEvaluator`); ``sts_avg_ci95``
-    averages the tasks' replicates, resample r of each task with resample r of the others, before
-    taking the percentiles. ``pair_scores``: also "sts_pairs": {task: {"scores": cosines, "gold",
-    "groups": subsets}} (lists over the pairs, in the order of "all"), for bootstraps over several
-    encoders. ``mrpc_features``: "senteval" ([|u - v|, u * v], SentEval's mrpc.py) or "full".
-    Raises DataError when no task has its files."""
-    if mode not in MODES:
-        raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
-    if mrpc_features not in PAIR_FEATURES:
-        raise UsageError(f"--mrpc-features must be one of {', '.join(PAIR_FEATURES)}, not {mrpc_features!r}")
-    tasks = parse_tasks(tasks)
-    if mode == "dev" and any(t in se.TRANSFER_TASKS for t in tasks):
-        raise UsageError("--mode dev scores STS-B dev and SICK-R trial only; run the transfer tasks "
-                         "with --mode test or fasttest")
-    if mode == "dev":
-        tasks = [t for t in tasks if t not in se.STS_YEARS]  # STS12-16 have no dev split
-    senteval_dir = se.check_dir(senteval_dir)
-    found = available_tasks(senteval_dir, tasks, mode)
-    if not found:
-        raise DataError(f"{senteval_dir}: none of the tasks {', '.join(tasks)} has its files "
-                        f"(layout: data/README.md, 'SentEval')")
-    evaluators = [build_evaluator(senteval_dir, task, mode, mrpc_features) for task in found]
-
-    sentences = list(dict.fromkeys(s for e in evaluators for s in e.sentences()))
-    vectors = encoder.encode(sentences, batch_size=batch_size, show_progress_bar=show_progress_bar,
-                             max_length=max_length or encoder.bert.config.max_position_embeddings)
-    row = {s: i for i, s in enumerate(sentences)}
-
-    def embed(batch):
-        return vectors[[row[s] for s in batch]]
-
-    result = {"mode": mode, "sts": {}, "sts_avg": None, "sts_avg_ci95": None, "sts_detail": {}, "transfer": {},
-              "transfer_avg": None} | ({"sts_pairs": {}} if pair_scores else {})
-    replicates = []
-    for evaluator in tqdm(evaluators, desc="tasks", disable=not show_progress_bar, unit="task"):
-        scores = evaluator(embed)
-        if isinstance(evaluator, STSEvaluator):
-            replicates.append(scores.pop("replicates"))
-            pairs = scores.pop("pairs")
-            if pair_scores:
-                result["sts_pairs"][evaluator.name] = pairs
-            result["sts"][evaluator.name] = scores[evaluator.main_metric]
-            result["sts_detail"][evaluator.name] = scores
-        else:
-            result["transfer"][evaluator.name] = scores
-    if result["sts"]:
-        result["sts_avg"] = sum(result["sts"].values()) / len(result["sts"])
-        result["sts_avg_ci95"] = percentile_interval(np.mean(replicates, axis=0))
-    result["transfer_avg_tasks"] = list(result["transfer"])  # SentEval's order
-    if result["transfer"]:
-        result["transfer_avg"] = sum(r["accuracy"] for r in result["transfer"].values()) / len(result["transfer"])
-    return result
-
-
-def format_table(result: dict) -> str:
-    """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped.
-    Under the STS scores, their 95% bootstrap intervals. An average that does not cover every task
-    of its table is headed "Avg. of N" and followed by a line naming the tasks it covers."""
-    def table(names, values, avg, avg_name="Avg.", intervals=None):
-        def cell(v):
-            return "-" if v is None else f"[{v[0]:.2f}, {v[1]:.2f}]" if isinstance(v, list) else f"{v:.2f}"
-        rows = [names + [avg_name], [cell(v) for v in values + [avg]]]
-        if intervals is not None:
-            rows.append([cell(v) for v in intervals])
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-        line = lambda items: "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths)) + " |"
-        return "\n".join([rule, line(rows[0]), rule, *map(line, rows[1:]), rule])
-
-    def covered(names, ran):
-        """The average's heading, and a line naming what it covers when that is not every task."""
-        if len(ran) == len(names):
-            return "Avg.", []
-        name = f"Avg. of {len(ran)}"
-        return name, [f"{name}: {', '.join(ran)} (not run: {', '.join(t for t in names if t not in ran)})"]
-
-    parts = []
-    if result["sts"]:
-        names = [t for t in se.STS_TASKS if result["mode"] != "dev" or t not in se.STS_YEARS]
-        intervals = [result["sts_detail"].get(t, {}).get("ci95") for t in names] + [result.get("sts_avg_ci95")]
-        avg_name, note = covered(names, list(result["sts"]))
-        parts += [table(names, [result["sts"].get(t) for t in names], result["sts_avg"], avg_name, intervals)] + note
-    if result["transfer"]:
-        names = list(se.TRANSFER_TASKS)
-        avg_name, note = covered(names, result["transfer_avg_tasks"])
-        parts += [table(names, [result["transfer"].get(t, {}).get("accuracy") for t in names],
-                        result["transfer_avg"], avg_name)] + note
-        if "MRPC" in result["transfer"]:
-            mrpc = result["transfer"]["MRPC"]
-            parts.append(f"MRPC F1: {mrpc['f1']:.2f} (features {mrpc['features']}: {PAIR_FEATURES[mrpc['features']]})")
-    return "\n".join(parts)
+from .evaluation.evaluators import PAIR_FEATURES
+from .evaluation.senteval import MODES, evaluate, format_table, parse_tasks
+from .utils import progress
+from .utils.files import write_json_atomic
+from .utils.precision import resolve_device, resolve_precision
 
 
 def build_parser() -> ArgumentParser:
@@ -244,7 +42,7 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv=None) -> dict:
-    from .encoder import SentenceEncoder
+    from .models.encoder import SentenceEncoder
 
     args = build_parser().parse_args(argv)
     tasks = parse_tasks(args.tasks)  # bad flags before the model loads

@@ -1,6 +1,6 @@
 """Multitask fine-tuning behind ``run_multitask.py`` (the report's sections 4.3 and 5.3): the
 task data, the training loop, evaluation and the CS224N prediction files. The model (one encoder,
-three heads, their losses and predictions) is ``bertcf.multitask_model.MultitaskModel``; with a
+three heads, their losses and predictions) is ``bertcf.models.multitask.MultitaskModel``; with a
 flow, the flow is fine-tuned with the encoder unless frozen.
 
 Pairs are encoded as two separate sentences (a bi-encoder). Each step draws one batch of every
@@ -24,16 +24,27 @@ import torch
 
 from minbert import pad_batch
 
-from . import cli, training
-from .data import READERS, SPLITS, DataError, task_file
-from .distributed import dist_info, local_rows, run_distributed, wrap_ddp
-from .encoder import SentenceEncoder
-from .encoder import resolve_encoder_path as resolve_encoder_source  # --encoder: a run directory -> its best/
-from .errors import UsageError
-from .files import save_dir_atomic, write_json_atomic
-from .multitask_model import (METRICS, SELECTION_METRIC, TASKS, MultitaskLoss, MultitaskModel, checkpoint_meta,
-                              clamped_cosine, mean_dev, predict_paraphrase, predict_sentiment, predict_similarity,
-                              renamed_from_para, resolve_checkpoint, run_dir_of, task_interval, task_metric)
+from . import cli, runs, training
+from .data.tasks import READERS, SPLITS, task_file
+from .errors import DataError, UsageError
+from .evaluation.multitask import METRICS, SELECTION_METRIC, mean_dev, task_interval, task_metric
+from .models.encoder import SentenceEncoder
+from .models.multitask import (
+    TASKS,
+    MultitaskLoss,
+    MultitaskModel,
+    checkpoint_meta,
+    clamped_cosine,
+    predict_paraphrase,
+    predict_sentiment,
+    predict_similarity,
+    renamed_from_para,
+    resolve_checkpoint,
+    run_dir_of,
+)
+from .runs import resolve_encoder_path as resolve_encoder_source  # --encoder: a run directory -> its best/
+from .utils.distributed import dist_info, local_rows, run_distributed, wrap_ddp
+from .utils.files import save_dir_atomic, write_json_atomic
 
 logger = logging.getLogger("bertcf.multitask")
 
@@ -329,7 +340,7 @@ def fill_defaults(args) -> None:
     if args.out_dir is None and not args.predict_only:
         source = Path(str(resolve_encoder_source(args.encoder)))
         name = source.parent.name if source.name == "best" else source.name
-        args.out_dir = training.default_out_dir("multitask", name or "encoder")
+        args.out_dir = runs.default_out_dir("multitask", name or "encoder")
 
 
 def load_encoder(args) -> SentenceEncoder:
@@ -405,7 +416,7 @@ def train(args, device) -> dict:
     def evaluate_fn(step):
         return evaluate(model, dev_sets, args.batch_size, args.precision, args.max_eval_examples)
 
-    run = training.Run(args.out_dir, vars(args), resume=args.resume)
+    run = runs.Run(args.out_dir, vars(args), resume=args.resume)
     optimizer = training.make_optimizer(model.parameters(), args.lr, args.weight_decay, device)
     scheduler = training.make_scheduler(optimizer, args.lr_schedule, args.warmup_steps, args.steps)
     trainer = None

@@ -24,14 +24,16 @@ import torch
 from minbert import pad_batch
 from minbert.model import load_state_dict_file
 
-from . import cli, objectives, presets, training
-from .data import read_corpus, read_sts, task_file, task_sentences
-from .distributed import dist_info, run_distributed, wrap_ddp
-from .encoder import SentenceEncoder, resolve_encoder_path, run_settings
+from . import cli, objectives, runs, training
+from .data.senteval import STSB_FILES, read_stsb
+from .data.tasks import read_corpus, read_sts, task_file, task_sentences
 from .errors import UsageError
-from .evaluation import STSDevEvaluator
-from .files import recover_dir
-from .senteval import STSB_FILES, read_stsb
+from .evaluation.metrics import STSDevEvaluator
+from .models.encoder import SentenceEncoder
+from .objectives import presets
+from .runs import resolve_encoder_path, run_settings
+from .utils.distributed import dist_info, run_distributed, wrap_ddp
+from .utils.files import recover_dir
 
 STAGES = tuple(objectives.METHODS)
 STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}
@@ -100,7 +102,7 @@ def check_args(args) -> None:
         raise UsageError("--select-on mlm-heldout is for --method mlm")
     objectives.check_args(args)
     if args.out_dir is None:
-        args.out_dir = training.default_out_dir(args.stage, args.method)
+        args.out_dir = runs.default_out_dir(args.stage, args.method)
 
 
 def load_corpus(args) -> list[str]:
@@ -237,7 +239,7 @@ def train(args, device) -> dict:
         run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
         return result
 
-    run = training.Run(args.out_dir, vars(args), resume=args.resume)
+    run = runs.Run(args.out_dir, vars(args), resume=args.resume)
 
     def save_model(directory):
         """The encoder (and flow) checkpoint. A frozen encoder never changes during the run, so

@@ -1,4 +1,4 @@
-"""bertcf.bootstrap: the count-weighted metrics against scipy on materialised resamples, the
+"""bertcf.evaluation.bootstrap: the count-weighted metrics against scipy on materialised resamples, the
 stratified draw, the intervals' coverage where the answer is known, the paired bootstrap's
 verdicts, and the CS224N STS dev evaluator's interval."""
 from __future__ import annotations
@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bertcf.bootstrap import (interval, paired_difference, percentile_interval, replicates, resample_counts,
-                              seed_replicates, seeds_interval)
+from bertcf.evaluation.bootstrap import (
+    interval,
+    paired_difference,
+    percentile_interval,
+    replicates,
+    resample_counts,
+    seed_replicates,
+    seeds_interval,
+)
 
 
 def sts_like(n: int, rng: np.random.Generator, decimals: int | None = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -166,8 +173,8 @@ def test_bad_input_to_the_resampling():
 
 def test_sts_dev_evaluator_reports_its_interval(tiny_bert_dir, cs224n_dir):
     from bertcf import SentenceEncoder
-    from bertcf.data import read_sts, task_file
-    from bertcf.evaluation import STSDevEvaluator
+    from bertcf.data.tasks import read_sts, task_file
+    from bertcf.evaluation.metrics import STSDevEvaluator
 
     pairs = read_sts(task_file(cs224n_dir, "sts", "dev"))
     result = STSDevEvaluator(pairs)(SentenceEncoder.from_pretrained(tiny_bert_dir))

@@ -1,11 +1,11 @@
-"""Token-span masking and InfoNCE (bertcf.contrastive), checked against the distribution
+"""Token-span masking and InfoNCE (bertcf.objectives.contrastive), checked against the distribution
 and a loop-based reference written independently of the implementation."""
 import math
 
 import pytest
 import torch
 
-from bertcf.contrastive import InfoNCE, sample_span_lengths, span_mask
+from bertcf.objectives.contrastive import InfoNCE, sample_span_lengths, span_mask
 
 CLS, SEP, PAD, MASK = 101, 102, 0, 103
 SPECIAL = torch.tensor([PAD, CLS, SEP, MASK])

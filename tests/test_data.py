@@ -13,9 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from bertcf import data, download
-from bertcf.data import DataError, PairExample, SentenceExample
-from bertcf.download import Source
+from bertcf.data import download
+from bertcf.data import tasks as data
+from bertcf.data.download import Source
+from bertcf.data.tasks import PairExample, SentenceExample
+from bertcf.errors import DataError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "cs224n"
 OFFLINE = SHARED.parent / "cs224n-offline"

@@ -27,12 +27,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from bertcf import distributed, pretrain
-from bertcf.contrastive import InfoNCE
-from bertcf.encoder import SentenceEncoder, pool
+from bertcf import pretrain
 from bertcf.errors import UsageError
+from bertcf.models.encoder import SentenceEncoder, pool
 from bertcf.objectives import OBJECTIVES, build_objective
-from bertcf.precision import autocast
+from bertcf.objectives.contrastive import InfoNCE
+from bertcf.utils import distributed
+from bertcf.utils.precision import autocast
 from minbert import BertConfig, BertModel
 
 WORLD = 2

@@ -11,8 +11,9 @@ import torch
 import transformers
 
 from bertcf import SentenceEncoder
-from bertcf.encoder import FLOW_FILE, resolve_encoder_path
-from bertcf.flow import Glow
+from bertcf.models.encoder import FLOW_FILE
+from bertcf.models.flow import Glow
+from bertcf.runs import resolve_encoder_path
 from minbert import CheckpointError, tokenize
 
 TOL = 1e-5
@@ -337,7 +338,7 @@ def test_vocab_fallback_for_directories_without_tokenizer(tiny_bert_dir, vocab_p
 
 def test_encode_tiny_data_dir(encoder, tiny_data_dir):
     """The shared tiny_data_dir fixture reads with bertcf.data and its sentences encode."""
-    from bertcf import data
+    from bertcf.data import tasks as data
 
     sizes = {(task, split): len(data.read_task(tiny_data_dir, task, split))
              for task in ("sst", "qqp", "sts") for split in ("train", "dev", "test")}

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from bertcf import experiments, multitask_model, pretrain
-from bertcf.data import PairExample
-from bertcf.evaluation import alignment, uniformity
 from conftest import write_cs224n_files
+
+from bertcf import experiments, pretrain
+from bertcf.data.tasks import PairExample
+from bertcf.evaluation import multitask as multitask_metrics
+from bertcf.evaluation.metrics import alignment, uniformity
 
 BEST_DIRS = ["simcse", "mirror", "flow", "bertcf", "simcse-joint", "minbert-joint", "mirror-flow"]
 OBJECTIVES = ["bsl", "ct", "tsdae", "mlm"]
@@ -63,7 +64,7 @@ def test_pair_analysis_matches_a_direct_computation():
 def test_finetune_metric_names_and_prediction_files(tmp_path):
     # The names are the ones bertcf.multitask writes to metrics.json.
     assert (set(experiments.FINETUNE_METRICS.values())
-            == set(multitask_model.METRICS.values()) | {multitask_model.SELECTION_METRIC})
+            == set(multitask_metrics.METRICS.values()) | {multitask_metrics.SELECTION_METRIC})
     for qqp in ("qqp_acc", "para_acc"):  # para_acc: a metrics.json written before QQP had one name
         m = experiments.finetune_metrics({"sst_acc": 0.4, qqp: 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
                                           "sst_dev_examples": 12})
@@ -498,9 +499,10 @@ def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
 
 # ---- SentEval columns ---------------------------------------------------------------------------------------
 def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path):
-    from bertcf import SentenceEncoder
-    from bertcf.evaluate import evaluate
     from test_senteval import write_senteval
+
+    from bertcf import SentenceEncoder
+    from bertcf.evaluation.senteval import evaluate
     senteval = write_senteval(tmp_path / "SentEval")
     out = tmp_path / "out"
     experiments.main(suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--no-finetune",

@@ -12,11 +12,10 @@ import random
 
 import torch
 import transformers
+from conftest import TINY_BERT_CONFIG, synthetic_vocab
 from safetensors.torch import load_file, save_file
 
 from bertcf import pretrain
-
-from conftest import TINY_BERT_CONFIG, synthetic_vocab
 
 DIGEST = "5e5d24ad7d93c602720050ef590501af0aaf971bf8c0db2311e8b9f64de8f4ae"
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from torch.autograd.functional import jacobian
 
-from bertcf.flow import (
+from bertcf.evaluation.metrics import latent_stats
+from bertcf.models.flow import (
     ActNorm,
     AdditiveCoupling,
     FlowBlock,
@@ -15,7 +16,6 @@ from bertcf.flow import (
     InvertibleLinear,
     ReversePermutation,
     flow_loss,
-    latent_stats,
     random_rotation,
 )
 

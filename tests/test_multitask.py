@@ -13,17 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import write_cs224n_files
 from safetensors.torch import load_file
 
 from bertcf import multitask as mt
-from bertcf import multitask_model as mtm
-from bertcf.bootstrap import interval
-from bertcf.data import read_qqp, read_sst, read_sts
-from bertcf.encoder import SentenceEncoder
-from bertcf.flow import Glow
 from bertcf.cli import run_main
-from bertcf.training import EpochSampler
-from conftest import write_cs224n_files
+from bertcf.data.tasks import read_qqp, read_sst, read_sts
+from bertcf.evaluation import multitask as mtm_metrics
+from bertcf.evaluation.bootstrap import interval
+from bertcf.models import multitask as mtm
+from bertcf.models.encoder import SentenceEncoder
+from bertcf.models.flow import Glow
+from bertcf.training.sampler import EpochSampler
 from minbert import pad_batch
 
 PREDICTION_FILES = [f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")]  # CS224N's names
@@ -104,14 +105,14 @@ def test_prediction_rules():
 
 
 def test_metrics_on_known_inputs():
-    assert mtm.task_metric("sst", [1, 2, 3, 4], [1, 2, 0, 0]) == pytest.approx(0.5)
-    assert mtm.task_metric("qqp", [1, 0, 1], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
-    assert mtm.task_metric("sts", [0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
-    assert mtm.task_metric("sts", [2.0, 1.0, 0.0], [1.0, 3.0, 5.0]) == pytest.approx(-1.0)
+    assert mtm_metrics.task_metric("sst", [1, 2, 3, 4], [1, 2, 0, 0]) == pytest.approx(0.5)
+    assert mtm_metrics.task_metric("qqp", [1, 0, 1], [1.0, 0.0, 0.0]) == pytest.approx(2 / 3)
+    assert mtm_metrics.task_metric("sts", [0.0, 1.0, 2.0], [1.0, 3.0, 5.0]) == pytest.approx(1.0)
+    assert mtm_metrics.task_metric("sts", [2.0, 1.0, 0.0], [1.0, 3.0, 5.0]) == pytest.approx(-1.0)
     # r of [1, 2, 3] and [1, 3, 2] is 0.5
-    assert mtm.task_metric("sts", [1.0, 2.0, 3.0], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
-    assert mtm.task_metric("sts", [2.5, 2.5, 2.5], [1.0, 3.0, 5.0]) == 0.0  # constant: 0, not NaN
-    assert mtm.mean_dev({"sst_acc": 0.5, "qqp_acc": 0.8, "sts_pearson": 0.2}) == pytest.approx(0.5)
+    assert mtm_metrics.task_metric("sts", [1.0, 2.0, 3.0], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
+    assert mtm_metrics.task_metric("sts", [2.5, 2.5, 2.5], [1.0, 3.0, 5.0]) == 0.0  # constant: 0, not NaN
+    assert mtm_metrics.mean_dev({"sst_acc": 0.5, "qqp_acc": 0.8, "sts_pearson": 0.2}) == pytest.approx(0.5)
 
 
 # ---- per-task batch cycling -------------------------------------------------------------------------
@@ -253,7 +254,7 @@ def test_run_writes_every_prediction_file_once_per_id(straight_run, data_dir):
     gold = {r.id: r.label for r in read_sst(data_dir / "ids-sst-dev.csv")}
     _, ids, values = read_predictions(out / "predictions" / "sst-dev-output.csv")
     assert metrics["sst_acc"] == pytest.approx(sum(gold[i] == int(v) for i, v in zip(ids, values)) / len(ids))
-    # Each dev metric's bootstrap interval, over the same rows (bertcf.bootstrap's own tests check the method).
+    # Each dev metric's bootstrap interval, over the same rows (bertcf.evaluation.bootstrap's own tests check the method).
     assert metrics["sst_acc_ci95"] == interval([int(v) for v in values], [gold[i] for i in ids], "accuracy")
     for name in ("sst_acc", "qqp_acc", "sts_pearson"):
         lo, hi = metrics[f"{name}_ci95"]

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bertcf.contrastive import span_mask
-from bertcf.encoder import SentenceEncoder
+from bertcf.models.encoder import SentenceEncoder
 from bertcf.objectives import BSL, METHODS, TSDAE, ContrastiveTension, MaskedLM, build_objective
 from bertcf.objectives.base import IGNORE_INDEX
+from bertcf.objectives.contrastive import span_mask
 
 SENTENCES = [
     "The man is playing a guitar in the morning.",

@@ -8,13 +8,13 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-
-from bertcf import SentenceEncoder, presets
-from bertcf.contrastive import char_span_mask
-from bertcf.objectives import Mirror
 from test_objectives import args as settings
 from test_objectives import load
 from test_pretrain import base_args, data_dir, one_thread, run_quiet, training_state  # noqa: F401 (fixtures)
+
+from bertcf import SentenceEncoder
+from bertcf.objectives import Mirror, presets
+from bertcf.objectives.contrastive import char_span_mask
 
 CORPUS_SENTENCES = 40  # test_pretrain's data_dir corpus
 

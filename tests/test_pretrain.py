@@ -8,8 +8,8 @@ import io
 import json
 import math
 import os
-import re
 import random
+import re
 import shutil
 import signal
 from pathlib import Path
@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertcf import pretrain, training
+from bertcf import pretrain, runs
 from bertcf.cli import run_main
 from bertcf.errors import UsageError
 from minbert import CheckpointError
@@ -112,7 +112,7 @@ def metrics_lines(run_dir) -> list[dict]:
 
 
 def training_state(run_dir) -> dict:
-    return torch.load(Path(run_dir) / "last" / training.STATE_FILE, map_location="cpu", weights_only=False)
+    return torch.load(Path(run_dir) / "last" / runs.STATE_FILE, map_location="cpu", weights_only=False)
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +192,8 @@ def test_mirror_best_loads_in_sentence_encoder_and_transformers(mirror_run):
     mask = batch["attention_mask"].bool()
     torch.testing.assert_close(ours[mask], theirs[mask], atol=1e-4, rtol=1e-4)
     # best/ holds the weights of the best evaluation: re-evaluating it gives the best Spearman.
-    from bertcf.data import read_sts
-    from bertcf.evaluation import evaluate_sts
+    from bertcf.data.tasks import read_sts
+    from bertcf.evaluation.metrics import evaluate_sts
     pairs = read_sts(Path(json.loads((out / "config.json").read_text())["data_dir"]) / "sts-dev.csv")
     assert evaluate_sts(encoder, pairs)["sts_spearman"] == pytest.approx(summary["best"], abs=1e-6)
 
@@ -708,7 +708,7 @@ def test_a_sigterm_subprocess_stops_with_143_and_continues(tiny_bert_dir, data_d
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         try:
             deadline = time.time() + 120
-            while not (out / "last" / training.STATE_FILE).is_file() and proc.poll() is None and time.time() < deadline:
+            while not (out / "last" / runs.STATE_FILE).is_file() and proc.poll() is None and time.time() < deadline:
                 time.sleep(0.1)
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=120) == 143
@@ -798,7 +798,7 @@ def test_a_run_logged_to_a_file_writes_plain_lines(tiny_bert_dir, data_dir, tmp_
 
 def test_the_bar_shows_the_newest_evaluation():
     """On a terminal the bar's last state is the last evaluation's, not the one before it."""
-    from bertcf.progress import Progress
+    from bertcf.utils.progress import Progress
 
     progress = Progress("bar", "run", total=20)
     progress.loss(0.5)
@@ -948,7 +948,7 @@ def test_adamw_is_fused_and_skips_decay_on_1d_parameters():
 def test_select_on_stsb_dev_reads_senteval_dev(tiny_bert_dir, data_dir, tmp_path, capsys):
     """--select-on stsb-dev scores SentEval's STS-B dev (here: the CS224N dev pairs with their gold
     scores reversed, so the Spearman flips sign), and a missing one is one line and status 2."""
-    from bertcf import senteval
+    from bertcf.data import senteval
     rows = [line.split("\t") for line in (Path(data_dir) / "sts-dev.csv").read_text().splitlines()[1:]]
     stsb = tmp_path / "SentEval" / senteval.STSB_FILES["dev"]
     stsb.parent.mkdir(parents=True)

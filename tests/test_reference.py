@@ -21,12 +21,12 @@ import math
 
 import pytest
 import torch
+from test_objectives import args, batch, load, mlm_dir, random_batch  # noqa: F401 (mlm_dir: a fixture)
 
-from bertcf.contrastive import InfoNCE
-from bertcf.flow import ActNorm, AdditiveCoupling, InvertibleLinear
+from bertcf.models.flow import ActNorm, AdditiveCoupling, InvertibleLinear
 from bertcf.objectives import BSL, TSDAE, ContrastiveTension, MaskedLM, Mirror, SimCSE
 from bertcf.objectives.base import IGNORE_INDEX
-from test_objectives import args, batch, load, mlm_dir, random_batch  # noqa: F401 (mlm_dir: a fixture)
+from bertcf.objectives.contrastive import InfoNCE
 
 TAU = 0.05
 

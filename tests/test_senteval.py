@@ -14,13 +14,23 @@ from scipy import stats
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
-from bertcf import senteval as se
-from bertcf.bootstrap import interval
-from bertcf.data import DataError, PairExample
-from bertcf.evaluate import cli, evaluate, format_table, parse_tasks
-from bertcf.evaluators import (INNER_KFOLD_GRID, KFOLD_GRID, SEED, CVClassificationEvaluator, ProbeSettings, best_c,
-                               SplitClassificationEvaluator, STSEvaluator, TrainTestClassificationEvaluator)
-from bertcf.training import UsageError
+from bertcf.data import senteval as se
+from bertcf.data.tasks import PairExample
+from bertcf.errors import DataError, UsageError
+from bertcf.evaluate import cli
+from bertcf.evaluation.bootstrap import interval
+from bertcf.evaluation.evaluators import (
+    INNER_KFOLD_GRID,
+    KFOLD_GRID,
+    SEED,
+    CVClassificationEvaluator,
+    ProbeSettings,
+    SplitClassificationEvaluator,
+    STSEvaluator,
+    TrainTestClassificationEvaluator,
+    best_c,
+)
+from bertcf.evaluation.senteval import evaluate, format_table, parse_tasks
 
 SHARED_SENTEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "senteval"
 WORDS = "man woman dog cat guitar piano music song film book street beach food water car train".split()

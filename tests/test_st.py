@@ -15,7 +15,7 @@ import torch
 
 from bertcf import SentenceEncoder, multitask, pretrain
 from bertcf.cli import run_main
-from bertcf.flow import Glow
+from bertcf.models.flow import Glow
 from minbert import CheckpointError
 
 SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the morning sun.", "Hello",
@@ -156,7 +156,7 @@ def test_run_checkpoints_load_both_ways_with_card_and_modes(tiny_bert_dir, tiny_
 
 
 def test_model_card_names_a_hub_base_only_and_says_what_a_user_without_bertcf_needs(tmp_path):
-    from bertcf.model_card import model_card
+    from bertcf.export.model_card import model_card
 
     run = tmp_path / "run"  # a local run whose base came from the hub
     (run / "best").mkdir(parents=True)
@@ -235,7 +235,7 @@ def test_a_joint_checkpoint_loads_where_bertcf_is_not_installed(finished_run, ti
 def test_an_old_flow_checkpoint_loads_and_upgrades_in_place(finished_run, tmp_path, capsys):
     """A checkpoint written before (modules.json naming bertcf.st.Flow, no code files) loads in this
     project; one command gives it the code, after which it loads without BERT-CF."""
-    from bertcf import st_format
+    from bertcf.export import st_format
 
     old = tmp_path / "old"
     shutil.copytree(finished_run[0] / "best", old)

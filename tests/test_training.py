@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bertcf import files, training
+from bertcf import runs, training
 from bertcf.errors import NonFiniteLossError, UsageError
+from bertcf.training.trainer import DIVERGENCE_FACTOR
+from bertcf.utils import files
 
 
 def lrs(kind: str, warmup: int, total: int, lr: float = 1.0) -> list[float]:
@@ -54,7 +56,7 @@ def toy_trainer(tmp_path, max_grad_norm: float, grad_scale: float = 100.0):
     args = SimpleNamespace(steps=1, log_every=1, eval_every=1, seed=0, device="cpu", precision="fp32",
                            max_grad_norm=max_grad_norm)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    run = training.Run(tmp_path / "run", {})
+    run = runs.Run(tmp_path / "run", {})
     trainer = training.Trainer(args, run, {"model": model}, opt, training.make_scheduler(opt, "constant", 0, 1), {},
                                metric="score", save_model=lambda d: (d / "weights.txt").write_text("w"),
                                evaluate=lambda step: {"score": float(step)}, items_per_step=1)
@@ -83,7 +85,7 @@ def scripted_loss_trainer(tmp_path, losses):
     args = SimpleNamespace(steps=len(losses), log_every=10, eval_every=2, seed=0, device="cpu", precision="fp32",
                            max_grad_norm=0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    trainer = training.Trainer(args, training.Run(tmp_path / "run", {}), {"model": model}, opt,
+    trainer = training.Trainer(args, runs.Run(tmp_path / "run", {}), {"model": model}, opt,
                                training.make_scheduler(opt, "constant", 0, len(losses)), {}, metric="score",
                                save_model=lambda d: (d / "weights.txt").write_text("w"),
                                evaluate=lambda step: {"score": float(step)}, items_per_step=1)
@@ -94,12 +96,12 @@ def scripted_loss_trainer(tmp_path, losses):
 def test_a_diverging_loss_stops_like_a_non_finite_one(tmp_path, jump):
     """More than DIVERGENCE_FACTOR (1e4) times the first step's loss, or 1 when that is smaller, is
     diverging: the run stops at the next checkpoint, keeping the last good one (step 2's)."""
-    assert training.DIVERGENCE_FACTOR == 10_000
+    assert DIVERGENCE_FACTOR == 10_000
     trainer, step_fn = scripted_loss_trainer(tmp_path, [-0.1, 0.5, jump, 1.0, 1.0, 1.0])
     with pytest.raises(NonFiniteLossError, match=rf"became {jump} at step 3 \(diverging: over 10,000 times the "
                                                  r"first step's\); stopped, keeping the last good checkpoint"):
         trainer.fit(step_fn)
-    assert torch.load(tmp_path / "run" / "last" / training.STATE_FILE, weights_only=False)["step"] == 2
+    assert torch.load(tmp_path / "run" / "last" / runs.STATE_FILE, weights_only=False)["step"] == 2
     # below the limit: a loss 9,000 times the first (floored at 1), or 9,000 times a first of 30
     for name, losses in (("small", [-0.1, 9e3, 9e3, 1.0]), ("large", [30.0, -2.7e5, 2.7e5, 1.0])):
         trainer, step_fn = scripted_loss_trainer(tmp_path / name, losses)
@@ -152,7 +154,7 @@ def test_write_json_atomic(tmp_path):
 def test_run_metrics_logs_an_interval_as_a_list_and_two_scalars(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    run = training.Run(tmp_path / "run", {})
+    run = runs.Run(tmp_path / "run", {})
     run.start(0)
     run.metrics(3, {"sts_spearman": torch.tensor(0.5), "sts_spearman_ci95": [0.25, 0.75], "uniformity": -2})
     run.close()

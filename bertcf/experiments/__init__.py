@@ -32,15 +32,19 @@ Outputs (each written atomically): ``table1.md/json``, ``ablations.md/json``,
 ``analysis.md/json``, ``claims.md/json``, ``qualitative.md``, ``figures/*.png`` and ``tb/``
 (TensorBoard: the cosine histograms and the tables as text); ``objectives.md/json``.
 
-The package: ``options`` (flags, suite.json), ``plan`` (what is trained, the runs and their state
-on disk), ``execute`` (running them), ``results`` (evaluating each row for each seed, cached),
-``report`` (rendering the outputs from those results), ``claims`` (the report's claims, tested)
-and ``suite`` (the command).
+The package, bottom up: ``options`` (flags, suite.json), ``rows`` (what is trained), ``planned``
+(one planned run and its marker), ``checks`` (a run's state on disk and what stands in its way),
+``plan`` (every run of a command), ``execute`` (running them), ``results`` (evaluating each row
+for each seed, cached), ``published`` (the report's numbers), ``tables`` (cells and markdown),
+``claims`` (the report's claims, tested), ``analysis`` and ``report`` (rendering the outputs) and
+``suite`` (the command).
 """
 from .options import build_parser, parse_args
-from .plan import MARKER, PRETRAININGS, Plan, Row
-from .report import REPORT_ABLATIONS, REPORT_ANALYSIS, REPORT_TABLE1
+from .plan import Plan
+from .planned import MARKER
+from .published import REPORT_ABLATIONS, REPORT_ANALYSIS, REPORT_TABLE1
 from .results import FINETUNE_METRICS, finetune_metrics, pair_analysis, read_predictions
+from .rows import PRETRAININGS, Row
 from .suite import cli, main
 
 __all__ = ["build_parser", "parse_args", "MARKER", "PRETRAININGS", "Plan", "Row", "REPORT_ABLATIONS",

@@ -6,7 +6,7 @@ A claim says that row ``a`` scores higher than row ``b`` on a metric (``CLAIMS``
 every metric both rows have: the CS224N STS dev Spearman, each SentEval STS set that ran (Spearman
 ×100) and, when both were fine-tuned, the three fine-tuned dev metrics. The difference a − b is
 averaged over the seeds both rows ran with, and its 95% interval comes from a paired, hierarchical
-bootstrap (``bertcf.bootstrap.paired_difference``): resample the seeds, then the evaluation pairs
+bootstrap (``bertcf.evaluation.bootstrap.paired_difference``): resample the seeds, then the evaluation pairs
 (within each STS subset; one resample shared by the drawn seeds), the same pairs for a and b. The verdict: ``supported`` when the interval
 lies above 0, ``contradicted`` when it lies below 0, ``inconclusive`` otherwise.
 """
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import bootstrap
-from .plan import ABLATION_ROWS, PUBLISHED_ROWS, TABLE1_ROWS, Row
-from .report import REPORT_ABLATIONS, REPORT_TABLE1, fmt, md_table
+from ..evaluation import bootstrap
+from .published import report_value
 from .results import BOOTSTRAP_SEED, FINETUNED, RESAMPLES, ItemScores
+from .rows import ABLATION_ROWS, PUBLISHED_ROWS, TABLE1_ROWS, Row
+from .tables import fmt, md_table
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,6 @@ CLAIMS = (
           "variant", report=False),
 )
 ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS + PUBLISHED_ROWS}
-
-
-def report_value(row: str, metric: str):
-    """The report's number for a row and metric (None where it has none)."""
-    if metric == "sts_spearman" and row in REPORT_ABLATIONS:
-        return REPORT_ABLATIONS[row]
-    return REPORT_TABLE1.get(row, {}).get(metric)
 
 
 def metrics_of(results: dict) -> list[str]:

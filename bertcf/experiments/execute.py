@@ -7,11 +7,11 @@ import shlex
 import shutil
 import time
 
-from ..data import DataError
-from ..errors import NonFiniteLossError, UsageError, WriteError
-from ..files import write_json_atomic
-from ..model_card import add_experiment_row
-from .plan import MARKER, Plan, PlannedRun, entry_module, now
+from ..errors import DataError, NonFiniteLossError, UsageError, WriteError
+from ..export.model_card import add_experiment_row
+from ..utils.files import write_json_atomic
+from .plan import Plan
+from .planned import MARKER, PlannedRun, entry_module, now
 
 
 class Interrupted(Exception):

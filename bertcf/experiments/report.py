@@ -3,119 +3,24 @@ settings given to ``Report``: table1, ablations and objectives (markdown and JSO
 its figures and qualitative tables, and tb/ (TensorBoard). Every file is written atomically."""
 from __future__ import annotations
 
-import math
-import random
 import shlex
-import statistics
 from pathlib import Path
 
-from ..data import read_qqp, read_sst, read_sts, task_file
-from ..files import atomic_path, save_dir_atomic, write_json_atomic, write_text_atomic
-from ..multitask import prediction_file
+from ..utils.files import write_json_atomic, write_text_atomic
+from .analysis import Analysis
+from .claims import claims_md
 from .options import SUITE_KEYS
-from .plan import PRETRAININGS, TABLE1_ROWS, Plan, Row, steps_for
-from .results import FINETUNE_METRICS, FINETUNED, ItemScores, read_predictions
+from .plan import Plan
+from .published import REPORT_ABLATIONS, REPORT_TABLE1
+from .results import FINETUNE_METRICS, FINETUNED, ItemScores
+from .rows import PRETRAININGS, TABLE1_ROWS, Row, steps_for
+from .tables import cell, fmt, interval_cell, md_table, row_summary
 
-# ---- the report ------------------------------------------------------------------------------
-#: Report table 1 (bert-base-uncased, dev sets).
-REPORT_TABLE1 = {
-    "MinBERT": {"sts_spearman": 0.514, "sst_accuracy": 0.512, "qqp_accuracy": 0.821, "sts_pearson": 0.848},
-    "MinBERT-SimCSE": {"sts_spearman": 0.745, "sst_accuracy": 0.511, "qqp_accuracy": 0.825, "sts_pearson": 0.852},
-    "MinBERT-Mirror": {"sts_spearman": 0.736, "sst_accuracy": 0.522, "qqp_accuracy": 0.820, "sts_pearson": 0.858},
-    "MinBERT-flow": {"sts_spearman": 0.517, "sst_accuracy": 0.506, "qqp_accuracy": 0.821, "sts_pearson": 0.857},
-    "BERT-CF": {"sts_spearman": 0.760, "sst_accuracy": 0.525, "qqp_accuracy": 0.841, "sts_pearson": 0.857},
-}
-#: Report ablations, unsupervised STS dev Spearman.
-REPORT_ABLATIONS = {"SimCSE-joint": 0.746, "MinBERT-joint": 0.629, "Mirror-flow": 0.739}
-#: Report section 6.3: alignment and uniformity on QQP train pairs.
-REPORT_ANALYSIS = {
-    "MinBERT": {"alignment": 0.216, "uniformity": -1.425},
-    "MinBERT-SimCSE": {"alignment": 0.397, "uniformity": -3.264},
-    "MinBERT-Mirror": {"alignment": 0.391, "uniformity": -2.990},
-    "MinBERT-flow": {"alignment": 0.499, "uniformity": -2.857},
-    "BERT-CF": {"alignment": 0.416, "uniformity": -3.198},
-}
-HISTOGRAM_ROWS = ("MinBERT", "BERT-CF")  # the report's appendix figures
 #: The table 1 rows shown beside the ablations (BERT-CF) and the objectives (MinBERT and the report's
 #: variants of SimCSE and Mirror-BERT).
 ABLATION_REFERENCES = [TABLE1_ROWS[-1]]
 OBJECTIVE_REFERENCES = list(TABLE1_ROWS[:3])
 
-
-def fmt(x, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:.{digits}f}"
-
-
-def md_table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
-    align = align or "l" + "r" * (len(header) - 1)
-    rule = ["---:" if a == "r" else "---" for a in align]
-    lines = [header, rule] + rows
-    return "".join("| " + " | ".join(str(c) for c in line) + " |\n" for line in lines)
-
-
-def md_cell(text: str, limit: int = 90) -> str:
-    text = " ".join(str(text).split()).replace("|", "\\|")
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-# ---- several seeds ---------------------------------------------------------------------------------
-def dig(d, *keys):
-    """d[k1][k2]...; None where a level is missing or None."""
-    for k in keys:
-        if d is None:
-            return None
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
-
-
-def over_seeds(values: dict) -> dict:
-    """{seed: value or None} -> {"mean", "sd", "n", "per_seed"} over the seeds with a finite value;
-    sd is the sample standard deviation (None for fewer than two values)."""
-    per_seed = {str(s): None if v is None or not math.isfinite(v) else float(v) for s, v in values.items()}
-    xs = [v for v in per_seed.values() if v is not None]
-    return {"mean": statistics.fmean(xs) if xs else None, "sd": statistics.stdev(xs) if len(xs) > 1 else None,
-            "n": len(xs), "per_seed": per_seed}
-
-
-def row_summary(per_seed: dict) -> dict:
-    """One row's numbers over its seeds ({seed: results.Evaluation's dict}): each metric as
-    ``over_seeds``; "senteval" None when no seed ran SentEval."""
-    def collect(*keys):
-        return over_seeds({s: dig(r, *keys) for s, r in per_seed.items()})
-
-    out = {"sts_spearman": collect("sts", "sts_spearman"),
-           **{k: collect("finetune", k) for k in FINETUNE_METRICS},
-           "alignment": collect("qqp", "alignment"), "uniformity": collect("qqp", "uniformity"),
-           "sts_dev_alignment": collect("sts", "alignment"), "sts_dev_uniformity": collect("sts", "uniformity"),
-           "senteval": None}
-    ran = [r["senteval"] for r in per_seed.values() if r["senteval"]]
-    if ran:
-        out["senteval"] = {"sts": {t: collect("senteval", "sts", t) for t in ran[0]["sts"]},
-                           "sts_avg": collect("senteval", "sts_avg"),
-                           "transfer_avg": collect("senteval", "transfer_avg"),
-                           "transfer_avg_tasks": ran[0].get("transfer_avg_tasks", [])}
-    return out
-
-
-def cell(agg: dict, digits: int = 3, seeds: int = 1) -> str:
-    """A table cell: the mean, ± the sd when there are several seeds, and (n=k) when fewer than
-    all ``seeds`` have a value; "–" when none has."""
-    if not agg["n"]:
-        return "–"
-    text = fmt(agg["mean"], digits)
-    if seeds > 1 and agg["n"] > 1:
-        text += f" ± {fmt(agg['sd'], digits)}"
-    if seeds > 1 and agg["n"] != seeds:
-        text += f" (n={agg['n']})"
-    return text
-
-
-def interval_cell(agg: dict, digits: int = 3) -> str:
-    """"[lo, hi]" of an aggregate's ci95, "–" without one."""
-    ci = agg.get("ci95")
-    return "–" if not ci else f"[{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
 
 
 def settings_md(plan: Plan) -> str:
@@ -327,152 +232,11 @@ class Report:
 
     def claims(self, claims: list[dict]) -> dict:
         """claims.md/json: the report's claims, tested (``claims.test_claims``)."""
-        from .claims import claims_md
         obj = {"claims": claims, "settings": self.settings_json, "command": self.command}
         self.write("claims.md", claims_md(claims, self.footer()))
         self.write_json("claims.json", obj)
         return obj
 
     def analysis(self, rows: list[Row], results: dict) -> dict:
-        """analysis.md/json (alignment and uniformity, the SentEval STS sets, the histograms),
-        qualitative.md and tb/."""
-        import torch
-
-        keys = ("alignment", "uniformity", "sts_dev_alignment", "sts_dev_uniformity")
-        rows_json, md_rows, info = [], [], {}
-        for row in rows:
-            summary = row_summary(results[row.key])
-            report = REPORT_ANALYSIS[row.name]
-            rows_json.append({"name": row.name, "ours": {k: summary[k] for k in keys}, "report": report})
-            md_rows.append([row.name, self.cell(summary["alignment"]), fmt(report["alignment"]),
-                            self.cell(summary["uniformity"]), fmt(report["uniformity"]),
-                            self.cell(summary["sts_dev_alignment"]), self.cell(summary["sts_dev_uniformity"])])
-            info = self.first_seed(results, row)["qqp"] or info
-        sample = (f"{info.get('pairs')} QQP train pairs ({info.get('positives')} duplicates, "
-                  f"{info.get('sentences')} distinct sentences)" if info else "QQP train pairs")
-        # Histograms of the STS dev cosines (the first seed's): PNG and TensorBoard.
-        gold = [p.label for p in read_sts(task_file(self.data_dir, "sts", "dev"))]
-        which = f" (seed {self.seeds[0]})" if len(self.seeds) > 1 else ""
-        figures, histograms = [], {}
-        for row in rows:
-            sts = self.first_seed(results, row)["sts"]
-            if row.name in HISTOGRAM_ROWS and sts:
-                name = f"figures/sts-dev-cosines-{row.key}.png"
-                write_histogram_png(self.out / name, sts["cosines"], gold, f"{row.name}: STS dev pair cosines{which}")
-                self.outputs.append(str(self.out / name))
-                figures.append((row.name, name))
-                histograms[row.name] = torch.tensor(sts["cosines"])
-        md = ("# Alignment and uniformity (report section 6.3)\n\n"
-              f"On {sample}, sampled with seed {self.seed}. Alignment: mean ‖f(x)−f(y)‖² over duplicate "
-              "pairs (lower is better); uniformity: log mean exp(−2‖f(x)−f(y)‖²) over all pairs of sentences "
-              "(lower is better); f normalised. The last two columns: the same on STS dev (pairs with gold ≥ 4).\n\n"
-              + self.spread_note()
-              + md_table(["Encoder", "Alignment", "(report)", "Uniformity", "(report)",
-                          "STS-dev align.", "STS-dev unif."], md_rows)
-              + self.senteval_md(rows, results)
-              + f"\n# STS dev cosine histograms{which}\n\n"
-              + "".join(f"![{n}]({p})\n\n" for n, p in figures)
-              + self.footer())
-        obj = {"rows": rows_json, "sample": info, "figures": [p for _, p in figures],
-               "settings": self.settings_json, "command": self.command}
-        self.write("analysis.md", md)
-        self.write_json("analysis.json", obj)
-        self.write("qualitative.md", self.qualitative_md(rows, results))
-        self.tensorboard(histograms)
-        return obj
-
-    def senteval_md(self, rows: list[Row], results: dict) -> str:
-        """The analysis' per-set table of SentEval's STS test sets (Spearman ×100), when run."""
-        from ..senteval import STS_TASKS
-        found = [(r.name, s) for r in rows if (s := row_summary(results[r.key])["senteval"])]
-        if not found:
-            return ""
-        empty = {"n": 0}
-        table = [[name] + [self.cell(v["sts"].get(t, empty), 2) for t in STS_TASKS] + [self.cell(v["sts_avg"], 2)]
-                 for name, v in found]
-        return ("\n# SentEval STS test sets\n\nSpearman ×100 of the cosine of raw vectors (STS12-16: SentEval's "
-                f"\"all\" setting), whole sentences, from `{self.senteval_dir}` (`python -m bertcf.evaluate`).\n\n"
-                + md_table(["Encoder", *STS_TASKS, "Avg."], table))
-
-    def qualitative_md(self, table1_rows: list[Row], results: dict) -> str:
-        k, rng = self.qualitative_pairs, random.Random(self.seed)
-        first = {r.key: self.first_seed(results, r) for r in table1_rows}
-        rows = [r for r in table1_rows if first[r.key]["sts"]]
-        sts_dev = read_sts(task_file(self.data_dir, "sts", "dev"))
-        picked = sorted(rng.sample(range(len(sts_dev)), min(k, len(sts_dev))), key=lambda i: -sts_dev[i].label)
-        table = [[md_cell(sts_dev[i].sentence1, 60), md_cell(sts_dev[i].sentence2, 60), f"{sts_dev[i].label:.1f}"]
-                 + [fmt(first[r.key]["sts"]["cosines"][i], 2) for r in rows] for i in picked]
-        which = f" (seed {self.seeds[0]})" if len(self.seeds) > 1 else ""
-        md = (f"# Qualitative examples{which}\n\n## STS dev: gold score and each encoder's cosine (before fine-tuning)\n\n"
-              + md_table(["Sentence 1", "Sentence 2", "Gold"] + [r.name for r in rows], table, "llr" + "r" * len(rows)))
-        tuned = [r for r in table1_rows if first[r.key]["finetune"] is not None]
-        if not tuned:
-            return md + "\nNo fine-tuned encoders (table1 with fine-tuning adds QQP and SST predictions here).\n"
-        for task, title, reader, fields in (
-                ("qqp", "QQP dev: duplicate label and each fine-tuned encoder's prediction", read_qqp,
-                 lambda p: [md_cell(p.sentence1, 60), md_cell(p.sentence2, 60), f"{p.label:g}"]),
-                ("sst", "SST-5 dev: sentiment label and each fine-tuned encoder's prediction", read_sst,
-                 lambda p: [md_cell(p.sentence, 100), str(p.label)])):
-            path = task_file(self.data_dir, task, "dev")
-            if not path.is_file():
-                continue
-            examples = reader(path)
-            picked = rng.sample(examples, min(k, len(examples)))
-            file = prediction_file(task, "dev")
-            preds = {r.name: read_predictions(Path(first[r.key]["info"]["finetune_dir"]) / "predictions" / file)
-                     for r in tuned}
-            header = (["Question 1", "Question 2", "Label"] if task == "qqp" else ["Sentence", "Label"])
-            table = [fields(p) + [_pred(preds[r.name].get(p.id)) for r in tuned] for p in picked]
-            md += (f"\n## {title}\n\n"
-                   + md_table(header + [r.name for r in tuned], table, "l" * (len(header) - 1) + "r" * (1 + len(tuned))))
-        return md
-
-    def tensorboard(self, histograms: dict) -> None:
-        texts = {name: (self.out / f"{name}.md").read_text() for name in ("table1", "ablations", "analysis",
-                                                                            "qualitative", "claims")
-                 if (self.out / f"{name}.md").is_file()}
-
-        def write(tmp):
-            from torch.utils.tensorboard import SummaryWriter
-            writer = SummaryWriter(str(tmp))
-            for name, values in histograms.items():
-                writer.add_histogram(f"sts_dev_cosines/{name}", values, 0)
-            for name, text in texts.items():
-                writer.add_text(name, text, 0)
-            writer.close()
-        save_dir_atomic(self.out / "tb", write)
-        self.outputs.append(str(self.out / "tb"))
-
-
-def _pred(value) -> str:
-    if value is None:
-        return "–"
-    try:
-        return f"{float(value):g}"
-    except ValueError:
-        return md_cell(value, 20)
-
-
-def write_histogram_png(path, cosines, gold, title: str) -> None:
-    """A histogram of pair cosines over [-1, 1], stacked by gold-score band; written atomically."""
-    import numpy as np
-    from matplotlib.figure import Figure
-
-    cosines, gold = np.asarray(cosines, dtype=float), np.asarray(gold, dtype=float)
-    bands = [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5.001)]
-    fig = Figure(figsize=(6.4, 4.0), dpi=100)
-    ax = fig.subplots()
-    ax.hist([cosines[(gold >= lo) & (gold < hi)] for lo, hi in bands], bins=np.linspace(-1, 1, 81), stacked=True,
-            label=[f"gold {lo:g}–{min(hi, 5):g}" for lo, hi in bands], color=[
-                "#d73027", "#fc8d59", "#fee090", "#91bfdb", "#4575b4"])
-    ax.axvline(float(cosines.mean()), color="black", linestyle="--", linewidth=1,
-               label=f"mean {cosines.mean():.2f}")
-    ax.set_xlim(-1, 1)
-    ax.set_xlabel("cosine similarity of the pair's sentence vectors")
-    ax.set_ylabel("STS dev pairs")
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png")
-
+        """analysis.md/json, qualitative.md and tb/ (``analysis.Analysis``)."""
+        return Analysis(self).write(rows, results)

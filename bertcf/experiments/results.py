@@ -8,15 +8,17 @@ import random
 from functools import cached_property
 from pathlib import Path
 
-from .. import bootstrap
-from ..data import read_qqp, read_sst, read_sts, task_file
-from ..files import write_json_atomic
+from ..data.tasks import read_qqp, read_sst, read_sts, task_file
+from ..evaluation import bootstrap
+from ..models.multitask import renamed_from_para
 from ..multitask import prediction_file
-from ..multitask_model import renamed_from_para
-from .plan import Plan, Row, abs_if_path, read_json
+from ..utils.files import write_json_atomic
+from .plan import Plan
+from .planned import abs_if_path, read_json
+from .rows import Row
 
-#: Our key -> its name in run_multitask.py's metrics.json (multitask_model.METRICS and
-#: multitask_model.SELECTION_METRIC).
+#: Our key -> its name in run_multitask.py's metrics.json (evaluation.multitask.METRICS and
+#: evaluation.multitask.SELECTION_METRIC).
 FINETUNE_METRICS = {"sst_accuracy": "sst_acc", "qqp_accuracy": "qqp_acc", "sts_pearson": "sts_pearson",
                     "mean_dev": "mean_dev"}
 
@@ -42,7 +44,7 @@ def read_predictions(path) -> dict[str, str]:
     return out
 
 
-#: Resamples and seed of the bootstrap intervals of the tables and claims (bertcf.bootstrap).
+#: Resamples and seed of the bootstrap intervals of the tables and claims (bertcf.evaluation.bootstrap).
 RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 #: The fine-tuned metrics: key in the tables -> (task, the bootstrap's metric).
@@ -103,7 +105,7 @@ def pair_analysis(encoder, pairs, batch_size: int = 64) -> dict:
     of ``pairs`` (report section 6.3, on QQP train pairs)."""
     import torch
 
-    from ..evaluation import alignment, uniformity
+    from ..evaluation.metrics import alignment, uniformity
 
     sentences = list(dict.fromkeys(s for p in pairs for s in (p.sentence1, p.sentence2)))
     index = {s: i for i, s in enumerate(sentences)}
@@ -136,8 +138,8 @@ class Evaluation:
     def senteval_tasks(self) -> list[str]:
         """The SentEval tasks whose files are there: STS (test sets), + transfer with --transfer
         (looked up once, not for every row)."""
-        from ..evaluate import present_tasks
-        from ..senteval import STS_TASKS, TRANSFER_TASKS
+        from ..data.senteval import STS_TASKS, TRANSFER_TASKS
+        from ..evaluation.senteval import present_tasks
         sts = present_tasks(self.senteval_dir, STS_TASKS)
         return sts + present_tasks(self.senteval_dir, TRANSFER_TASKS) if sts and self.args.transfer else sts
 
@@ -171,7 +173,7 @@ class Evaluation:
     def _load_encoder(self, row: Row, seed: int):
         import torch
 
-        from ..encoder import SentenceEncoder
+        from ..models.encoder import SentenceEncoder
         torch.manual_seed(self.args.seed)  # a config-only --config: its random weights, the same every time
         encoder = SentenceEncoder.from_pretrained(self.plan.encoder_of(row, seed))
         encoder.max_length = self.args.eval_max_length or encoder.bert.config.max_position_embeddings
@@ -179,7 +181,7 @@ class Evaluation:
 
     def _senteval(self, encoder) -> dict:
         """SentEval's tasks, with each STS set's per-pair cosines (``sts_pairs``, for the claims)."""
-        from ..evaluate import evaluate
+        from ..evaluation.senteval import evaluate
         mode = "fasttest" if self.args.transfer else "test"  # STS is the same in both modes
         return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode, pair_scores=True)
 
@@ -193,7 +195,7 @@ class Evaluation:
     def rows(self, rows: list[Row], analysis: bool) -> dict:
         """The present rows' results for every seed; ``analysis``: with alignment and uniformity on
         QQP train."""
-        from ..evaluation import evaluate_sts
+        from ..evaluation.metrics import evaluate_sts
 
         a = self.args
         sts_dev = read_sts(task_file(self.plan.data_dir, "sts", "dev"))

@@ -6,11 +6,12 @@ import sys
 import time
 
 from ..cli import run_main, stop_status
-from ..files import write_json_atomic
+from ..utils.files import write_json_atomic
+from .claims import claim_rows, test_claims
 from .execute import Interrupted, command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS, parse_args
-from .claims import claim_rows, test_claims
-from .plan import Plan, PlannedRun, now
+from .plan import Plan
+from .planned import PlannedRun, now
 from .report import ABLATION_REFERENCES, OBJECTIVE_REFERENCES, Report, settings_json, settings_md
 from .results import Evaluation
 

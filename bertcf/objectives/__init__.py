@@ -14,11 +14,11 @@ Trainer; the bench times the same objects.
 from __future__ import annotations
 
 from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, checked
-from ..contrastive import NEGATIVES
 from ..errors import UsageError
-from ..flow import FLOW_LOSS_UNITS, PERMUTATIONS
+from ..models.flow import FLOW_LOSS_UNITS, PERMUTATIONS
 from .base import DEFAULTS, Objective
 from .bsl import BSL
+from .contrastive import NEGATIVES
 from .ct import ContrastiveTension
 from .joint import FlowOnly, Joint
 from .mirror import Mirror, SimCSE

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..encoder import SentenceEncoder
+from ..models.encoder import SentenceEncoder
 
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
 

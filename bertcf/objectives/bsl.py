@@ -7,10 +7,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..contrastive import span_mask
-from ..distributed import dist_info, gather_with_grad, local_rows
-from ..encoder import pool
+from ..models.encoder import pool
+from ..utils.distributed import dist_info, gather_with_grad, local_rows
 from .base import Objective, setting
+from .contrastive import span_mask
 
 
 class GatheredBatchNorm1d(nn.BatchNorm1d):

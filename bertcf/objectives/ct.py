@@ -6,8 +6,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from ..distributed import local_rows
-from ..encoder import pool
+from ..models.encoder import pool
+from ..utils.distributed import local_rows
 from .base import Objective, setting
 
 

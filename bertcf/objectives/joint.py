@@ -5,8 +5,8 @@ import sys
 
 import torch
 
-from ..distributed import is_main_process, local_rows
-from ..flow import ActNorm, Glow, flow_loss, gaussian_nll
+from ..models.flow import ActNorm, Glow, flow_loss, gaussian_nll
+from ..utils.distributed import is_main_process, local_rows
 from .base import Objective, pair_scalars, setting
 from .mirror import Mirror
 

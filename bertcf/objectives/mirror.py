@@ -6,9 +6,9 @@ import torch.nn as nn
 
 from minbert import pad_batch
 
-from ..contrastive import InfoNCE, char_span_mask, span_mask
-from ..distributed import local_rows
+from ..utils.distributed import local_rows
 from .base import Objective, pair_scalars, setting
+from .contrastive import InfoNCE, char_span_mask, span_mask
 
 
 class Mirror(Objective):

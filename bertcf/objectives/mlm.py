@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from minbert import CheckpointError
 from minbert.model import ACTIVATIONS, has_weights, load_state_dict_file, resolve_checkpoint
 
-from ..distributed import is_main_process, local_rows
-from ..encoder import resolve_encoder_path
+from ..runs import resolve_encoder_path
+from ..utils.distributed import is_main_process, local_rows
 from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions, setting
 
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from minbert import pad_batch
 from minbert.model import BertSelfOutput
 
-from ..distributed import local_rows
+from ..utils.distributed import local_rows
 from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions, setting
 from .mlm import MLMHead
 

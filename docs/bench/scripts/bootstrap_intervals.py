@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 
-from bertcf import bootstrap
-from bertcf.senteval import STS_YEARS
+from bertcf.data.senteval import STS_YEARS
+from bertcf.evaluation import bootstrap
 
 #: Pairs of each set in SentEval's "all" setting (STS12-16 with their subsets, STS-B test, SICK-R test).
 SIZES = {"STS12": 3108, "STS13": 1500, "STS14": 3750, "STS15": 3000, "STS16": 1186, "STSBenchmark": 1379,

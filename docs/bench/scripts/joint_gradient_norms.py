@@ -10,9 +10,9 @@ import sys
 import torch
 
 from bertcf import SentenceEncoder
-from bertcf.contrastive import InfoNCE, span_mask
-from bertcf.data import read_sst
-from bertcf.flow import Glow, flow_loss, gaussian_nll
+from bertcf.data.tasks import read_sst
+from bertcf.models.flow import Glow, flow_loss, gaussian_nll
+from bertcf.objectives.contrastive import InfoNCE, span_mask
 from minbert import pad_batch
 
 model, sst = sys.argv[1], sys.argv[2]

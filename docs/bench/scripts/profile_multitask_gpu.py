@@ -6,8 +6,13 @@ torch.profiler over 3 steps. Run from the repository root on a GPU machine:
 
 Its last line sums self_device_time_total over every row and so counts kernels twice (52.03 ms
 printed); BENCHMARKS.md quotes the table's own "Self CUDA time total" (76.1 ms over 3 steps)."""
-import sys, time, torch
+import sys
+import time
+
+import torch
+
 from bertcf import bench
+
 compile_ = "--compile" in sys.argv
 mb, hf, note = bench.load_models("bert-base-uncased")
 dev = torch.device("cuda")
@@ -20,7 +25,8 @@ torch.cuda.synchronize()
 # CPU-side time to issue one step vs GPU time
 t0 = time.perf_counter(); step(w.batches[0]); t1 = time.perf_counter(); torch.cuda.synchronize(); t2 = time.perf_counter()
 print(f"issue {1e3*(t1-t0):.2f} ms, until done {1e3*(t2-t0):.2f} ms")
-from torch.profiler import profile, ProfilerActivity
+from torch.profiler import ProfilerActivity, profile
+
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     for i in range(3):
         step(w.batches[i])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 
 def resolve_device(flag: str | None) -> torch.device:

@@ -1,7 +1,7 @@
-"""The training loop of every training command (``Trainer``) and what it keeps: the optimiser and its
-schedule, a resumable data order, seeds, the run directory (config.json, metrics.jsonl,
-TensorBoard) and the checkpoints (best/, last/, --resume); progress bar, evaluation, non-finite
-losses and Ctrl-C.
+"""The training loop of every training command (``Trainer``) and what it keeps: seeds, the
+checkpoints (best/, last/, --resume) in the run directory (``bertcf.runs``); progress,
+evaluation, non-finite losses and Ctrl-C. The optimiser is ``training.optim``, the data order
+``training.sampler``.
 
 A command (pretraining, multitask) supplies three functions to ``Trainer.fit``: ``step_fn(step)``
 returning the loss and some scalars to log, ``evaluate(step)`` returning metrics, and
@@ -10,28 +10,25 @@ returning the loss and some scalars to log, ``evaluate(step)`` returning metrics
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import signal
 import sys
 import time
-from datetime import datetime
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from minbert import CheckpointError
 
-from .distributed import dist_info, mean_over_ranks, seed_dropout
-from .errors import NonFiniteLossError, UsageError
-from .files import recover_dir, save_dir_atomic, write_json_atomic, write_text_atomic
-from .model_card import write_model_card
-from .precision import autocast
-from .progress import Progress
+from ..errors import NonFiniteLossError, UsageError
+from ..export.model_card import write_model_card
+from ..runs import STATE_FILE, Run
+from ..utils.distributed import dist_info, mean_over_ranks, seed_dropout
+from ..utils.files import recover_dir, save_dir_atomic
+from ..utils.progress import Progress
+from .optim import update
 
-STATE_FILE = "training_state.pt"
 #: A loss whose size passes this many times its first step's (or 1, when that is smaller) is
 #: diverging: the run stops as for a non-finite loss (e.g. a flow whose loss went from 0.1 to 3e26).
 DIVERGENCE_FACTOR = 10_000
@@ -57,189 +54,6 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-# ---- optimiser ---------------------------------------------------------------------------------
-def make_optimizer(params, lr: float, weight_decay: float, device) -> torch.optim.AdamW:
-    """AdamW, as one fused kernel on a GPU and on the CPU (where torch's default loops over the
-    parameters one by one; docs/BENCHMARKS.md has the figures). Biases,
-    LayerNorm/ActNorm and other 1-D parameters get no weight decay, as in BERT. ``params``: the
-    parameters, or parameter groups ({"params": [...], "lr": x}) for parts with their own
-    learning rate (a group without "lr" gets ``lr``)."""
-    params = list(params)
-    parts = params if params and isinstance(params[0], dict) else [{"params": params}]
-    groups = []
-    for part in parts:
-        trained = [p for p in part["params"] if p.requires_grad]
-        part_lr = part.get("lr", lr)
-        groups += [{"params": [p for p in trained if p.ndim >= 2], "weight_decay": weight_decay, "lr": part_lr},
-                   {"params": [p for p in trained if p.ndim < 2], "weight_decay": 0.0, "lr": part_lr}]
-    groups = [g for g in groups if g["params"]]
-    if not groups:
-        raise UsageError("nothing to train: every parameter is frozen")
-    fused = torch.device(device).type in ("cuda", "cpu")
-    return torch.optim.AdamW(groups, lr=lr, fused=fused)
-
-
-def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
-    def factor(step):
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        if kind == "linear":
-            return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
-        return 1.0
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def update(optimizer, scaler, compute, device, precision: str, max_grad_norm: float = 0.0):
-    """One optimiser step: ``compute() -> (loss, scalars)`` under autocast, the (scaled) backward,
-    clipping to ``max_grad_norm`` (0: off), the step. Returns what ``compute`` returned. The
-    Trainer's loop and the bench both step through here."""
-    optimizer.zero_grad(set_to_none=True)
-    with autocast(device, precision):
-        loss, scalars = compute()
-    scaler.scale(loss).backward()
-    if max_grad_norm > 0:
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], max_grad_norm)
-    scaler.step(optimizer)
-    scaler.update()
-    return loss, scalars
-
-
-# ---- a resumable data order ------------------------------------------------------------------
-class EpochSampler:
-    """An endless stream of indices into n items: a fresh seeded permutation every epoch.
-
-    Its whole state is (epoch, position), so a resumed run reads exactly the examples an
-    uninterrupted one would. Under DDP every rank draws the same global batch and keeps
-    its own slice of it, so ``--batch-size`` stays the global batch."""
-
-    def __init__(self, n: int, seed: int, shuffle: bool = True):
-        if n < 1:
-            raise UsageError("no examples to train on")
-        self.n, self.seed, self.shuffle = n, seed, shuffle
-        self.epoch, self.position = 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self):
-        if not self.shuffle:
-            return list(range(self.n))
-        g = torch.Generator().manual_seed(self.seed + 1_000_003 * self.epoch)
-        return torch.randperm(self.n, generator=g).tolist()
-
-    def next(self, k: int) -> list[int]:
-        out = []
-        while len(out) < k:
-            if self.position == self.n:
-                self.epoch, self.position = self.epoch + 1, 0
-                self._order = self._permutation()
-            take = min(k - len(out), self.n - self.position)
-            out += self._order[self.position:self.position + take]
-            self.position += take
-        return out
-
-    def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = state["epoch"], state["position"]
-        self._order = self._permutation()
-
-
-# ---- the run directory -------------------------------------------------------------------------
-def default_out_dir(stage: str, method: str) -> str:
-    return str(Path("runs") / f"{stage}-{method}-{datetime.now():%Y%m%d-%H%M%S}")
-
-
-class Run:
-    """A run directory: config.json, metrics.jsonl, tb/ (TensorBoard). Only rank 0 writes."""
-
-    def __init__(self, out_dir, config: dict, resume: bool = False):
-        self.dir = Path(out_dir)
-        self.config = config
-        self.resume = resume
-        self.rank, _ = dist_info()
-        self.writer = None
-        if self.dir.exists() and not self.dir.is_dir():
-            raise UsageError(f"--out-dir {self.dir} is a file, not a directory")
-        if self.rank != 0:
-            return
-        if not resume and ((self.dir / "last").exists() or (self.dir / "metrics.jsonl").exists()):
-            raise UsageError(f"{self.dir} already holds a run: pass --resume to continue it, "
-                             f"or choose another --out-dir")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(self.dir / "config.json", config)
-
-    def start(self, step: int) -> None:
-        """Open TensorBoard at ``step``; a resumed run first drops what a killed run logged
-        after the checkpoint it resumes from (TensorBoard events and metrics.jsonl lines)."""
-        if self.rank != 0:
-            return
-        from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(str(self.dir / "tb"), purge_step=step if self.resume else None)
-        if self.resume:
-            self._truncate_metrics(step)
-
-    def _truncate_metrics(self, step: int) -> None:
-        path = self.dir / "metrics.jsonl"
-        if path.exists():
-            records = [r for r in read_metrics(path) if r["step"] <= step]
-            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
-
-    def scalars(self, step: int, values: dict, prefix: str = "") -> None:
-        if self.writer is None:
-            return
-        for k, v in values.items():
-            self.writer.add_scalar(f"{prefix}{k}", float(v), step)
-
-    def histogram(self, step: int, name: str, values) -> None:
-        if self.writer is not None:
-            self.writer.add_histogram(name, values, step)
-
-    def metrics(self, step: int, values: dict) -> None:
-        """One line of metrics.jsonl (and the same numbers in TensorBoard under eval/). A value may
-        be an interval [lo, hi]: a list in metrics.jsonl, NAME_lo and NAME_hi in TensorBoard."""
-        if self.writer is None:
-            return
-        values = {k: [float(x) for x in v] if isinstance(v, (list, tuple)) else float(v) for k, v in values.items()}
-        with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"step": step, **values}) + "\n")
-        scalars = {}
-        for k, v in values.items():
-            scalars |= {f"{k}_lo": v[0], f"{k}_hi": v[1]} if isinstance(v, list) else {k: v}
-        self.scalars(step, scalars, prefix="eval/")
-        self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-def read_metrics(path) -> list[dict]:
-    """The records of a run's metrics.jsonl. A torn last line (a run killed, or a machine that lost
-    power, while appending it) is dropped with a note; a damaged line before it means the file is
-    not what the run wrote: CheckpointError naming the file and line."""
-    path = Path(path)
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-    while lines and not lines[-1].strip():
-        lines.pop()
-    records = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line) if line.strip() else None
-            if record is not None and not (isinstance(record, dict) and isinstance(record.get("step"), int)):
-                raise ValueError("not a record with a step")
-        except ValueError:
-            if number == len(lines):
-                print(f"note: {path}: its last line was cut off (the run stopped while writing it); dropped",
-                      file=sys.stderr)
-                break
-            raise CheckpointError(f"{path} line {number} is not a metrics record (the file is damaged); "
-                                  f"--resume cannot continue from it: delete that line, or start a new run") from None
-        if record is not None:
-            records.append(record)
-    return records
 
 
 # ---- the loop ------------------------------------------------------------------------------------
@@ -375,8 +189,8 @@ class Trainer:
         if self.step == 0 and self.first_score is None:
             self._evaluate_and_keep_best()
         previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
-        tick, tick_step, interrupted = time.perf_counter(), self.step, False
-        bad_step = bad_loss = None  # the first non-finite or diverging loss, on the device (no sync per step)
+        self._tick, self._tick_step, interrupted = time.perf_counter(), self.step, False
+        self._bad = None  # (step, loss, limit) of the first non-finite or diverging loss, on the device
         try:
             while self.step < args.steps:
                 for m in self.modules.values():
@@ -389,11 +203,7 @@ class Trainer:
                 self.scheduler.step()
                 self.step += 1
                 loss_d = loss.detach().float()
-                if bad_step is None:
-                    bad_step, bad_loss = torch.full((), -1, dtype=torch.long, device=loss_d.device), loss_d
-                    limit = DIVERGENCE_FACTOR * loss_d.abs().clamp_min(1)
-                first = (~torch.isfinite(loss_d) | (loss_d.abs() > limit)) & (bad_step < 0)
-                bad_step, bad_loss = torch.where(first, self.step, bad_step), torch.where(first, loss_d, bad_loss)
+                self._watch(loss_d)
                 log_now = self.step % args.log_every == 0 or self.step == args.steps
                 # Under torchrun every rank gets the Ctrl-C or SIGTERM (torchrun forwards it), but not
                 # at the same step: the ranks agree to stop at the logging interval (below), since a
@@ -402,26 +212,9 @@ class Trainer:
                 if log_now or self.step % args.eval_every == 0 or stop:
                     # Checked before anything is logged or checkpointed, so last/ never holds
                     # weights updated by a non-finite loss.
-                    if int(bad_step) >= 0:
-                        last = self.run.dir / "last"
-                        kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
-                        diverging = (f" (diverging: over {DIVERGENCE_FACTOR:,} times the first step's)"
-                                     if math.isfinite(float(bad_loss)) else "")
-                        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}"
-                                                 f"{diverging}; stopped, {kept} (try a lower --lr or "
-                                                 f"--precision fp32)")
+                    self._raise_if_diverged()
                 if log_now:
-                    # The only host-device synchronisation of the loop, once per logging interval.
-                    # Under torchrun the losses are averaged over the ranks: the global batch's.
-                    values = mean_over_ranks({"loss": loss_d, **scalars, "stop": float(self._stop)}, loss_d.device)
-                    stop = stop or values.pop("stop") > 0
-                    loss_value = values["loss"]
-                    elapsed = time.perf_counter() - tick
-                    rate = (self.step - tick_step) * self.items_per_step / max(elapsed, 1e-9)
-                    tick, tick_step = time.perf_counter(), self.step
-                    values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
-                    self.run.scalars(self.step, values, prefix="train/")
-                    self.progress.loss(loss_value)
+                    stop = self._log(loss_d, scalars) or stop
                 self.progress.step(self.step)
                 if self.step % args.eval_every == 0 or self.step == args.steps:
                     self._evaluate_and_keep_best()
@@ -447,6 +240,40 @@ class Trainer:
         self.run.close()
         return {"step": self.step, "first": self.first_score, "best": self.best, "best_step": self.best_step,
                 "interrupted": interrupted, "signal": self.stop_signal if interrupted else None}
+
+    def _watch(self, loss) -> None:
+        """Remember the first non-finite or diverging loss, on the device (no sync per step)."""
+        if self._bad is None:
+            self._bad = (torch.full((), -1, dtype=torch.long, device=loss.device), loss,
+                         DIVERGENCE_FACTOR * loss.abs().clamp_min(1))
+        bad_step, bad_loss, limit = self._bad
+        first = (~torch.isfinite(loss) | (loss.abs() > limit)) & (bad_step < 0)
+        self._bad = torch.where(first, self.step, bad_step), torch.where(first, loss, bad_loss), limit
+
+    def _raise_if_diverged(self) -> None:
+        bad_step, bad_loss, _ = self._bad
+        if int(bad_step) < 0:
+            return
+        last = self.run.dir / "last"
+        kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
+        diverging = (f" (diverging: over {DIVERGENCE_FACTOR:,} times the first step's)"
+                     if math.isfinite(float(bad_loss)) else "")
+        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}{diverging}; "
+                                 f"stopped, {kept} (try a lower --lr or --precision fp32)")
+
+    def _log(self, loss, scalars: dict) -> bool:
+        """Log the step's loss and scalars; returns whether any rank was asked to stop. The only
+        host-device synchronisation of the loop, once per logging interval. Under torchrun the
+        losses are averaged over the ranks: the global batch's."""
+        values = mean_over_ranks({"loss": loss, **scalars, "stop": float(self._stop)}, loss.device)
+        stop = values.pop("stop") > 0
+        elapsed = time.perf_counter() - self._tick
+        rate = (self.step - self._tick_step) * self.items_per_step / max(elapsed, 1e-9)
+        self._tick, self._tick_step = time.perf_counter(), self.step
+        values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
+        self.run.scalars(self.step, values, prefix="train/")
+        self.progress.loss(values["loss"])
+        return stop
 
     def _request_stop(self, signum, frame):
         name = signal.Signals(signum).name

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .files import write_text_atomic
+from ..utils.files import write_text_atomic
 
 CARD_FILE = "README.md"
 
@@ -14,7 +14,7 @@ def hub_base(config: dict, depth: int = 0) -> str | None:
     """The Hugging Face Hub model a run's encoder comes from, following --init / --encoder back
     through the runs that wrote them; None when it comes from a local directory (a path means
     nothing on the Hub)."""
-    from .encoder import run_settings
+    from ..runs import run_settings
 
     source = config.get("init") or config.get("encoder") or config.get("model")
     if source is None or depth > 20:

@@ -14,16 +14,15 @@ import torch.nn as nn
 from tqdm.auto import tqdm
 
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
-from minbert.model import has_weights
 
-from . import st_format
-from .files import atomic_path, write_json_atomic
-from .precision import autocast
+from ..export import st_format
+from ..runs import resolve_encoder_path
+from ..utils.files import atomic_path, write_json_atomic
+from ..utils.precision import autocast
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
 FLOW_FILE = "flow.safetensors"
 POOLINGS = ("mean", "cls")
-RUN_ENTRIES = ("last", "metrics.jsonl", "tb")  # what a run directory holds before it has a best/
 
 
 def pool(last_hidden_state, attention_mask, pooling: str = "mean"):
@@ -174,45 +173,3 @@ class SentenceEncoder(nn.Module):
         return cls(bert, tokenizer, pooling=pooling or settings.get("pooling", "mean"), flow=flow,
                    max_length=max_length or settings.get("max_length", 128),
                    normalize=bool(settings.get("normalize", False)))
-
-
-def resolve_encoder_path(path):
-    """A path that may be a run directory -> the checkpoint directory to load.
-
-    A run directory (``--out-dir`` of a training run: ``config.json`` with the run's settings,
-    ``metrics.jsonl``, ``tb/``, ``best/``, ``last/``) stands for its ``best/`` checkpoint. It is
-    recognised by having no weights of its own and a ``best/`` (or, for a run that has not
-    written one yet, ``last/``, ``metrics.jsonl`` or ``tb/``), never by its ``config.json``,
-    which a checkpoint directory has too. Anything else (a checkpoint directory, a hub name)
-    is returned unchanged. This is the one place that knows this: SentenceEncoder.from_pretrained,
-    pretrain's ``--init`` and multitask's ``--encoder`` all go through it.
-
-    Raises CheckpointError, naming the directory, for a run directory without ``best/``."""
-    p = Path(path)
-    if not is_run_dir(p):
-        return path
-    if (p / "best").is_dir():
-        return p / "best"
-    raise CheckpointError(f"run directory {p} has no best/ checkpoint yet (the run stopped before "
-                          f"its first evaluation?); pass a run that got that far, or a checkpoint directory")
-
-
-def is_run_dir(p: Path) -> bool:
-    """Whether ``p`` is a training run's directory (see ``resolve_encoder_path``)."""
-    return (p.is_dir() and not has_weights(p)
-            and ((p / "best").is_dir() or any((p / name).exists() for name in RUN_ENTRIES)))
-
-
-def run_settings(path) -> tuple[Path, dict] | None:
-    """The training run that ``path`` is (a run directory) or comes from (its best/ or last/
-    checkpoint): (its directory, its settings from its config.json), or None for any other path
-    (a checkpoint directory outside a run, a hub name)."""
-    p = Path(path)
-    run = p if is_run_dir(p) else p.parent if p.name in ("best", "last") and is_run_dir(p.parent) else None
-    if run is None or not (run / "config.json").is_file():
-        return None
-    try:
-        return run, json.loads((run / "config.json").read_text())
-    except (OSError, ValueError):
-        raise CheckpointError(f"{run / 'config.json'} (the settings of run {run}) is not a readable JSON file; "
-                              f"give its checkpoint, {run / 'best'}, with the data flags") from None

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 from .precision import resolve_device
 
 

@@ -1,4 +1,4 @@
-"""Data: readers for the CS224N task files and text corpora (the downloader is bertcf.download).
+"""The CS224N task files and text corpora: readers (the downloader is ``bertcf.data.download``).
 
 Task files (CS224N default final project, see ``data/README.md``) are tab-separated with a
 header row whose first column is an unnamed pandas index.  Columns are always selected by
@@ -10,7 +10,6 @@ applies, the line number, e.g. ``data/sts-train.csv line 17: similarity 'abc' is
 number``.  Rows that are skipped rather than rejected (blank sentences, empty labels) are
 reported in one warning per file on the ``bertcf.data`` logger.
 
-``python -m bertcf.data download ...`` runs the downloader (``bertcf.download``).
 """
 
 from __future__ import annotations
@@ -19,21 +18,18 @@ import csv
 import logging
 import math
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import DataError
+
 logger = logging.getLogger("bertcf.data")
 
 __all__ = [
-    "DataError", "SentenceExample", "PairExample", "TASKS", "SPLITS", "TASK_FILES", "task_file",
+    "SentenceExample", "PairExample", "TASKS", "SPLITS", "TASK_FILES", "task_file",
     "read_sst", "read_qqp", "read_sts", "READERS", "read_task", "read_corpus", "task_sentences",
 ]
-
-
-class DataError(Exception):
-    """Bad or missing input data.  ``str(error)`` is one line meant for the user."""
 
 
 @dataclass
@@ -343,6 +339,3 @@ def task_sentences(data_dir: str | os.PathLike, min_words: int = 0) -> list[str]
     return unique
 
 
-if __name__ == "__main__":  # ``python -m bertcf.data download ...``: the downloader's command line
-    from bertcf.download import main
-    sys.exit(main())

@@ -2,12 +2,13 @@
 supervised metrics of the multitask stage (accuracy, Pearson r)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from scipy import stats
 
 from .bootstrap import interval
-from .flow import latent_stats
 
 
 def encode_pairs(encoder, pairs, batch_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,7 +54,7 @@ class STSDevEvaluator:
     both sides once (whole sentences up to the encoder's ``max_length``) and returns
     :func:`sts_scores` (with ``cosines`` for a histogram) and ``sts_spearman_ci95`` ([lo, hi]: the
     95% percentile bootstrap interval of the Spearman correlation over ``resamples`` resamples of
-    the pairs, a fixed seed; :mod:`bertcf.bootstrap`), plus, when the encoder has a flow, the
+    the pairs, a fixed seed; :mod:`bertcf.evaluation.bootstrap`), plus, when the encoder has a flow, the
     latents' ``latent_mean_norm`` and ``latent_log10_eig_ratio``. The main metric, which picks a
     pretraining run's best checkpoint, is the Spearman correlation."""
 
@@ -81,3 +82,21 @@ def sts_scores(x: torch.Tensor, y: torch.Tensor, pairs, positive_threshold: floa
     return {"sts_spearman": spearman(cosines, gold), "sts_pearson": pearson(cosines, gold),
             "alignment": alignment(x[close], y[close]) if close.any() else float("nan"),
             "uniformity": uniformity(torch.cat([x, y])), "cosines": cosines}
+
+
+@torch.no_grad()
+def latent_stats(z):
+    """Summary of latents z [b, D] for logging: mean row L2 norm and the spread of the covariance
+    eigenvalues (an isotropic Gaussian has eig_ratio ~ 1, up to sampling noise)."""
+    z = z.detach().double()
+    eig = torch.linalg.eigvalsh(torch.cov(z.T).reshape(z.shape[1], z.shape[1]))
+    eig_max = eig.max().item()
+    eig_min = eig.min().clamp_min(1e-300).item()
+    ratio = eig_max / eig_min
+    return dict(
+        mean_norm=z.norm(dim=1).mean().item(),
+        eig_max=eig_max,
+        eig_min=eig.min().item(),
+        eig_ratio=ratio,
+        log10_eig_ratio=math.log10(ratio),
+    )

@@ -3,7 +3,7 @@ logistic-regression probe on frozen vectors (scikit-learn, as SentEval's ``usepy
 
 Every evaluator has ``name``, ``main_metric``, ``sentences()`` (what it needs encoded) and
 ``__call__(embed) -> dict``, where ``embed(list of n sentences) -> [n, D]`` looks the vectors
-up, so that :func:`bertcf.evaluate.evaluate` encodes each distinct sentence once for all tasks.
+up, so that :func:`bertcf.evaluation.senteval.evaluate` encodes each distinct sentence once for all tasks.
 Scores are ×100, as SentEval and SimCSE print them.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sklearn.metrics import f1_score
 from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_score
 
 from . import bootstrap
-from .evaluation import spearman
+from .metrics import spearman
 
 SEED = 1111  # SentEval's seed for the folds and the probe
 
@@ -33,9 +33,9 @@ class STSEvaluator:
     Spearman averaged, weighted by their number of pairs). One subset: ``all`` is its Spearman.
 
     ``ci95``: the 95% percentile bootstrap interval of ``all`` over ``resamples`` resamples of the
-    pairs, each subset resampled within itself (:mod:`bertcf.bootstrap`); the seed is a hash of
+    pairs, each subset resampled within itself (:mod:`bertcf.evaluation.bootstrap`); the seed is a hash of
     the task's name, so every task has its own fixed stream whatever else runs. Also returned,
-    for :func:`bertcf.evaluate.evaluate` to take out: ``replicates`` (np.ndarray [resamples]: ``all``
+    for :func:`bertcf.evaluation.senteval.evaluate` to take out: ``replicates`` (np.ndarray [resamples]: ``all``
     on each resample) and ``pairs`` ({"scores": the cosines, "gold", "groups": each pair's
     subset}, lists [n] in the order of the ``all`` concatenation)."""
 

@@ -23,7 +23,8 @@ import math
 import os
 from pathlib import Path
 
-from .data import DataError, PairExample
+from ..errors import DataError
+from .tasks import PairExample
 
 #: SentEval's subsets of each STS year (STS13 without SMT, which is not distributed).
 STS_YEARS: dict[str, tuple[str, ...]] = {

@@ -22,18 +22,14 @@ import torch.nn.functional as F
 
 from minbert import CheckpointError
 
-from .data import TASKS  # the three tasks, in the order of a step's batch
+from ..data.tasks import TASKS  # the three tasks, in the order of a step's batch
+from ..utils.files import save_tensors_atomic, write_json_atomic
 from .encoder import SentenceEncoder
-from .bootstrap import interval
-from .evaluation import accuracy, pearson
-from .files import save_tensors_atomic, write_json_atomic
 
 HEADS_FILE = "heads.safetensors"
 HEADS_CONFIG_FILE = "multitask.json"
 NUM_SENTIMENTS = 5
 COLUMNS = {"sst": 1, "qqp": 2, "sts": 2}  # sentences per example
-METRICS = {"sst": "sst_acc", "qqp": "qqp_acc", "sts": "sts_pearson"}
-SELECTION_METRIC = "mean_dev"
 
 
 def renamed_from_para(d: dict) -> dict:
@@ -153,34 +149,6 @@ def predict_paraphrase(y: torch.Tensor, margin: float) -> torch.Tensor:
 def predict_similarity(y: torch.Tensor, margin: float) -> torch.Tensor:
     """y = max(cos, h) [n] -> [n] float: y rescaled from [h, 1] to [0, 5]."""
     return (y.float() - margin) / (1 - margin) * 5.0
-
-
-def correlation(predicted, gold) -> float:
-    """Pearson r; 0.0 when the predictions are constant (r is undefined there, and a constant
-    predictor must not win the checkpoint selection by a NaN)."""
-    predicted = torch.as_tensor(predicted, dtype=torch.float64)
-    if len(predicted) < 2 or float(predicted.std()) == 0.0:
-        return 0.0
-    return pearson(predicted, gold)
-
-
-def task_metric(task: str, predictions, gold) -> float:
-    """SST and QQP: accuracy; STS: Pearson r (see :func:`correlation`)."""
-    if task == "sts":
-        return correlation(predictions, gold)
-    return accuracy(torch.as_tensor(predictions).long(), torch.as_tensor(gold).long())
-
-
-def task_interval(task: str, predictions, gold) -> list[float]:
-    """[lo, hi]: the 95% percentile bootstrap interval of :func:`task_metric` over the examples
-    (1,000 resamples, a fixed seed; :mod:`bertcf.bootstrap`). Constant STS predictions, whose r
-    is undefined (:func:`correlation` calls it 0), give [nan, nan]."""
-    return interval(predictions, gold, "pearson" if task == "sts" else "accuracy")
-
-
-def mean_dev(metrics: dict) -> float:
-    """The selection metric: the mean of SST accuracy, QQP accuracy and STS Pearson r."""
-    return sum(metrics[METRICS[t]] for t in TASKS) / len(TASKS)
 
 
 # ---- the model -------------------------------------------------------------------------------------

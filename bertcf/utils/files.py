@@ -12,9 +12,16 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from minbert.model import default_file_mode
+from ..errors import WriteError
 
-from .errors import WriteError
+
+def default_file_mode() -> int:
+    """The mode ``open()`` gives a new file (0o666 less the umask). minbert has its own copy: it knows
+    nothing of bertcf, and this module must not import torch (the downloader runs before torch is
+    installed)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 #: The errors of a write that the machine refused (not a bug of ours): errno -> what a user reads.
 REFUSED = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",

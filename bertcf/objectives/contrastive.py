@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .distributed import dist_info, gather_with_grad
+from ..utils.distributed import dist_info, gather_with_grad
 
 
 def sample_span_lengths(n: int, p: float, cap: int, generator=None) -> torch.Tensor:

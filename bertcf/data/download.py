@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .data import DataError
-from .files import write_text_atomic
+from ..errors import DataError
+from ..utils.files import write_text_atomic
 
 
 class NetworkError(DataError):

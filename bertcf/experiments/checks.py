@@ -1,0 +1,109 @@
+"""What stands in a planned run's way before anything runs: the state of its directory on disk
+(done, resume, restart, new), whether a finished or interrupted run can be reused as it is, the
+inputs the runs need, and their flags (parsed by the run's own command)."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+from ..data.tasks import TASKS, task_file
+from ..errors import DataError, UsageError
+from ..runs import STATE_FILE
+from ..utils.files import recover_dir
+from .planned import MARKER, PlannedRun, entry_module, read_json
+
+#: What a run directory of this command may hold (anything else: files it did not write).
+RUN_ENTRIES = {"config.json", "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json", MARKER}
+
+
+def inspect(task: PlannedRun) -> None:
+    """Set task.state: done (finished, reuse), resume (continue from last/), restart
+    (an attempt that left no checkpoint: cleared and started again) or new."""
+    d = task.dir
+    task.marker = read_json(d / MARKER) or {}
+    if task.marker.get("status") == "done":
+        task.state = "done"
+        return
+    last = recover_dir(d / "last") if d.exists() else d / "last"
+    if (last / STATE_FILE).is_file():
+        task.state = "resume"
+    elif d.exists() and any(d.iterdir()):
+        task.state = "restart"
+    else:
+        task.state = "new"
+
+
+def problem(task: PlannedRun, rel) -> str | None:
+    """Why a finished or interrupted run cannot be used as it is: it was started with
+    other settings, or from a version of the pretraining it starts from that has changed since.
+    ``rel``: a path as the messages show it (``Plan.rel``)."""
+    if task.state not in ("done", "resume"):
+        return None
+    if task.marker.get("settings") is not None:
+        old, new = task.marker["settings"], json.loads(json.dumps(task.settings))
+        diff = [f"{k}={old.get(k)!r} (now {new.get(k)!r})" for k in sorted(set(old) | set(new))
+                if old.get(k) != new.get(k)]
+        if diff:
+            return f"{task.dir} was started with other settings: {', '.join(diff)}"
+    if task.depends:
+        dep = task.depends
+        dep_finished = dep.marker.get("finished") if dep.state == "done" else None
+        if task.marker.get("init_finished") not in (None, dep_finished):
+            return f"{task.dir} was trained from a {rel(dep.dir)} that has changed since"
+    return None
+
+
+def check(task: PlannedRun, rel) -> None:
+    """UsageError when the run cannot be reused, or its directory holds files it did not write."""
+    found = problem(task, rel)
+    if found:
+        raise UsageError(f"{found}; delete {task.dir} to run it again, or use another --out-dir")
+    if task.state == "restart":
+        unknown = [p.name for p in task.dir.iterdir() if p.name not in RUN_ENTRIES and not p.name.startswith(".")]
+        if unknown:
+            raise UsageError(f"{task.dir} holds files this command did not write ({', '.join(unknown[:3])}); "
+                             f"move them away or use another --out-dir")
+
+
+def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
+    """What the runs need and cannot find (the data directory, data files, a corpus), each as
+    the error that stops the command; a dry run lists them instead."""
+    a, data_dir = plan.args, plan.data_dir
+    if not data_dir.is_dir():
+        return [DataError(f"--data-dir {data_dir} is not a directory (see data/README.md)")]
+    needed = [task_file(data_dir, "sts", "dev")]
+    if "analysis" in plan.commands:
+        needed += [task_file(data_dir, "qqp", "train")]
+    if plan.finetune:
+        needed += [task_file(data_dir, t, s) for t in TASKS for s in ("train", "dev")]
+    problems = []
+    if any(t.kind == "pretraining" and t.state != "done" for t in tasks):
+        if a.corpus_from_tasks:
+            needed += [task_file(data_dir, t, "train") for t in TASKS]
+        elif a.corpus:
+            needed += [Path(a.corpus)]
+        elif not (data_dir / "wiki1m_for_simcse.txt").is_file():
+            problems.append(UsageError(f"no pretraining corpus: give --corpus FILE or --corpus-from-tasks "
+                                       f"({data_dir / 'wiki1m_for_simcse.txt'} not found)"))
+    missing = list(dict.fromkeys(str(p) for p in needed if not Path(p).is_file()))
+    if missing:
+        problems.append(DataError(f"missing input file(s): {', '.join(missing)} (see data/README.md)"))
+    return problems
+
+
+def validate_flags(task: PlannedRun) -> None:
+    """Parse a run's command line with its own parser."""
+    module = entry_module(task.kind)
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            ns = module.build_parser().parse_args(task.argv)
+            if task.kind == "pretraining":
+                module.check_args(ns)
+    except SystemExit:
+        message = stderr.getvalue().strip().splitlines()
+        raise UsageError(f"{task.description.split(',')[0]}: {message[-1] if message else 'bad flags'}") from None
+    except UsageError as e:
+        raise UsageError(f"{task.description.split(',')[0]}: {e}") from None

@@ -1,0 +1,86 @@
+"""What the experiments train: the report's rows (table 1, the ablations, the other objectives)
+and the pretraining runs behind them, with their steps."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The report's steps per stage; ``--steps-scale`` multiplies them.
+REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 5000}
+
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """One run of ``run_pretrain.py`` (stage 1 or 2 of the report) in OUT/stages/<name>."""
+    name: str
+    stage: str              # its --stage: mirror | joint | flow
+    method: str
+    init: str | None        # another Pretraining's name, or None for --model
+    flags: tuple = ()
+    what: str = ""
+    preset: str | None = None  # run_pretrain.py --preset: the method as published (its length included)
+
+
+PRETRAININGS = {s.name: s for s in (
+    Pretraining("simcse", "mirror", "simcse", None, what="SimCSE pretraining (dropout only)"),
+    Pretraining("mirror", "mirror", "mirror", None, what="Mirror-BERT pretraining (dropout + span masking)"),
+    Pretraining("flow", "flow", "flow", None, what="flow on L_flow alone, encoder frozen"),
+    Pretraining("bertcf", "joint", "mirror", "mirror", what="joint flow + 0.3 L_mirror, encoder frozen"),
+    Pretraining("simcse-joint", "joint", "simcse", "simcse", what="joint flow + 0.3 L_simcse, encoder frozen"),
+    Pretraining("minbert-joint", "joint", "mirror", None, ("--unfreeze-encoder",),
+                what="joint flow + 0.3 L_mirror, encoder unfrozen"),
+    Pretraining("mirror-flow", "flow", "flow", "mirror", what="flow on L_flow alone (no regulariser)"),
+    Pretraining("bsl", "mirror", "bsl", None, what="BSL: BYOL-style bootstrapping to an EMA target, no negatives"),
+    Pretraining("ct", "mirror", "ct", None, what="Contrastive Tension: two encoder copies, pair dot products, BCE"),
+    Pretraining("tsdae", "mirror", "tsdae", None,
+                what="TSDAE: rebuild the sentence from one vector after token deletion"),
+    Pretraining("mlm", "mirror", "mlm", None, what="masked language modelling"),
+    # objectives --preset published: each method at its paper's settings (bertcf.objectives.presets)
+    Pretraining("simcse-published", "mirror", "simcse", None, what="SimCSE as published", preset="simcse-unsup"),
+    Pretraining("mirror-published", "mirror", "mirror", None, what="Mirror-BERT as published", preset="mirror-bert"),
+    Pretraining("bsl-published", "mirror", "bsl", None, what="BSL as published", preset="bsl"),
+    Pretraining("ct-published", "mirror", "ct", None, what="Contrastive Tension as published", preset="ct"),
+    Pretraining("tsdae-published", "mirror", "tsdae", None, what="TSDAE as published", preset="tsdae"),
+)}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str                # as in the report
+    key: str                 # directory-safe name
+    pretraining: str | None  # the Pretraining whose best/ is the row's encoder; None: --model itself
+
+
+TABLE1_ROWS = (Row("MinBERT", "minbert", None), Row("MinBERT-SimCSE", "simcse", "simcse"),
+               Row("MinBERT-Mirror", "mirror", "mirror"), Row("MinBERT-flow", "flow", "flow"),
+               Row("BERT-CF", "bertcf", "bertcf"))
+ABLATION_ROWS = (Row("SimCSE-joint", "simcse-joint", "simcse-joint"),
+                 Row("MinBERT-joint", "minbert-joint", "minbert-joint"),
+                 Row("Mirror-flow", "mirror-flow", "mirror-flow"))
+OBJECTIVE_ROWS = (Row("MinBERT-BSL", "bsl", "bsl"), Row("MinBERT-CT", "ct", "ct"),
+                  Row("MinBERT-TSDAE", "tsdae", "tsdae"), Row("MinBERT-MLM", "mlm", "mlm"))
+#: objectives --preset published: every method at its paper's settings (MLM has no preset).
+PUBLISHED_ROWS = (Row("SimCSE (published)", "simcse-published", "simcse-published"),
+                  Row("Mirror-BERT (published)", "mirror-published", "mirror-published"),
+                  Row("BSL (published)", "bsl-published", "bsl-published"),
+                  Row("CT (published)", "ct-published", "ct-published"),
+                  Row("TSDAE (published)", "tsdae-published", "tsdae-published"), OBJECTIVE_ROWS[-1])
+ROW_OF_PRETRAINING = {r.pretraining: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS + PUBLISHED_ROWS
+                      if r.pretraining}
+
+#: mlm-base: MLM pretraining from random weights (--config), whose best/ is then every row's
+#: --model; batch 64, lr 5e-4 with a linear warm-up over the first tenth of the steps and a
+#: linear decay, 15% masking (80/10/10), the head tied to the word embeddings.
+MLM_BASE = Pretraining("mlm-base", "mirror", "mlm", None, what="masked language modelling from random weights")
+RANDOM_ROW = Row("Random weights", "random", None)  # mlm-base: the --config encoder itself, untrained
+
+
+def mlm_base_flags(steps: int) -> list[str]:
+    """The base's best/ is chosen by held-out masked-token accuracy: MLM lowers STS at first (the
+    anisotropy the report describes), so STS would keep the random step 0."""
+    return ["--batch-size", "64", "--lr", "5e-4", "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 10)),
+            "--select-on", "mlm-heldout"]
+
+
+def steps_for(stage: str, scale: float) -> int:
+    return max(1, round(REPORT_STEPS[stage] * scale))

@@ -1,0 +1,180 @@
+"""The sentence-transformers layout of a checkpoint directory, written beside the Hugging Face
+files and read back: ``modules.json`` (Transformer, Pooling, then the flow and Normalize when
+there are), ``sentence_bert_config.json`` (max_seq_length), ``1_Pooling/config.json`` (mean or
+[CLS]) and, with a flow, ``2_Flow/`` (its weights) and the flow module's code: ``bertcf_st.py``
+and ``flow.py``, copies of ``bertcf/models/st_flow.py`` and ``bertcf/models/flow.py``, which sentence-transformers
+loads from the directory itself with ``trust_remote_code=True`` (module ``bertcf_st.Flow``), so
+a shared checkpoint works without BERT-CF installed. No sentence-transformers import here:
+writing and reading are plain files.
+
+    python -m bertcf.st_format upgrade DIR    # a checkpoint written before: add the code files
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from minbert import CheckpointError
+
+from ..utils.files import write_json_atomic, write_text_atomic
+
+MODULES_FILE = "modules.json"
+ST_CONFIG_FILE = "sentence_bert_config.json"
+FLOW_MODULE = "bertcf_st.Flow"        # loaded from the checkpoint's own bertcf_st.py
+OLD_FLOW_MODULE = "bertcf.st.Flow"    # checkpoints written before 2026-11-24: BERT-CF must be installed
+#: The flow module's code a checkpoint carries: its name there -> the file in ``bertcf/models/``.
+FLOW_CODE = {"bertcf_st.py": "st_flow.py", "flow.py": "flow.py"}
+POOLING_MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+_OTHER_POOLING_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
+                        "pooling_mode_weightedmean_tokens", "pooling_mode_lasttoken")
+
+
+def write(directory, dim: int, pooling: str, max_length: int, flow_file=None, normalize: bool = False) -> None:
+    """Write the layout into ``directory`` (which holds the Hugging Face files already).
+    ``flow_file``: the flow's safetensors file in ``directory``, hard-linked (or copied) as the
+    flow module's weights."""
+    directory = Path(directory)
+    modules = [("", "sentence_transformers.models.Transformer"), ("1_Pooling", "sentence_transformers.models.Pooling")]
+    pooling_config = {"word_embedding_dimension": dim, "include_prompt": True}
+    pooling_config |= {key: mode == pooling for mode, key in POOLING_MODES.items()} | dict.fromkeys(_OTHER_POOLING_MODES,
+                                                                                                    False)
+    write_json_atomic(directory / "1_Pooling" / "config.json", pooling_config)
+    if flow_file is not None:
+        flow_dir = directory / f"{len(modules)}_Flow"
+        flow_dir.mkdir(exist_ok=True)
+        target = flow_dir / "model.safetensors"
+        target.unlink(missing_ok=True)
+        try:
+            os.link(flow_file, target)
+        except OSError:
+            shutil.copyfile(flow_file, target)
+        write_flow_code(directory)
+        modules.append((flow_dir.name, FLOW_MODULE))
+    else:
+        for name in FLOW_CODE:
+            (directory / name).unlink(missing_ok=True)
+    if normalize:
+        normalize_dir = f"{len(modules)}_Normalize"
+        write_json_atomic(directory / normalize_dir / "config.json", {"module_input_name": "sentence_embedding",
+                                                                      "module_output_name": "sentence_embedding"})
+        modules.append((normalize_dir, "sentence_transformers.models.Normalize"))
+    write_json_atomic(directory / MODULES_FILE, [{"idx": i, "name": str(i), "path": path, "type": kind}
+                                                 for i, (path, kind) in enumerate(modules)])
+    write_json_atomic(directory / ST_CONFIG_FILE, {"max_seq_length": max_length, "do_lower_case": False})
+
+
+def write_flow_code(directory) -> None:
+    """Copy the flow module's code (``FLOW_CODE``) into a checkpoint directory."""
+    here = Path(__file__).parent.parent / "models"
+    for name, source in FLOW_CODE.items():
+        write_text_atomic(Path(directory) / name, (here / source).read_text(encoding="utf-8"))
+
+
+def upgrade(directory) -> bool:
+    """Give a checkpoint written before (modules.json naming ``bertcf.st.Flow``) the flow module's
+    code, so it loads without BERT-CF. The code files come first and modules.json is replaced in
+    one rename, so an interrupted upgrade leaves the old checkpoint or the new one. Returns whether
+    anything changed (False: no flow, or already upgraded)."""
+    directory = Path(directory)
+    path = directory / MODULES_FILE
+    if not path.is_file():
+        raise CheckpointError(f"{directory} has no {MODULES_FILE}: not a checkpoint written by BERT-CF")
+    modules = _read_json(path)
+    if not any(m.get("type") == OLD_FLOW_MODULE for m in modules):
+        return False
+    write_flow_code(directory)
+    write_json_atomic(path, [m | {"type": FLOW_MODULE} if m.get("type") == OLD_FLOW_MODULE else m for m in modules])
+    return True
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is not a readable JSON file ({type(e).__name__})") from None
+
+
+def read(directory) -> dict | None:
+    """What a sentence-transformers directory says the encoder is: {"pooling", "max_length",
+    "normalize", "flow"} (flow: the flow module's weights file or None), or None when there is no
+    ``modules.json``. A module the SentenceEncoder cannot represent is a CheckpointError naming it."""
+    directory = Path(directory)
+    if not (directory / MODULES_FILE).is_file():
+        return None
+    out = {"pooling": None, "max_length": None, "normalize": False, "flow": None}
+    for module in _read_json(directory / MODULES_FILE):
+        kind, path = module.get("type", ""), directory / module.get("path", "")
+        name = kind.rsplit(".", 1)[-1]
+        if out["normalize"]:  # the encoder normalises last, after pooling and the flow
+            raise CheckpointError(f"{directory / MODULES_FILE}: module {kind!r} after Normalize cannot be represented "
+                                  f"by a SentenceEncoder (it normalises last)")
+        if kind in (FLOW_MODULE, OLD_FLOW_MODULE):
+            out["flow"] = path / "model.safetensors"
+        elif kind.startswith("sentence_transformers.") and name == "Transformer":
+            if path != directory:
+                raise CheckpointError(f"{directory / MODULES_FILE}: the Transformer module must be the directory "
+                                      f"itself, not {module.get('path')!r}")
+        elif kind.startswith("sentence_transformers.") and name == "Pooling":
+            out["pooling"] = _pooling(path / "config.json")
+        elif kind.startswith("sentence_transformers.") and name == "Normalize":
+            out["normalize"] = True
+        else:
+            raise CheckpointError(f"{directory / MODULES_FILE}: module {kind!r} ({module.get('path')}) cannot be "
+                                  f"represented by a SentenceEncoder (Transformer, mean or [CLS] Pooling, "
+                                  f"bertcf's flow and Normalize can)")
+    out["max_length"] = _max_length(directory)
+    return out
+
+
+def _max_length(directory: Path) -> int | None:
+    """max_seq_length: in sentence_bert_config.json (before sentence-transformers 6), else the
+    tokenizer's model_max_length (where 6 keeps it; a huge number there means none is set)."""
+    if (directory / ST_CONFIG_FILE).is_file():
+        length = _read_json(directory / ST_CONFIG_FILE).get("max_seq_length")
+        if length is not None:
+            return int(length)
+    if (directory / "tokenizer_config.json").is_file():
+        length = _read_json(directory / "tokenizer_config.json").get("model_max_length")
+        if isinstance(length, int) and length < 1_000_000:
+            return length
+    return None
+
+
+def _pooling(config_path: Path) -> str:
+    """mean or cls, from a Pooling module's config: {"pooling_mode": ...} (sentence-transformers 6)
+    or one true "pooling_mode_*" flag (before)."""
+    config = _read_json(config_path)
+    modes = [config["pooling_mode"]] if "pooling_mode" in config else [
+        key for key, value in config.items() if key.startswith("pooling_mode_") and value]
+    chosen = [mode for mode, key in POOLING_MODES.items() if modes in ([key], [mode])]
+    if not chosen:
+        raise CheckpointError(f"{config_path}: pooling {', '.join(map(str, modes)) or 'none'} cannot be represented "
+                              f"by a SentenceEncoder (mean or [CLS] pooling can)")
+    return chosen[0]
+
+
+def main(argv=None) -> None:
+    """``python -m bertcf.st_format upgrade DIR [DIR ...]``: checkpoints (or run directories: their
+    best/ and last/) written before, given the flow module's code."""
+    from ..cli import ArgumentParser
+    from ..runs import is_run_dir
+
+    parser = ArgumentParser(prog="python -m bertcf.st_format",
+                            description="Upgrade checkpoints with a flow written before 2026-11-24 so that "
+                                        "sentence-transformers loads them without BERT-CF installed.")
+    parser.add_argument("command", choices=("upgrade",))
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="a checkpoint, or a run directory (its best/ and last/)")
+    args = parser.parse_args(argv)
+    for d in map(Path, args.dirs):
+        checkpoints = [d / n for n in ("best", "last") if (d / n).is_dir()] if is_run_dir(d) else [d]
+        for checkpoint in checkpoints:
+            changed = upgrade(checkpoint)
+            print(f"{checkpoint}: {'upgraded' if changed else 'nothing to upgrade (no flow, or already done)'}")
+
+
+if __name__ == "__main__":
+    from ..cli import run_main
+    sys.exit(run_main(main))

@@ -1,0 +1,2 @@
+"""Machinery every part uses: atomic file writes, device and precision, processes
+(torch.distributed) and progress output."""
