@@ -13,12 +13,11 @@ PACKAGES = ("bertcf", "minbert")
 LAYERS = {
     "minbert": 0, "errors": 0, "utils": 0,
     "runs": 1, "cli": 1, "data": 1,
-    "export": 2,
-    "models": 3,
-    "evaluation": 4,
-    "objectives": 5, "training": 5,
-    "pretrain": 6, "multitask": 6, "evaluate": 6, "bench": 6, "st": 6, "flow": 6, "st_format": 6, "__init__": 6,
-    "experiments": 7,
+    "models": 2,
+    "evaluation": 3, "export": 3,
+    "objectives": 4, "training": 4,
+    "pretrain": 5, "multitask": 5, "evaluate": 5, "bench": 5, "st": 5, "flow": 5, "st_format": 5, "__init__": 5,
+    "experiments": 6,
 }
 MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = 250

@@ -235,7 +235,7 @@ def test_a_joint_checkpoint_loads_where_bertcf_is_not_installed(finished_run, ti
 def test_an_old_flow_checkpoint_loads_and_upgrades_in_place(finished_run, tmp_path, capsys):
     """A checkpoint written before (modules.json naming bertcf.st.Flow, no code files) loads in this
     project; one command gives it the code, after which it loads without BERT-CF."""
-    from bertcf.export import st_format
+    from bertcf.models import st_format
 
     old = tmp_path / "old"
     shutil.copytree(finished_run[0] / "best", old)

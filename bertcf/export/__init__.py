@@ -1,2 +1,2 @@
-"""What a checkpoint tells other tools: the sentence-transformers layout (``st_format``) and the
-model card (``model_card``)."""
+"""What a trained checkpoint gives other tools: the model card (``model_card``); the
+sentence-transformers layout itself is part of the checkpoint (``bertcf.models.st_format``)."""

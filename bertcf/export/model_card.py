@@ -69,7 +69,7 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
 
 def write_model_card(directory, config: dict, metric: str, score: float, step: int) -> None:
     """The card of the checkpoint written in ``directory``."""
-    from . import st_format
+    from ..models import st_format
 
     flow = (st_format.read(directory) or {}).get("flow") is not None
     write_text_atomic(Path(directory) / CARD_FILE, model_card(config, metric, score, step, flow))

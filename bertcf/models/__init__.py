@@ -1,2 +1,3 @@
 """The models: the sentence encoder (``encoder``), the Glow flow (``flow``) and its
-sentence-transformers module (``st_flow``), and the multitask model (``multitask``)."""
+sentence-transformers module (``st_flow``), the sentence-transformers layout of a checkpoint
+(``st_format``), and the multitask model (``multitask``)."""

@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 
-from ..export import st_format
+from . import st_format
 from ..runs import resolve_encoder_path
 from ..utils.files import atomic_path, write_json_atomic
 from ..utils.precision import autocast

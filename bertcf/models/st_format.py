@@ -25,7 +25,7 @@ MODULES_FILE = "modules.json"
 ST_CONFIG_FILE = "sentence_bert_config.json"
 FLOW_MODULE = "bertcf_st.Flow"        # loaded from the checkpoint's own bertcf_st.py
 OLD_FLOW_MODULE = "bertcf.st.Flow"    # checkpoints written before 2026-11-24: BERT-CF must be installed
-#: The flow module's code a checkpoint carries: its name there -> the file in ``bertcf/models/``.
+#: The flow module's code a checkpoint carries: its name there -> the file beside this one.
 FLOW_CODE = {"bertcf_st.py": "st_flow.py", "flow.py": "flow.py"}
 POOLING_MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
 _OTHER_POOLING_MODES = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
@@ -68,7 +68,7 @@ def write(directory, dim: int, pooling: str, max_length: int, flow_file=None, no
 
 def write_flow_code(directory) -> None:
     """Copy the flow module's code (``FLOW_CODE``) into a checkpoint directory."""
-    here = Path(__file__).parent.parent / "models"
+    here = Path(__file__).parent
     for name, source in FLOW_CODE.items():
         write_text_atomic(Path(directory) / name, (here / source).read_text(encoding="utf-8"))
 
