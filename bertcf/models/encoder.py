@@ -15,10 +15,10 @@ from tqdm.auto import tqdm
 
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 
-from . import st_format
 from ..runs import resolve_encoder_path
 from ..utils.files import atomic_path, write_json_atomic
 from ..utils.precision import autocast
+from . import st_format
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
 FLOW_FILE = "flow.safetensors"
