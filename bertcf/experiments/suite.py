@@ -12,7 +12,14 @@ from .execute import Interrupted, command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS, parse_args
 from .plan import Plan
 from .planned import PlannedRun, now
-from .report import ABLATION_REFERENCES, OBJECTIVE_REFERENCES, Report, settings_json, settings_md
+from .report import (
+    ABLATION_REFERENCES,
+    LEXICAL_REFERENCES,
+    OBJECTIVE_REFERENCES,
+    Report,
+    settings_json,
+    settings_md,
+)
 from .results import Evaluation
 
 
@@ -34,12 +41,14 @@ def main(argv=None) -> dict:
 
     evaluation = Evaluation(plan)
     results = evaluation.rows(plan.rows, analysis="analysis" in plan.commands)
-    references = (ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
-                                                                        else [])
+    references = ((ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
+                                                                         else [])
+                  + (LEXICAL_REFERENCES if plan.lexical_rows else []))
     results |= evaluation.rows([r for r in references if r.key not in results], analysis=False)
     results |= evaluation.rows([r for r in claim_rows() if r.key not in results], analysis=False)
     report = Report(plan.out, settings_md(plan), settings_json(plan), argv, plan.data_dir, evaluation.senteval_dir,
                     args.transfer, args.seed, plan.seeds, args.qualitative_pairs)
+    claims = test_claims(results, plan.seeds, plan.data_dir)
     summary = {}
     if "table1" in plan.commands:
         summary["table1"] = report.table1(plan.table1_rows, results)
@@ -47,7 +56,9 @@ def main(argv=None) -> dict:
         summary["ablations"] = report.ablations(plan.ablation_rows, results)
     if "objectives" in plan.commands:
         summary["objectives"] = report.objectives(plan.objective_rows, results)
-    summary["claims"] = report.claims(test_claims(results, plan.seeds, plan.data_dir))
+    if "lexical" in plan.commands:
+        summary["lexical"] = report.lexical(plan.lexical_rows, results, claims)
+    summary["claims"] = report.claims(claims)
     if "analysis" in plan.commands:
         summary["analysis"] = report.analysis(plan.table1_rows, results)
     wall = time.perf_counter() - started
