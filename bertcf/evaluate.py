@@ -11,7 +11,7 @@ import sys
 from .cli import AT_LEAST_1, ArgumentParser, run_main
 from .evaluation.evaluators import PAIR_FEATURES
 from .evaluation.senteval import MODES, evaluate, format_table, parse_tasks
-from .utils import progress
+from .utils import environment, progress
 from .utils.files import write_json_atomic
 from .utils.precision import resolve_device, resolve_precision
 
@@ -35,7 +35,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
-    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--json", default=None,
+                   help="write the results to this JSON file (with \"environment\": versions, device, CPU, command)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars (there are none either when stderr is not a terminal)")
     return p
@@ -53,6 +54,7 @@ def main(argv=None) -> dict:
                       show_progress_bar=not args.no_progress and progress.resolve("auto") == "bar",
                       mrpc_features=args.mrpc_features)
     result["encoder"] = str(args.encoder)
+    result["environment"] = environment.collect(device, encoder.precision)  # what the scores were computed with
     print(format_table(result))
     if args.json:
         write_json_atomic(args.json, result)
