@@ -20,7 +20,7 @@ from .evaluation.senteval import (
     parse_tasks,
     split_lexical,
 )
-from .utils import progress
+from .utils import environment, progress
 from .utils.files import write_json_atomic
 from .utils.precision import resolve_device, resolve_precision
 
@@ -52,7 +52,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
-    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--json", default=None,
+                   help="write the results to this JSON file (with \"environment\": versions, device, CPU, command)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars (there are none either when stderr is not a terminal)")
     return p
@@ -75,6 +76,7 @@ def main(argv=None) -> dict:
                       mrpc_features=args.mrpc_features, lexical_dir=args.lexical_dir,
                       lexical_pooling=args.lexical_pooling)
     result["encoder"] = str(args.encoder)
+    result["environment"] = environment.collect(device, encoder.precision)  # what the scores were computed with
     print(format_table(result))
     if args.json:
         write_json_atomic(args.json, result)

@@ -25,10 +25,11 @@ from minbert import pad_batch
 from minbert.model import load_state_dict_file
 
 from . import cli, objectives, runs, training
+from .data.download import WIKI1M_NAME, fetch_missing
 from .data.senteval import STSB_FILES, read_stsb
-from .data.tasks import read_corpus, read_sts, task_file, task_sentences
+from .data.tasks import TASK_FILES, TASKS, read_corpus, read_sts, task_file, task_sentences
 from .data.words import read_word_list, top_words
-from .errors import UsageError
+from .errors import DataError, UsageError
 from .evaluation.metrics import STSDevEvaluator
 from .models.encoder import SentenceEncoder
 from .objectives import presets
@@ -125,6 +126,26 @@ def load_words(args) -> list[str]:
     return words
 
 
+def fetch_data(args) -> None:
+    """The files this run reads from --data-dir by default (Wiki1M unless --corpus or
+    --corpus-from-tasks, the task train files for the latter, the CS224N STS dev file to select
+    on), downloaded when missing; when that fails, the line a missing file has always given, with
+    why it was not downloaded."""
+    data = Path(args.data_dir)
+    default_corpus = not any(getattr(args, f, None) for f in presets.CORPUS_FLAGS)
+    names = ([WIKI1M_NAME] if default_corpus else []) \
+        + ([TASK_FILES[t, "train"] for t in TASKS] if args.corpus_from_tasks else []) \
+        + ([TASK_FILES["sts", "dev"]] if args.select_on == "cs224n-sts" else [])
+    why = fetch_missing(data, names)
+    if why is None:
+        return
+    if default_corpus and not (data / WIKI1M_NAME).is_file():
+        raise UsageError(f"no corpus: give --corpus FILE or --corpus-from-tasks ({data / WIKI1M_NAME} not found; "
+                         f"{why})")
+    missing = ", ".join(str(data / n) for n in names if not (data / n).is_file())
+    raise DataError(f"{missing} not found ({why})")
+
+
 def load_corpus(args) -> list[str]:
     given = [f"--{f.replace('_', '-')}" for f in presets.CORPUS_FLAGS if getattr(args, f, None)]
     if len(given) > 1:
@@ -206,7 +227,9 @@ def main(argv=None) -> dict:
     take_data_from_init(parser, argv, args)
     args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)
-    return run_distributed(train, args)
+    with runs.hold(args.out_dir):  # one run per directory, from before anything is written
+        fetch_data(args)
+        return run_distributed(train, args)
 
 
 def train(args, device) -> dict:

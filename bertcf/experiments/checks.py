@@ -11,12 +11,13 @@ from pathlib import Path
 from ..data.tasks import TASKS, task_file
 from ..data.words import word_similarity_files
 from ..errors import DataError, UsageError
-from ..runs import STATE_FILE
+from ..runs import ENVIRONMENT_FILE, STATE_FILE
 from ..utils.files import recover_dir
 from .planned import MARKER, PlannedRun, entry_module, read_json
 
 #: What a run directory of this command may hold (anything else: files it did not write).
-RUN_ENTRIES = {"config.json", "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json", MARKER}
+RUN_ENTRIES = {"config.json", ENVIRONMENT_FILE, "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json",
+               MARKER}
 
 
 def inspect(task: PlannedRun) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import sys
 import time
 
+from .. import runs
 from ..cli import run_main, stop_status
+from ..utils import environment
 from ..utils.files import write_json_atomic
 from .claims import claim_rows, test_claims
 from .execute import Interrupted, command_line, execute
@@ -26,18 +28,27 @@ from .results import Evaluation
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.dry_run:
+        plan = Plan(args, argv)
+        return dry_run(plan, plan.runs())
+    # One runner per OUT, from before the plan reads what is on disk. The runs it starts (in this
+    # process) lock their own directories, OUT/stages/<name> and OUT/finetune/<row>, not OUT.
+    with runs.hold(args.out_dir):
+        return run_suite(args, argv)
+
+
+def run_suite(args, argv: list) -> dict:
+    """Plan, run what is missing, evaluate every row, write the outputs (OUT locked)."""
     started = time.perf_counter()
     plan = Plan(args, argv)
-    runs = plan.runs()
-    if args.dry_run:
-        return dry_run(plan, runs)
-    plan.preflight(runs)
-    plan.out.mkdir(parents=True, exist_ok=True)
+    tasks = plan.runs()
+    plan.preflight(tasks)
     settings = {k: getattr(args, k) for k in SUITE_KEYS}
     if args.saved_settings is not None and args.saved_settings != settings:
         print(f"note: {plan.out / SUITE_FILE} is updated with this command's settings", flush=True)
-    write_json_atomic(plan.out / SUITE_FILE, {"settings": settings, "updated": now()})
-    execute(plan, runs)
+    write_json_atomic(plan.out / SUITE_FILE, {"settings": settings, "updated": now(),
+                                              "environment": environment.collect(plan.device)})
+    execute(plan, tasks)
 
     evaluation = Evaluation(plan)
     results = evaluation.rows(plan.rows, analysis="analysis" in plan.commands)
