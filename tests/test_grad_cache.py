@@ -14,7 +14,8 @@
   query_to_query direction): the same loss and encoder gradients.
 - The chunks' second passes run one at a time, last first, each one's backward done before the
   next chunk is embedded again (what bounds the memory).
-- Under bf16 autocast the cached step equals the uncached one on the same chunks.
+- Under bf16 autocast the cached step equals the uncached one on the same chunks; so does it with
+  the encoder's layers compiled (slow).
 - 20 steps of run_pretrain.py with --mini-batch-size reach the uncached run's weights (dropout off),
   and the chunked run's with dropout on; a cached run resumed half way ends bit-identical.
 - --mini-batch-size for tsdae/mlm, or 0, is one line and exit status 2.
@@ -244,6 +245,17 @@ def test_cached_step_under_bf16_autocast(tiny_bert_dir, case):
     assert grads.keys() == ref_grads.keys()
     for k in grads:
         torch.testing.assert_close(grads[k], ref_grads[k], rtol=1e-3, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+def test_cached_step_with_compiled_layers(tiny_bert_dir):
+    """--compile: the layers compiled (dynamo and AOTAutograd; the aot_eager backend spares the C++
+    compilation of inductor), the second passes recompute them and the step equals the uncached one
+    on the same chunks."""
+    cached, reference = build(tiny_bert_dir, "mirror", mini_batch_size=M), build(tiny_bert_dir, "mirror")
+    for objective in (cached, reference):
+        objective.encoder.bert.compile_layers(backend="aot_eager")
+    assert_same_step(step(cached), step(chunked_with_graph(reference, M)))
 
 
 # ---- run_pretrain.py ---------------------------------------------------------------------------------

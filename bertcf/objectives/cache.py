@@ -39,8 +39,9 @@ take part and reduces each gradient once, after the last chunk.
 
 What it costs: one more forward pass of the encoder a step, less the last chunk's (on a GPU a
 backward pass costs about two forwards, so about a third more time; on the CPU, where the forward
-costs about as much as the backward, up to a half more); what it holds: one chunk's activations,
-the [b, D] vectors and the loss's own [b, b] scores.
+costs about as much as the backward, up to a half more); what it holds: one chunk's activations
+(an objective that embeds through two encoders, CT, one chunk of each), the [b, D] vectors and
+the loss's own [b, b] scores.
 """
 from __future__ import annotations
 

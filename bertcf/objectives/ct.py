@@ -28,7 +28,8 @@ class ContrastiveTension(Objective):
 
     The pairs do not couple the rows; --mini-batch-size M still bounds the memory of the two
     encoders' passes, through the gradient cache (``objectives.cache``): f1 and f2 embed M rows at
-    a time, the loss runs on all b pairs.
+    a time, the loss runs on all b pairs. (The last chunk of f1's pass keeps its activations until
+    its backward, after f2's chunks: M rows of each encoder at most.)
     """
 
     mini_batches = True
