@@ -7,7 +7,8 @@
   process on the concatenated batch.
 - Every objective of ``--method bsl|ct|tsdae|mlm``, DDP-wrapped and given the global batch with
   its rank's share (``loss(..., rank=r, world=w)``), gives one process's loss, gradients, weights
-  (two SGD steps, BSL's EMA after each) and BatchNorm statistics on the global batch.
+  (two SGD steps, BSL's EMA after each) and BatchNorm statistics on the global batch; so do those
+  of them with ``--mini-batch-size`` (the gradient cache), against one process without it.
 - The bf16 autocast path of ``bertcf.autocast`` runs a minBERT forward + backward.
 - Each rank draws its own dropout masks (``distributed.seed_dropout``), and logged values are the
   mean over the ranks (``distributed.mean_over_ranks``).
@@ -37,6 +38,7 @@ from bertcf.utils.precision import autocast
 from minbert import BertConfig, BertModel
 
 WORLD = 2
+CACHED = sorted(m for m, cls in OBJECTIVES.items() if cls.mini_batches)  # --mini-batch-size applies
 B, D = 8, 16  # global batch of embeddings for the loss test
 STEPS = 3     # DDP steps: a parameter without gradient breaks step 2 (or, with static_graph, step 3)
 TINY = dict(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
@@ -102,17 +104,17 @@ def objective_batch():
     return ids, mask, (ids == 2) | (ids == 3) | (mask == 0)
 
 
-def train_objective(method, rank=0, world=1, wrap=lambda m: m):
+def train_objective(method, rank=0, world=1, wrap=lambda m: m, mini_batch_size=None):
     """Two SGD steps of ``method`` on the global batch (rank ``rank``'s share of it) with a tiny
-    minBERT (dropout 0: deterministic); returns the first step's loss and gradients and the final
-    state dict. (SGD, not Adam: Adam would blow float noise in gradients that are zero in exact
+    minBERT (dropout 0: deterministic), with the gradient cache when ``mini_batch_size`` is given;
+    returns the first step's loss and gradients and the final state dict. (SGD, not Adam: Adam would blow float noise in gradients that are zero in exact
     arithmetic, e.g. the bias before BSL's BatchNorm, up to steps of ~lr.)"""
     tokenizer = SimpleNamespace(mask_token_id=4, pad_token_id=0)  # all an objective asks of it
     encoder = SentenceEncoder(make_model(), tokenizer)
     torch.manual_seed(0)
     # Uneven counts of predicted tokens per rank; BSL's predictor at width D (k = 1): the published
     # 8D sums 8 times more float noise into the gradients than this test's tolerance allows.
-    settings = SimpleNamespace(mlm_probability=0.5, predictor_k=1)
+    settings = SimpleNamespace(mlm_probability=0.5, predictor_k=1, mini_batch_size=mini_batch_size)
     objective = build_objective("mirror", method, encoder, settings, torch.Generator().manual_seed(0))
     net = wrap(objective)
     ids, mask, special = objective_batch()
@@ -155,6 +157,10 @@ def _worker(rank, init_file, out_dir):
         # 3. The objectives of --stage mirror, DDP-wrapped as run_pretrain wraps them.
         for method in sorted(OBJECTIVES):
             result[method] = train_objective(method, rank, WORLD, wrap=lambda m: distributed.wrap_ddp(m, "cpu"))
+        # ... and with the gradient cache: 4 local rows (8 views) in chunks of 3.
+        for method in CACHED:
+            result[f"{method} cached"] = train_objective(method, rank, WORLD, mini_batch_size=3,
+                                                         wrap=lambda m: distributed.wrap_ddp(m, "cpu"))
 
         # 4. The dropout generator under torchrun: seeded per rank and step (Trainer.fit does this).
         torch.manual_seed(0)
@@ -264,6 +270,29 @@ def test_ddp_objective_matches_single_process(method, ranks):
             torch.testing.assert_close(rank_grads[k], g, rtol=1e-4, atol=1e-6, msg=k)
         assert rank_state.keys() == state.keys()
         for k, v in state.items():  # weights, BSL's EMA target and BatchNorm statistics
+            torch.testing.assert_close(rank_state[k], v, rtol=0, atol=1e-5, msg=k)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", CACHED)
+def test_ddp_cached_objective_matches_single_process(method, ranks):
+    """--mini-batch-size under DDP: each rank embeds its rows in chunks, the loss runs on the gathered
+    candidates (and BSL's gathered BatchNorm), the cached gradients reach the chunks: one process's
+    uncached loss, gradients, weights and statistics on the global batch."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        (loss, grads), state = train_objective(method)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(torch.stack([r[f"{method} cached"][0][0] for r in ranks]).mean(), loss, rtol=0,
+                               atol=1e-5)
+    for rank in ranks:
+        (_, rank_grads), rank_state = rank[f"{method} cached"]
+        assert rank_grads.keys() == grads.keys()
+        for k, g in grads.items():
+            torch.testing.assert_close(rank_grads[k], g, rtol=1e-4, atol=1e-6, msg=k)
+        for k, v in state.items():
             torch.testing.assert_close(rank_state[k], v, rtol=0, atol=1e-5, msg=k)
 
 

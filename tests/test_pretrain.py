@@ -836,12 +836,13 @@ def start_torchrun(argv, cwd, log, nproc=2):
 @pytest.mark.slow
 def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir, tmp_path):
     """run_pretrain.py under torchrun, 2 gloo processes of 4 sentences each, against one process on
-    the same 8-sentence batches (dropout 0), for the mirror stage and the joint stage with
+    the same 8-sentence batches (dropout 0), for the mirror stage (also with --mini-batch-size 3, the
+    gradient cache, against one process without it) and the joint stage with
     --unfreeze-encoder (DDP over encoder and flow): the same weights, one run directory (rank 0's;
     without --out-dir every rank would name its own), one metrics.jsonl line per evaluation, one
-    final line. The two launches run side by side (most of their time is starting Python)."""
+    final line. The launches run side by side (most of their time is starting Python)."""
     flags = dict(steps=4, eval_every=2, batch_size=8, dropout=0, lr=1e-3)
-    stages = {"mirror": {}, "joint": dict(stage="joint", unfreeze_encoder=True)}
+    stages = {"mirror": {}, "joint": dict(stage="joint", unfreeze_encoder=True), "mirror-cached": dict(mini_batch_size=3)}
     launched = {}
     try:
         for name, extra in stages.items():
@@ -849,7 +850,8 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
             work.mkdir(parents=True)
             argv = base_args(tiny_bert_dir, data_dir, None, **flags, **extra)  # no --out-dir
             launched[name] = (work, start_torchrun(argv, work, tmp_path / name / "log"))
-        for name, extra in stages.items():  # the single-process references meanwhile
+        for name, extra in stages.items():  # the single-process references meanwhile (no cache)
+            extra = {k: v for k, v in extra.items() if k != "mini_batch_size"}
             run_quiet(base_args(tiny_bert_dir, data_dir, tmp_path / name / "single", **flags, **extra))
         for name, (work, proc) in launched.items():
             proc.wait(timeout=180)

@@ -30,13 +30,19 @@ OBJECTIVES = {"mirror": Mirror, "simcse": SimCSE, "bsl": BSL, "ct": ContrastiveT
               "mlm": MaskedLM}
 #: Each stage's methods; the first is its default.
 METHODS = {"mirror": tuple(OBJECTIVES), "joint": ("mirror", "simcse"), "flow": ("flow",)}
+#: What --mini-batch-size applies to (``Objective.mini_batches``), in words.
+MINI_BATCH_METHODS = ", ".join([m for m, cls in OBJECTIVES.items() if cls.mini_batches] + ["--stage joint, flow"])
+
+
+def objective_class(stage: str, method: str) -> type[Objective]:
+    """The class of ``--stage``/``--method`` (``METHODS``)."""
+    return {"joint": Joint, "flow": FlowOnly}.get(stage) or OBJECTIVES[method]
 
 
 def build_objective(stage: str, method: str, encoder, args=None, generator=None) -> Objective:
     """The objective of ``--stage``/``--method`` (``METHODS``) on ``encoder``. The joint stage's
     method picks its contrastive term: simcse's view has no span (``args.span_cap`` 0)."""
-    cls = {"joint": Joint, "flow": FlowOnly}.get(stage) or OBJECTIVES[method]
-    return cls(encoder, args, generator)
+    return objective_class(stage, method)(encoder, args, generator)
 
 
 def add_args(parser) -> None:
@@ -56,6 +62,11 @@ def add_args(parser) -> None:
                         "(Mirror-BERT's released code)")
     g.add_argument("--span-chars", type=AT_LEAST_1, default=DEFAULTS["span_chars"],
                    help="--span-unit char: characters replaced by [MASK]")
+    g = parser.add_argument_group(f"memory ({MINI_BATCH_METHODS})")
+    g.add_argument("--mini-batch-size", type=AT_LEAST_1, default=DEFAULTS["mini_batch_size"], metavar="M",
+                   help="embed the batch M rows at a time and cache the loss's gradient on the sentence vectors "
+                        "(GradCache): the encoder holds M rows' activations whatever --batch-size, the update is "
+                        "the whole batch's, and a step costs one more forward pass of the encoder")
     g = parser.add_argument_group("flow (--stage joint and flow)")
     g.add_argument("--lambda-mirror", type=float, default=DEFAULTS["lambda_mirror"],
                    help="weight of L_mirror in the joint loss")
@@ -92,9 +103,13 @@ def check_args(args) -> None:
     """What the flags' own types cannot check (a bad value is a UsageError)."""
     if args.stage != "joint" and args.unfreeze_encoder:
         raise UsageError("--unfreeze-encoder is for --stage joint")
+    if getattr(args, "mini_batch_size", None) and not objective_class(args.stage, args.method).mini_batches:
+        raise UsageError(f"--mini-batch-size is for the objectives that compare a batch's sentence vectors "
+                         f"({MINI_BATCH_METHODS}); --method {args.method}'s loss is a sum over each sentence's "
+                         f"tokens, whose memory a cache of sentence vectors would not bound")
     if args.pooling == "cls-mlp" and (args.stage, args.method) not in (("mirror", "mirror"), ("mirror", "simcse")):
         raise UsageError("--pooling cls-mlp (SimCSE's training head) is for --stage mirror --method mirror|simcse")
 
 
-__all__ = ["OBJECTIVES", "METHODS", "Objective", "build_objective", "add_args", "check_args", "Mirror", "SimCSE",
-           "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE", "MaskedLM"]
+__all__ = ["OBJECTIVES", "METHODS", "Objective", "build_objective", "objective_class", "add_args", "check_args",
+           "Mirror", "SimCSE", "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE", "MaskedLM"]

@@ -7,8 +7,10 @@ import sys
 import torch
 import torch.nn as nn
 
+from ..errors import UsageError
 from ..models.encoder import SentenceEncoder
 from ..utils.distributed import is_main_process
+from .cache import embed_in_chunks
 
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
 
@@ -18,7 +20,7 @@ DEFAULTS = {"span_p": 0.3, "span_cap": 5, "temperature": 0.05, "negatives": "rep
             "lambda_mirror": 0.3, "flow_blocks": 3, "flow_hidden": None, "flow_permutation": "lu",
             "flow_loss_unit": "bits-per-dim", "unfreeze_encoder": False, "encoder_lr": 1e-4,
             "momentum": 0.999, "predictor_k": 8, "predictor_hidden": None, "ct_negatives": 7,
-            "deletion_ratio": 0.6, "mlm_probability": 0.15}
+            "deletion_ratio": 0.6, "mlm_probability": 0.15, "mini_batch_size": None}
 
 
 def setting(args, name: str):
@@ -73,11 +75,19 @@ class Objective(nn.Module):
     ``uses_dense``: whether the encoder keeps its linear head (``SentenceEncoder.dense``, e.g. a
     whitening map). Every objective here trains f(x) or a flow on it, which the head was fitted
     to, so a head that ``--init`` carries is dropped (with a note): refit it on the new encoder
-    (``--stage whiten``). An objective that trains the head itself sets it."""
+    (``--stage whiten``). An objective that trains the head itself sets it.
+
+    ``mini_batches``: whether ``--mini-batch-size`` (``mini_batch_size``) applies: every sentence
+    vector the loss reads comes from ``embed`` or ``embed_rows``, which then embed M rows at a
+    time and cache the loss's gradient on the vectors (``objectives.cache``); what the loss
+    computes from the vectors is unchanged. An objective opts in by setting it and routing its
+    encoders' forward passes through those two methods (its random choices drawn for the whole
+    batch before them)."""
 
     uses_flow = False
     uses_dense = False
     needs_text = False
+    mini_batches = False
 
     def __init__(self, encoder: SentenceEncoder, args=None, generator: torch.Generator | None = None):
         super().__init__()
@@ -93,6 +103,9 @@ class Objective(nn.Module):
         tokenizer = encoder.tokenizer
         self.mask_token_id = tokenizer.mask_token_id
         self.pad_token_id = tokenizer.pad_token_id
+        self.mini_batch_size = setting(args, "mini_batch_size")
+        if self.mini_batch_size and not self.mini_batches:
+            raise UsageError(f"--mini-batch-size does not apply to {type(self).__name__}")
 
     @property
     def device(self) -> torch.device:
@@ -113,12 +126,26 @@ class Objective(nn.Module):
         return {"objective": self}
 
     def embed(self, ids, mask) -> torch.Tensor:
-        """f(x) [b, D] of a host batch, on the encoder's device; the mask's sum is counted on the
-        host, so the unpadded encoder needs no GPU sync. No graph through a frozen encoder."""
-        num_tokens = int(mask.sum())
-        ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
-        with torch.set_grad_enabled(torch.is_grad_enabled() and not self.encoder_frozen):
-            return self.encoder.embed(ids, mask, num_tokens=num_tokens)
+        """f(x) [b, D] of a host batch, on the encoder's device (``embed_rows``). No graph through
+        a frozen encoder."""
+        return self.embed_rows(self._encoder_embed, ids, mask, trainable=not self.encoder_frozen)
+
+    def _encoder_embed(self, ids, mask, num_tokens):
+        return self.encoder.embed(ids, mask, num_tokens=num_tokens)
+
+    def embed_rows(self, embed, ids, mask, trainable: bool = True) -> torch.Tensor:
+        """``embed(ids, mask, num_tokens) -> [b, D]`` of host ``ids``, ``mask`` [b, t], on the
+        encoder's device; the mask's sum is counted on the host, so the unpadded encoder needs no
+        GPU sync. ``trainable``: whether what ``embed`` runs trains (else no graph). With
+        --mini-batch-size M and more than M rows: M rows at a time, with the gradient cache when
+        there is a gradient to take (``objectives.cache``)."""
+        grad = torch.is_grad_enabled() and trainable
+        with torch.set_grad_enabled(grad):
+            if self.mini_batch_size and ids.shape[0] > self.mini_batch_size:
+                return embed_in_chunks(embed, ids, mask, self.mini_batch_size, self.device, cache=grad)
+            num_tokens = int(mask.sum())
+            ids, mask = ids.to(self.device, non_blocking=True), mask.to(self.device, non_blocking=True)
+            return embed(ids, mask, num_tokens)
 
     def loss(self, ids, mask, special, rank: int = 0, world: int = 1, texts=None) -> tuple[torch.Tensor, dict]:
         """ids, mask, special: CPU [B, t] (token ids; 1 = real token; 1 = [CLS]/[SEP]/padding),

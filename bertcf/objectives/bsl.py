@@ -46,7 +46,14 @@ class BSL(Objective):
         L = g(q(f(v1)), sg f_xi(v2)) + g(q(f(v2)), sg f_xi(v1)),   loss = mean over the batch.
 
     No negatives. Shapes: f(v) [b, D] (the encoder's pooling), q: [b, D] -> [b, H] -> [b, H] -> [b, D].
+
+    The predictor's BatchNorm couples the rows, so --mini-batch-size M uses the gradient cache
+    (``objectives.cache``): f embeds the 2b views M rows at a time and the predictor and the loss
+    run on all of them (BatchNorm's statistics, and its running averages, are the whole batch's);
+    the target embeds M rows at a time without a graph.
     """
+
+    mini_batches = True
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
@@ -63,6 +70,10 @@ class BSL(Objective):
         """The second view: a copy of ids with one span per sentence masked."""
         return span_mask(ids, mask, special, self.mask_token_id, self.span_p, self.span_cap, self.generator)
 
+    def target_embed(self, ids, mask, num_tokens) -> torch.Tensor:
+        """f_xi(x) [b, D], the target encoder's vectors (device tensors)."""
+        return pool(self.target(ids, mask, num_tokens=num_tokens)["last_hidden_state"], mask, self.encoder.pooling)
+
     @staticmethod
     def regression(prediction, target) -> torch.Tensor:
         """2 - 2 cos per row, [b]."""
@@ -72,13 +83,10 @@ class BSL(Objective):
         masked = self.views(ids, mask, special)
         rows = local_rows(ids.shape[0], rank, world)
         ids, masked, mask = ids[rows], masked[rows], mask[rows]
-        both = torch.cat([ids, masked]).to(self.device)
-        both_mask = torch.cat([mask, mask]).to(self.device)
-        o1, o2 = self.encoder.embed(both, both_mask).chunk(2)
+        both, both_mask = torch.cat([ids, masked]), torch.cat([mask, mask])
+        o1, o2 = self.embed(both, both_mask).chunk(2)
         p1, p2 = self.predictor(o1), self.predictor(o2)  # BatchNorm statistics per view, as in BYOL
-        with torch.no_grad():
-            t1, t2 = pool(self.target(both, both_mask)["last_hidden_state"], both_mask,
-                          self.encoder.pooling).chunk(2)
+        t1, t2 = self.embed_rows(self.target_embed, both, both_mask, trainable=False).chunk(2)
         per_row = self.regression(p1, t2) + self.regression(p2, t1)
         with torch.no_grad():
             scalars = {"prediction_cosine": 1 - per_row.mean() / 4,

@@ -25,7 +25,14 @@ class ContrastiveTension(Objective):
 
     (sentence-transformers' ContrastiveTensionLoss sums over the batch; the mean keeps the
     learning rate independent of the batch size.)
+
+    The pairs do not couple the rows; --mini-batch-size M still bounds the memory of the two
+    encoders' passes, through the gradient cache (``objectives.cache``): f1 and f2 embed M rows at
+    a time, the loss runs on all b pairs. (The last chunk of f1's pass keeps its activations until
+    its backward, after f2's chunks: M rows of each encoder at most.)
     """
+
+    mini_batches = True
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
@@ -41,13 +48,16 @@ class ContrastiveTension(Objective):
         partner = torch.where(labels.bool() | (b < 2), rows, other)
         return partner, labels
 
+    def second_embed(self, ids, mask, num_tokens) -> torch.Tensor:
+        """f2(x) [b, D], the second encoder's vectors (device tensors)."""
+        return pool(self.second(ids, mask, num_tokens=num_tokens)["last_hidden_state"], mask, self.encoder.pooling)
+
     def loss(self, ids, mask, special, rank=0, world=1):
         partner, labels = self.pairs(ids.shape[0])  # over the global batch: B_i may be another rank's row
         rows = local_rows(ids.shape[0], rank, world)
         partner, labels = partner[rows], labels[rows]
         a = self.embed(ids[rows], mask[rows])
-        b_ids, b_mask = ids[partner].to(self.device), mask[partner].to(self.device)
-        b = pool(self.second(b_ids, b_mask)["last_hidden_state"], b_mask, self.encoder.pooling)
+        b = self.embed_rows(self.second_embed, ids[partner], mask[partner])
         logits = (a.float() * b.float()).sum(-1)
         labels = labels.to(logits.device)
         loss = F.binary_cross_entropy_with_logits(logits, labels)

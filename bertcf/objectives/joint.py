@@ -41,9 +41,13 @@ class FlowOnly(Objective):
 
         loss = L_flow = mean_b NLL(u) = mean_b [0.5 ||z||^2 + 0.5 D ln 2 pi - logdet], in bits per
         dimension (/ (D ln 2), the default) or nats (--flow-loss-unit).
+
+    --mini-batch-size M: the frozen encoder embeds M rows at a time (inference: nothing to cache);
+    the flow runs on the whole batch.
     """
 
     uses_flow = True
+    mini_batches = True
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
@@ -73,6 +77,12 @@ class Joint(Mirror):
     report cites; in nats the contrastive term is D ln 2 times lighter). The encoder is frozen;
     with --unfreeze-encoder (MinBERT-joint) L_mirror trains it too, at its own --encoder-lr, and
     L_flow sees u.detach(), so it models the encoder's embeddings without moving them.
+
+    --mini-batch-size M: the frozen encoder embeds the 2b views M rows at a time, without a graph,
+    so there is nothing to cache: the flow, the only thing that trains, runs on all 2b vectors,
+    and its activations (O(b D) a block) are small beside the encoder's (O(b t D) a layer). With
+    --unfreeze-encoder, L_mirror's gradient reaches the encoder through the gradient cache
+    (``objectives.cache``), the flow and both terms of the loss unchanged.
     """
 
     uses_flow = True

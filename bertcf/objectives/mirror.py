@@ -29,7 +29,12 @@ class Mirror(Objective):
 
     ``--pooling cls-mlp`` (SimCSE's training head): u = tanh(W [CLS] + c), an MLP the objective
     owns; evaluation and the checkpoint use [CLS] without it (the encoder pools ``cls``).
+
+    --mini-batch-size M: the 2b views go through the encoder M at a time, with the gradient cache
+    (``objectives.cache``); the spans are drawn before, the MLP and the loss run on all 2b vectors.
     """
+
+    mini_batches = True
 
     def __init__(self, encoder, args=None, generator=None):
         super().__init__(encoder, args, generator)
