@@ -14,6 +14,8 @@ from ..runs import STATE_FILE
 from ..utils.files import recover_dir
 from .planned import MARKER, PlannedRun, entry_module, read_json
 
+#: The methods that train on labelled files rather than the pretraining corpus.
+LABELLED = ("sbert-softmax", "sbert-cosine", "simcse-sup")
 #: What a run directory of this command may hold (anything else: files it did not write).
 RUN_ENTRIES = {"config.json", "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json", MARKER}
 
@@ -79,7 +81,8 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
     if plan.finetune:
         needed += [task_file(data_dir, t, s) for t in TASKS for s in ("train", "dev")]
     problems = []
-    if any(t.kind == "pretraining" and t.state != "done" for t in tasks):
+    pending = {t.spec.method for t in tasks if t.kind == "pretraining" and t.state != "done" and t.spec}
+    if pending - set(LABELLED):  # a method that reads the corpus
         if a.corpus_from_tasks:
             needed += [task_file(data_dir, t, "train") for t in TASKS]
         elif a.corpus:
@@ -87,6 +90,13 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
         elif not (data_dir / "wiki1m_for_simcse.txt").is_file():
             problems.append(UsageError(f"no pretraining corpus: give --corpus FILE or --corpus-from-tasks "
                                        f"({data_dir / 'wiki1m_for_simcse.txt'} not found)"))
+    if pending & {"sbert-softmax", "simcse-sup"}:
+        if not a.nli_list:
+            problems.append(UsageError("supervised needs --nli FILE[,FILE] (SNLI/MultiNLI .jsonl or .txt, or a "
+                                       "premise<TAB>hypothesis<TAB>label TSV)"))
+        needed += [Path(f) for f in a.nli_list]
+    if "sbert-cosine" in pending:
+        needed += [task_file(data_dir, "sts", "train")]
     missing = list(dict.fromkeys(str(p) for p in needed if not Path(p).is_file()))
     if missing:
         problems.append(DataError(f"missing input file(s): {', '.join(missing)} (see data/README.md)"))

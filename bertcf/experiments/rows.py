@@ -19,6 +19,7 @@ class Pretraining:
     flags: tuple = ()
     what: str = ""
     preset: str | None = None  # run_pretrain.py --preset: the method as published (its length included)
+    from_config: bool = False  # starts from --config's random weights (as the MLM base), not --model
 
 
 PRETRAININGS = {s.name: s for s in (
@@ -41,6 +42,16 @@ PRETRAININGS = {s.name: s for s in (
     Pretraining("bsl-published", "mirror", "bsl", None, what="BSL as published", preset="bsl"),
     Pretraining("ct-published", "mirror", "ct", None, what="Contrastive Tension as published", preset="ct"),
     Pretraining("tsdae-published", "mirror", "tsdae", None, what="TSDAE as published", preset="tsdae"),
+    # supervised: trained on labelled data (--nli; the STS train file of --data-dir) at the papers' settings
+    Pretraining("sbert-nli", "supervised", "sbert-softmax", None, preset="sbert-nli",
+                what="SBERT-NLI: softmax classifier on [u; v; |u - v|] of the NLI pairs, one epoch"),
+    Pretraining("simcse-sup", "supervised", "simcse-sup", None, preset="simcse-sup",
+                what="supervised SimCSE: NLI triples, the contradiction a hard negative, three epochs"),
+    Pretraining("sbert-nli-sts", "supervised", "sbert-cosine", "sbert-nli", preset="sbert-sts",
+                what="SBERT-NLI, then cosine regression on the CS224N STS train split (holds STS-B test pairs)"),
+    # distill: a student from --config's random weights learns --teacher's vectors of the corpus
+    Pretraining("distill", "supervised", "distill", None, from_config=True,
+                what="distillation: MSE to --teacher's vectors of the corpus, student from --config"),
 )}
 
 
@@ -65,8 +76,14 @@ PUBLISHED_ROWS = (Row("SimCSE (published)", "simcse-published", "simcse-publishe
                   Row("BSL (published)", "bsl-published", "bsl-published"),
                   Row("CT (published)", "ct-published", "ct-published"),
                   Row("TSDAE (published)", "tsdae-published", "tsdae-published"), OBJECTIVE_ROWS[-1])
+#: supervised: SBERT's and SimCSE's supervised recipes from --model (or the MLM base).
+SUPERVISED_ROWS = (Row("SBERT-NLI", "sbert-nli", "sbert-nli"), Row("SimCSE-sup", "simcse-sup", "simcse-sup"),
+                   Row("SBERT-NLI then STS", "sbert-nli-sts", "sbert-nli-sts"))
+#: distill: the student, beside the teacher and the MLM base of the same size (MinBERT there).
+DISTILL_ROWS = (Row("Distilled student", "distill", "distill"),)
+TEACHER_ROW = Row("Teacher", "teacher", None)  # --teacher itself, untouched
 ROW_OF_PRETRAINING = {r.pretraining: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS + PUBLISHED_ROWS
-                      if r.pretraining}
+                      + SUPERVISED_ROWS + DISTILL_ROWS if r.pretraining}
 
 #: mlm-base: MLM pretraining from random weights (--config), whose best/ is then every row's
 #: --model; batch 64, lr 5e-4 with a linear warm-up over the first tenth of the steps and a
@@ -80,6 +97,12 @@ def mlm_base_flags(steps: int) -> list[str]:
     anisotropy the report describes), so STS would keep the random step 0."""
     return ["--batch-size", "64", "--lr", "5e-4", "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 10)),
             "--select-on", "mlm-heldout"]
+
+
+def distill_flags(steps: int) -> list[str]:
+    """The distilled student trains as the MLM base does (batch 64, lr 5e-4, warm-up over the first
+    tenth, linear decay), for as many steps: the two students differ in their objective only."""
+    return ["--batch-size", "64", "--lr", "5e-4", "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 10))]
 
 
 def steps_for(stage: str, scale: float) -> int:

@@ -12,7 +12,7 @@ from .execute import Interrupted, command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS, parse_args
 from .plan import Plan
 from .planned import PlannedRun, now
-from .report import ABLATION_REFERENCES, OBJECTIVE_REFERENCES, Report, settings_json, settings_md
+from .report import ABLATION_REFERENCES, REFERENCES, Report, settings_json, settings_md
 from .results import Evaluation
 
 
@@ -34,8 +34,9 @@ def main(argv=None) -> dict:
 
     evaluation = Evaluation(plan)
     results = evaluation.rows(plan.rows, analysis="analysis" in plan.commands)
-    references = (ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
-                                                                        else [])
+    own = [c for c in plan.commands if c in REFERENCES]  # objectives, supervised, distill: a table of their own
+    references = (ABLATION_REFERENCES if plan.ablation_rows else []) + (
+        [r for c in own for r in REFERENCES[c]] if plan.objective_rows else [])
     results |= evaluation.rows([r for r in references if r.key not in results], analysis=False)
     results |= evaluation.rows([r for r in claim_rows() if r.key not in results], analysis=False)
     report = Report(plan.out, settings_md(plan), settings_json(plan), argv, plan.data_dir, evaluation.senteval_dir,
@@ -45,8 +46,8 @@ def main(argv=None) -> dict:
         summary["table1"] = report.table1(plan.table1_rows, results)
     if "ablations" in plan.commands:
         summary["ablations"] = report.ablations(plan.ablation_rows, results)
-    if "objectives" in plan.commands:
-        summary["objectives"] = report.objectives(plan.objective_rows, results)
+    for command in own:
+        summary[command] = getattr(report, command)(plan.objective_rows, results)
     summary["claims"] = report.claims(test_claims(results, plan.seeds, plan.data_dir))
     if "analysis" in plan.commands:
         summary["analysis"] = report.analysis(plan.table1_rows, results)
