@@ -1,7 +1,8 @@
 """Multitask fine-tuning behind ``run_multitask.py`` (the report's sections 4.3 and 5.3): the
 task data, the training loop, evaluation and the CS224N prediction files. The model (one encoder,
 three heads, their losses and predictions) is ``bertcf.models.multitask.MultitaskModel``; with a
-flow, the flow is fine-tuned with the encoder unless frozen.
+flow or a linear head (``SentenceEncoder.dense``, e.g. a whitening map), they are fine-tuned with
+the encoder unless frozen (``--freeze-flow``, ``--freeze-encoder``), and saved with it.
 
 Pairs are encoded as two separate sentences (a bi-encoder). Each step draws one batch of every
 task (32 SST sentences, 96 QQP pairs, 32 STS pairs; each task's data cycles on its own), encodes
@@ -268,8 +269,10 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--encoder", default=None,
                    help="a pretraining run directory or checkpoint (flow included when it has one), or a "
                         "Hugging Face BERT name or directory (default: --init, else --model)")
-    g.add_argument("--freeze-encoder", action="store_true", help="train the heads only (encoder and flow frozen)")
-    g.add_argument("--freeze-flow", action="store_true", help="with a flow: keep the flow fixed, train the encoder")
+    g.add_argument("--freeze-encoder", action="store_true",
+                   help="train the heads only (encoder, flow and the encoder's linear head frozen)")
+    g.add_argument("--freeze-flow", action="store_true",
+                   help="with a flow or a linear head (whitening): keep them fixed, train the encoder")
     g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
     g.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the checkpoint's (mean)")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
@@ -391,8 +394,10 @@ def train(args, device) -> dict:
                            qqp_margin=args.qqp_margin, sts_margin=args.sts_margin)
     if args.freeze_encoder:
         encoder.requires_grad_(False)
-    elif args.freeze_flow and encoder.flow is not None:
-        encoder.flow.requires_grad_(False)
+    elif args.freeze_flow:
+        for head in (encoder.flow, encoder.dense):
+            if head is not None:
+                head.requires_grad_(False)
     model.to(device)
     if args.compile:
         encoder.bert.compile_layers()
