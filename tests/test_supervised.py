@@ -426,3 +426,181 @@ def test_train_file_is_for_the_supervised_stage(tiny_bert_dir, tiny_data_dir, tm
         main(["--stage", "mirror", "--model", str(tiny_bert_dir), "--data-dir", str(tiny_data_dir), "--device", "cpu",
               "--corpus-from-tasks", "--out-dir", str(tmp_path / "bad"), "--train-file", "x.tsv"])
     assert set(SUPERVISED) <= set(METHODS["supervised"])
+
+
+# ---- distillation ---------------------------------------------------------------------------------------
+def test_distill_is_sentence_transformers_mse_loss_with_a_projection(tiny_bert_dir):
+    """Parallel pairs (s, t), student width 32, teacher width 48: our loss (its projection the
+    encoder's linear head) = MSELoss(projection_dim=48) with the same projection weights, loss and
+    gradients on the embeddings and on the projection."""
+    from sentence_transformers.sentence_transformer.losses import MSELoss
+
+    from bertcf.objectives import Distill
+
+    enc = load(tiny_bert_dir)
+    teacher = torch.randn(4, 48, generator=torch.Generator().manual_seed(1))
+    objective = Distill(enc, args(), None, Examples([PREMISES, ENTAILED], teacher))
+    assert isinstance(enc.dense, torch.nn.Linear) and enc.dense.weight.shape == (48, 32) and enc.output_dim == 48
+    loss, u, grad = embeddings_of(objective, stacked(enc, [PREMISES, ENTAILED]), teacher)
+
+    class Model(Fixed):
+        def get_embedding_dimension(self):
+            return 32
+    reference = MSELoss(Model(), projection_dim=48)
+    with torch.no_grad():
+        reference.projection.weight.copy_(enc.dense.weight)
+        reference.projection.bias.copy_(enc.dense.bias)
+    theirs, (their_grad,) = with_gradient(lambda v: reference([{"x": v[:4]}, {"x": v[4:]}], teacher), u)
+    same(loss.detach(), theirs)
+    same(grad, their_grad)
+    same(enc.dense.weight.grad, reference.projection.weight.grad)
+    same(enc.dense.bias.grad, reference.projection.bias.grad)
+
+
+def test_distill_without_projection_when_the_widths_agree(tiny_bert_dir):
+    from sentence_transformers.sentence_transformer.losses import MSELoss
+
+    from bertcf.objectives import Distill
+
+    enc = load(tiny_bert_dir)
+    teacher = torch.randn(4, 32, generator=torch.Generator().manual_seed(2))
+    objective = Distill(enc, args(), None, Examples([PREMISES], teacher))
+    assert enc.dense is None
+    loss, u, grad = embeddings_of(objective, stacked(enc, [PREMISES]), teacher)
+    theirs, (their_grad,) = with_gradient(lambda v: MSELoss(Fixed())([{"x": v}], teacher), u)
+    same(loss.detach(), theirs)
+    same(grad, their_grad)
+
+
+def test_teacher_vectors_are_computed_once_and_cached(tiny_bert_dir, tmp_path, monkeypatch):
+    from bertcf.objectives import distill
+
+    sentences = PREMISES + ENTAILED
+    first = distill.teacher_embeddings(str(tiny_bert_dir), sentences, tmp_path / "cache")
+    expected = SentenceEncoder.from_pretrained(tiny_bert_dir).encode(sentences)
+    same(first, expected)
+    (cached,) = list((tmp_path / "cache").iterdir())
+    calls = []
+    real = distill.SentenceEncoder.from_pretrained
+    monkeypatch.setattr(distill.SentenceEncoder, "from_pretrained", lambda *a, **kw: calls.append(a) or real(*a, **kw))
+    again = distill.teacher_embeddings(str(tiny_bert_dir), sentences, tmp_path / "cache")
+    assert calls == [] and torch.equal(again, first)  # read from the file
+    distill.teacher_embeddings(str(tiny_bert_dir), sentences[:-1], tmp_path / "cache")  # another corpus: a new file
+    assert len(calls) == 1 and len(list((tmp_path / "cache").iterdir())) == 2
+    cached.write_bytes(cached.read_bytes()[:50])  # truncated: computed again, and rewritten whole
+    assert torch.equal(distill.teacher_embeddings(str(tiny_bert_dir), sentences, tmp_path / "cache"), first)
+    assert len(calls) == 2 and not any(p.name.startswith(".") for p in (tmp_path / "cache").iterdir())
+
+
+def student_config(directory, vocab_path, hidden=16):
+    """A config-only bert (random weights) of width ``hidden``: the student."""
+    import shutil
+
+    from conftest import TINY_BERT_CONFIG
+
+    directory.mkdir()
+    vocab_size = sum(1 for line in vocab_path.read_text(encoding="utf-8").splitlines() if line)
+    config = {**TINY_BERT_CONFIG, "vocab_size": vocab_size, "hidden_size": hidden, "num_attention_heads": 2,
+              "intermediate_size": 2 * hidden}
+    (directory / "config.json").write_text(json.dumps(config))
+    shutil.copy(vocab_path, directory / "vocab.txt")
+    return directory
+
+
+@pytest.mark.parametrize("parallel", [False, True])
+def test_distill_end_to_end(parallel, tiny_bert_dir, tiny_data_dir, vocab_path, tmp_path):
+    """A 16-wide student from random weights learns the 32-wide tiny BERT: best/ holds the
+    projection as sentence-transformers' Dense, and sentence-transformers gives its vectors; the
+    teacher's vectors are cached in the run directory; --resume is exact."""
+    from sentence_transformers import SentenceTransformer
+
+    student = student_config(tmp_path / "student", vocab_path)
+    extra = ["--teacher", str(tiny_bert_dir)]
+    if parallel:
+        (tmp_path / "pairs.tsv").write_text("".join(f"{p}\t{e}\n" for p, e in zip(PREMISES, ENTAILED)))
+        extra += ["--train-file", str(tmp_path / "pairs.tsv")]
+    else:
+        extra += ["--corpus-from-tasks"]
+    out = tmp_path / "run"
+    summary = pretrain(student, tiny_data_dir, out, "distill", "--steps", "4", *extra)
+    assert summary["step"] == 4 and math.isfinite(summary["best"])
+    assert len(list((out / "teacher").glob("teacher-*.safetensors"))) == 1
+    modules = json.loads((out / "best" / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling", "Dense"]
+    ours = SentenceEncoder.from_pretrained(out / "best")
+    assert ours.dense.weight.shape == (32, 16)
+    sentences = ["A man plays a guitar.", "Two dogs run in a field."]
+    theirs = SentenceTransformer(str(out / "best"), device="cpu").encode(sentences, convert_to_tensor=True)
+    same(ours.encode(sentences), theirs.cpu())
+    resumed = tmp_path / "resumed"
+    pretrain(student, tiny_data_dir, resumed, "distill", "--steps", "2", *extra)
+    pretrain(student, tiny_data_dir, resumed, "distill", "--steps", "4", "--resume")
+    a, b = objective_state(out)["objective"], objective_state(resumed)["objective"]
+    assert any(k.startswith("encoder.dense.") for k in a)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_distill_needs_a_teacher(tiny_bert_dir, tiny_data_dir, tmp_path):
+    from bertcf.pretrain import main
+
+    with pytest.raises(UsageError, match="needs --teacher"):
+        main(["--stage", "supervised", "--method", "distill", "--model", str(tiny_bert_dir), "--data-dir",
+              str(tiny_data_dir), "--corpus-from-tasks", "--device", "cpu", "--out-dir", str(tmp_path / "x")])
+
+
+# ---- the experiments commands ------------------------------------------------------------------------------
+def experiments_argv(command, model, data_dir, out, *more):
+    return [command, "--model", str(model), "--data-dir", str(data_dir), "--out-dir", str(out), "--corpus-from-tasks",
+            "--eval-every", "50", "--device", "cpu", "--seed", "3", *more]
+
+
+@pytest.mark.slow
+def test_experiments_supervised(tiny_bert_dir, tiny_data_dir, tmp_path, monkeypatch, capsys):
+    """supervised: the three rows at their presets' lengths, SBERT-NLI then STS from SBERT-NLI's
+    best/, a table with intervals beside MinBERT; a second invocation reruns nothing."""
+    from bertcf import experiments, pretrain as pretrain_module
+
+    out = tmp_path / "out"
+    argv = experiments_argv("supervised", tiny_bert_dir, tiny_data_dir, out, "--nli", str(nli_file(tmp_path)),
+                            "--pretrain-args", "--batch-size 4")
+    summary = experiments.main(argv)
+    rows = summary["supervised"]["rows"]
+    assert [r["name"] for r in rows] == ["SBERT-NLI", "SimCSE-sup", "SBERT-NLI then STS"]
+    assert all(r["ours"]["sts_spearman"]["n"] == 1 and r["ours"]["sts_spearman"]["ci95"] for r in rows)
+    assert [r["name"] for r in summary["supervised"]["reference"]] == ["MinBERT"]
+    sts = json.loads((out / "stages" / "sbert-nli-sts" / "config.json").read_text())
+    assert (sts["method"], sts["preset"], sts["init"]) == ("sbert-cosine", "sbert-sts",
+                                                           str(out / "stages" / "sbert-nli" / "best"))
+    nli = json.loads((out / "stages" / "sbert-nli" / "config.json").read_text())
+    assert (nli["steps"], nli["train_file"]) == (3, [str(tmp_path / "nli.tsv")])  # 12 pairs, batch 4, one epoch
+    text = (out / "supervised.md").read_text()
+    assert "holds most of STS-B's test pairs" in text and "SimCSE-sup" in text
+    calls = []
+    monkeypatch.setattr(pretrain_module, "main", lambda a: calls.append(a))
+    experiments.main(["supervised", "--out-dir", str(out)])
+    assert calls == []
+
+
+@pytest.mark.slow
+def test_experiments_distill_against_the_mlm_base(tiny_bert_dir, tiny_data_dir, vocab_path, tmp_path):
+    """distill: the MLM base and two seeds of the student from --config, the teacher and the
+    untrained student as references, and the claim student > MLM base tested over the seeds."""
+    from bertcf import experiments
+
+    config = student_config(tmp_path / "config", vocab_path)
+    out = tmp_path / "out"
+    summary = experiments.main(experiments_argv("distill", config, tiny_data_dir, out, "--config", str(config),
+                                                "--teacher", str(tiny_bert_dir), "--mlm-steps", "3",
+                                                "--seeds", "3,4", "--mlm-args", "--batch-size 4"))
+    (row,) = summary["distill"]["rows"]
+    assert row["name"] == "Distilled student" and row["ours"]["sts_spearman"]["n"] == 2
+    assert [r["name"] for r in summary["distill"]["reference"]] == ["Random weights", "MinBERT", "Teacher"]
+    student = json.loads((out / "stages" / "distill" / "config.json").read_text())
+    assert (student["model"], student["steps"], student["batch_size"], student["lr"]) == (str(config), 3, 64, 5e-4)
+    assert student["teacher_cache"] == str((out / "teacher-cache").resolve())
+    assert len(list((out / "teacher-cache").iterdir())) == 1  # the seeds share the teacher's vectors
+    claims = [c for c in summary["claims"]["claims"] if (c["a"], c["b"]) == ("Distilled student", "MinBERT")]
+    assert claims and all(c["seeds"] == [3, 4] and c["verdict"] in ("supported", "contradicted", "inconclusive")
+                          for c in claims)
+    assert "Distilled student" in (out / "distill.md").read_text()

@@ -217,19 +217,21 @@ class Report:
                 "student untrained, the MLM base (MinBERT here: the same architecture trained by MLM on the same "
                 "corpus; claims.md tests *Distilled student > MinBERT*) and the teacher itself.\n\n")
         return self.sts_table("distill", "Distillation: the student against the teacher and the MLM base", text,
-                              "Encoder", rows, {}, REFERENCES["distill"], results)
+                              "Encoder", rows, {}, REFERENCES["distill"], results,
+                              whats={"minbert": "the MLM base (stages/mlm-base): --config trained by MLM"})
 
     def sts_table(self, name: str, title: str, text: str, first: str, rows: list[Row], report: dict,
-                  references: list[Row], results: dict) -> dict:
+                  references: list[Row], results: dict, whats: dict | None = None) -> dict:
         """NAME.md/json: each row's unsupervised STS dev Spearman beside the report's (``report``:
         by row name; a row not in it has none), then those of the ``references`` (table 1 rows,
-        with the report's table 1 number) whose encoder is there (evaluated: in ``results``)."""
+        with the report's table 1 number) whose encoder is there (evaluated: in ``results``).
+        ``whats``: row key -> what the row is, where the table says it otherwise."""
         present = [r for r in references if r.key in results and row_summary(results[r.key])["sts_spearman"]["n"]]
         summaries = {row.key: self.summary(results, row) for row in rows + present}
 
         def entry(row: Row, report_value) -> dict:
             spec = PRETRAININGS[row.pretraining] if row.pretraining else None
-            untouched = {RANDOM_ROW.key: "--config, untrained", TEACHER_ROW.key: "--teacher, untouched"}
+            untouched = {RANDOM_ROW.key: "--config, untrained", TEACHER_ROW.key: "--teacher, untouched"} | (whats or {})
             what = untouched.get(row.key, "--model, untouched") if spec is None else spec.what + (
                 f" (`--preset {spec.preset}`)" if spec.preset else "")
             summary = summaries[row.key]

@@ -24,6 +24,7 @@ from .base import DEFAULTS, Examples, Objective
 from .bsl import BSL
 from .contrastive import NEGATIVES
 from .ct import ContrastiveTension
+from .distill import Distill
 from .joint import FlowOnly, Joint
 from .mirror import Mirror, SimCSE
 from .mlm import MaskedLM
@@ -36,7 +37,8 @@ from .tsdae import TSDAE
 OBJECTIVES = {"mirror": Mirror, "simcse": SimCSE, "bsl": BSL, "ct": ContrastiveTension, "tsdae": TSDAE,
               "mlm": MaskedLM}
 #: ``--method`` of ``--stage supervised`` -> its objective (``supervised.Supervised``).
-SUPERVISED = {"sbert-softmax": SBERTSoftmax, "sbert-cosine": SBERTCosine, "simcse-sup": SupervisedSimCSE}
+SUPERVISED = {"sbert-softmax": SBERTSoftmax, "sbert-cosine": SBERTCosine, "simcse-sup": SupervisedSimCSE,
+              "distill": Distill}
 #: Each stage's methods; the first is its default.
 METHODS = {"mirror": tuple(OBJECTIVES), "joint": ("mirror", "simcse"), "flow": ("flow",),
            "supervised": tuple(SUPERVISED)}
@@ -154,4 +156,4 @@ def check_supervised_args(args) -> None:
 
 __all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "Examples", "Objective", "build_objective", "read_examples",
            "add_args", "check_args", "Mirror", "SimCSE", "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE",
-           "MaskedLM", "SBERTSoftmax", "SBERTCosine", "SupervisedSimCSE"]
+           "MaskedLM", "SBERTSoftmax", "SBERTCosine", "SupervisedSimCSE", "Distill"]

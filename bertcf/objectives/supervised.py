@@ -50,7 +50,6 @@ class Supervised(Objective):
 
     def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
         super().__init__(encoder, args, generator)
-        self.examples_what = examples.what if examples is not None else ""
 
     @classmethod
     def read_examples(cls, args, corpus) -> Examples:
