@@ -9,15 +9,15 @@ import json
 from pathlib import Path
 
 from ..data.tasks import TASKS, task_file
+from ..data.words import word_similarity_files
 from ..errors import DataError, UsageError
-from ..runs import STATE_FILE
+from ..runs import ENVIRONMENT_FILE, STATE_FILE
 from ..utils.files import recover_dir
 from .planned import MARKER, PlannedRun, entry_module, read_json
 
-#: The methods that train on labelled files rather than the pretraining corpus.
-LABELLED = ("sbert-softmax", "sbert-cosine", "simcse-sup")
 #: What a run directory of this command may hold (anything else: files it did not write).
-RUN_ENTRIES = {"config.json", "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json", MARKER}
+RUN_ENTRIES = {"config.json", ENVIRONMENT_FILE, "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json",
+               MARKER}
 
 
 def inspect(task: PlannedRun) -> None:
@@ -81,8 +81,13 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
     if plan.finetune:
         needed += [task_file(data_dir, t, s) for t in TASKS for s in ("train", "dev")]
     problems = []
-    pending = {t.spec.method for t in tasks if t.kind == "pretraining" and t.state != "done" and t.spec}
-    if pending - set(LABELLED):  # a method that reads the corpus
+    if a.lexical_dir:
+        try:
+            word_similarity_files(a.lexical_dir)
+        except DataError as e:
+            problems.append(e)
+    pending = [t.spec for t in tasks if t.kind == "pretraining" and t.state != "done"]
+    if any(spec.reads_corpus for spec in pending):
         if a.corpus_from_tasks:
             needed += [task_file(data_dir, t, "train") for t in TASKS]
         elif a.corpus:
@@ -90,12 +95,13 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
         elif not (data_dir / "wiki1m_for_simcse.txt").is_file():
             problems.append(UsageError(f"no pretraining corpus: give --corpus FILE or --corpus-from-tasks "
                                        f"({data_dir / 'wiki1m_for_simcse.txt'} not found)"))
-    if pending & {"sbert-softmax", "simcse-sup"}:
+    methods = {spec.method for spec in pending}
+    if methods & {"sbert-softmax", "simcse-sup"}:
         if not a.nli_list:
             problems.append(UsageError("supervised needs --nli FILE[,FILE] (SNLI/MultiNLI .jsonl or .txt, or a "
                                        "premise<TAB>hypothesis<TAB>label TSV)"))
         needed += [Path(f) for f in a.nli_list]
-    if "sbert-cosine" in pending:
+    if "sbert-cosine" in methods:
         needed += [task_file(data_dir, "sts", "train")]
     missing = list(dict.fromkeys(str(p) for p in needed if not Path(p).is_file()))
     if missing:

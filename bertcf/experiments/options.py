@@ -11,13 +11,14 @@ from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, ArgumentParser, add_renamed_
 from ..errors import UsageError
 
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
-COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base", "supervised", "distill")
+COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base", "lexical", "supervised",
+            "distill")
 ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
               "seeds", "preset", "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
-              "mlm_args", "nli", "teacher")
+              "mlm_args", "lexical_dir", "nli", "teacher")
 RENAMED_SETTINGS = {"stage_args": "pretrain_args"}  # old name -> new, in suite.json files written before
 
 
@@ -28,6 +29,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("command", choices=COMMANDS,
                    help="what to produce (all: table1, ablations and analysis; objectives is run on its own; "
                         "mlm-base: MLM pretraining from --config, then table1 and the ablations from it; "
+                        "lexical: Mirror-BERT's word encoder from --model, on word similarity, against --model; "
                         "supervised: SBERT-NLI, supervised SimCSE and SBERT-NLI then STS from --model, or from the "
                         "MLM base with --config; distill: a student from --config taught by --teacher, against the "
                         "MLM base)")
@@ -83,6 +85,11 @@ def build_parser() -> ArgumentParser:
                    help="mlm-base: steps of MLM pretraining, not scaled by --steps-scale (default %(default)s)")
     g.add_argument("--mlm-args", default="",
                    help="mlm-base: more flags for the MLM pretraining, e.g. '--batch-size 128'")
+    g = p.add_argument_group("word similarity")
+    g.add_argument("--lexical-dir", default=None,
+                   help="word-similarity files (SimLex-999's layout or word1<TAB>word2<TAB>score; every .txt/.tsv): "
+                        "every encoder scored on them with [CLS] and mean pooling, a column in the objectives and "
+                        "ablations tables, the claims tested on them; lexical needs it")
     g = p.add_argument_group("supervised and distill")
     g.add_argument("--nli", default=None, metavar="FILE[,FILE]",
                    help="supervised: the NLI training files (SNLI/MultiNLI .jsonl or .txt, or a premise<TAB>"
@@ -126,6 +133,8 @@ def parse_args(argv=None):
         args.saved_settings = saved
     if args.corpus and args.corpus_from_tasks:
         raise UsageError("give either --corpus or --corpus-from-tasks, not both")
+    if args.command == "lexical" and not args.lexical_dir:
+        raise UsageError("lexical needs --lexical-dir DIR (word-similarity files, e.g. ../shared/data/lexical)")
     if args.command in ("mlm-base", "distill") and not args.config:
         raise UsageError(f"{args.command} needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
     if args.command == "distill" and not args.teacher:

@@ -55,6 +55,12 @@ def build_objective(stage: str, method: str, encoder, args=None, generator=None,
     return cls(encoder, args, generator)
 
 
+def reads_corpus(args) -> bool:
+    """Whether the run of ``args`` reads the pretraining corpus: every method but the supervised ones
+    that train on --train-file."""
+    return args.stage != "supervised" or SUPERVISED[args.method].reads_corpus(args)
+
+
 def read_examples(args, corpus) -> Examples:
     """What the run of ``args`` trains on: a supervised method's examples (from --train-file, or
     the corpus with a teacher's vectors), or the corpus, ``corpus()``: one column of sentences."""
@@ -154,6 +160,6 @@ def check_supervised_args(args) -> None:
                          "choose report or simcse")
 
 
-__all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "Examples", "Objective", "build_objective", "read_examples",
+__all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "Examples", "Objective", "build_objective", "read_examples", "reads_corpus",
            "add_args", "check_args", "Mirror", "SimCSE", "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE",
            "MaskedLM", "SBERTSoftmax", "SBERTCosine", "SupervisedSimCSE", "Distill"]

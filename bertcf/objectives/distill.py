@@ -121,6 +121,10 @@ class Distill(Supervised):
         self.columns = len(examples.columns) if examples is not None else 1
 
     @classmethod
+    def reads_corpus(cls, args) -> bool:
+        return not getattr(args, "train_file", None)
+
+    @classmethod
     def read_examples(cls, args, corpus) -> Examples:
         files = getattr(args, "train_file", None)
         if files:

@@ -52,6 +52,12 @@ class Supervised(Objective):
         super().__init__(encoder, args, generator)
 
     @classmethod
+    def reads_corpus(cls, args) -> bool:
+        """Whether the run reads the pretraining corpus (--corpus, --corpus-from-tasks, Wiki1M by
+        default); the labelled methods read --train-file instead."""
+        return False
+
+    @classmethod
     def read_examples(cls, args, corpus) -> Examples:
         """The run's examples, from ``args`` (--train-file ...); ``corpus()`` returns the sentences of
         --corpus / --corpus-from-tasks, for an objective that can train on them."""
