@@ -90,6 +90,17 @@ def build_parser() -> ArgumentParser:
                    help="word-similarity files (SimLex-999's layout or word1<TAB>word2<TAB>score; every .txt/.tsv): "
                         "every encoder scored on them with [CLS] and mean pooling, a column in the objectives and "
                         "ablations tables, the claims tested on them; lexical needs it")
+    add_supervised_args(p)
+    g = p.add_argument_group("SentEval (when its STS files are there)")
+    g.add_argument("--senteval-dir", default=None,
+                   help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
+    g.add_argument("--transfer", action="store_true", help="also the transfer tasks' average (fasttest) in table1")
+    add_renamed_flags(p, {"--stage-args": "--pretrain-args"})
+    return p
+
+
+def add_supervised_args(p: ArgumentParser) -> None:
+    """The flags of the supervised and distill commands."""
     g = p.add_argument_group("supervised and distill")
     g.add_argument("--nli", default=None, metavar="FILE[,FILE]",
                    help="supervised: the NLI training files (SNLI/MultiNLI .jsonl or .txt, or a premise<TAB>"
@@ -97,12 +108,6 @@ def build_parser() -> ArgumentParser:
     g.add_argument("--teacher", default=None, metavar="DIR|NAME",
                    help="distill: the teacher encoder; the student is --config's BERT from random weights, trained "
                         "for --mlm-steps as the MLM base is (which this command trains too, when OUT has none)")
-    g = p.add_argument_group("SentEval (when its STS files are there)")
-    g.add_argument("--senteval-dir", default=None,
-                   help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
-    g.add_argument("--transfer", action="store_true", help="also the transfer tasks' average (fasttest) in table1")
-    add_renamed_flags(p, {"--stage-args": "--pretrain-args"})
-    return p
 
 
 def seed_list(text: str) -> list[int]:

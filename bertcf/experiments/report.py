@@ -28,6 +28,20 @@ POOLING_NAMES = {"cls": "[CLS]", "mean": "mean"}
 DISTILL_REFERENCES = [RANDOM_ROW, TABLE1_ROWS[0], TEACHER_ROW]
 #: The reference rows of each command that has its own table.
 REFERENCES = {"objectives": OBJECTIVE_REFERENCES, "supervised": OBJECTIVE_REFERENCES, "distill": DISTILL_REFERENCES}
+SUPERVISED_TEXT = (
+    "The supervised recipes of the survey (`--stage supervised`, each at its paper's settings: `--preset sbert-nli`, "
+    "`simcse-sup`, `sbert-sts`), from --model (the MLM base when `--config` is given), on the NLI files of `--nli`. "
+    "SBERT-NLI then STS continues SBERT-NLI by cosine regression on the CS224N STS train split, which holds most of "
+    "STS-B's test pairs: its STS-B test score is not a held-out number (the NLI-only rows' are); its CS224N STS dev "
+    "score is. The unsupervised rows of the same base are references where `OUT` has them. The report has no "
+    "numbers for these.\n\n")
+DISTILL_TEXT = (
+    "Knowledge distillation (`--stage supervised --method distill`): a student with --config's architecture, from "
+    "random weights, trained to give --teacher's vectors of the pretraining corpus (MSE; a linear projection when "
+    "the widths differ, part of the student's checkpoint), with the MLM base's batch, learning rate, schedule and "
+    "number of steps. References: the same random student untrained, the MLM base (MinBERT here: the same "
+    "architecture trained by MLM on the same corpus; claims.md tests *Distilled student > MinBERT*) and the "
+    "teacher itself.\n\n")
 
 
 
@@ -239,23 +253,11 @@ class Report:
                               "Encoder", rows, {}, OBJECTIVE_REFERENCES, results)
 
     def supervised(self, rows: list[Row], results: dict) -> dict:
-        text = ("The supervised recipes of the survey (`--stage supervised`, each at its paper's settings: `--preset "
-                "sbert-nli`, `simcse-sup`, `sbert-sts`), from --model (the MLM base when `--config` is given), on "
-                "the NLI files of `--nli`. SBERT-NLI then STS continues SBERT-NLI by cosine regression on the CS224N "
-                "STS train split, which holds most of STS-B's test pairs: its STS-B test score is not a held-out "
-                "number (the NLI-only rows' are); its CS224N STS dev score is. The unsupervised rows of the same "
-                "base are references where `OUT` has them. The report has no numbers for these.\n\n")
-        return self.sts_table("supervised", "Supervised encoders: STS Spearman", text, "Encoder", rows, {},
+        return self.sts_table("supervised", "Supervised encoders: STS Spearman", SUPERVISED_TEXT, "Encoder", rows, {},
                               REFERENCES["supervised"], results)
 
     def distill(self, rows: list[Row], results: dict) -> dict:
-        text = ("Knowledge distillation (`--stage supervised --method distill`): a student with --config's "
-                "architecture, from random weights, trained to give --teacher's vectors of the pretraining corpus "
-                "(MSE; a linear projection when the widths differ, part of the student's checkpoint), with the "
-                "MLM base's batch, learning rate, schedule and number of steps. References: the same random "
-                "student untrained, the MLM base (MinBERT here: the same architecture trained by MLM on the same "
-                "corpus; claims.md tests *Distilled student > MinBERT*) and the teacher itself.\n\n")
-        return self.sts_table("distill", "Distillation: the student against the teacher and the MLM base", text,
+        return self.sts_table("distill", "Distillation: the student against the teacher and the MLM base", DISTILL_TEXT,
                               "Encoder", rows, {}, REFERENCES["distill"], results,
                               whats={"minbert": "the MLM base (stages/mlm-base): --config trained by MLM"})
 
