@@ -7,6 +7,9 @@
   L = lambda * L_mirror(F(x)) + L_flow (BERT-CF), L_flow in bits per dimension by default
   (``--flow-loss-unit``). ``--method simcse`` gives SimCSE-joint.
 - ``--stage flow``: the flow alone on L_flow (MinBERT-flow / Mirror-flow).
+- ``--stage supervised``: the encoder trained on labelled data (``--train-file``) or by a teacher:
+  ``--method sbert-softmax|sbert-cosine`` (Sentence-BERT), ``simcse-sup`` (supervised SimCSE),
+  ``distill`` (knowledge distillation, ``--teacher``); the objective reads its examples.
 
 Every stage evaluates unsupervised STS-dev Spearman on whole sentences (``--eval-max-length``)
 and keeps the best checkpoint. Every stage and method also runs data-parallel under
@@ -38,7 +41,7 @@ from .utils.distributed import dist_info, run_distributed, wrap_ddp
 from .utils.files import recover_dir
 
 STAGES = tuple(objectives.METHODS)
-STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}
+STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4, "supervised": 2e-5}
 #: --select-on -> the evaluation's metric that picks best/.
 SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy",
              "last": "last_step"}
@@ -53,10 +56,12 @@ def build_parser() -> cli.ArgumentParser:
     p = cli.ArgumentParser(prog="run_pretrain.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--stage", choices=STAGES, default="mirror",
                    help="the report's stages: mirror pretrains the encoder (by --method), joint learns a flow "
-                        "on it by BERT-CF's loss, flow a flow by L_flow alone")
+                        "on it by BERT-CF's loss, flow a flow by L_flow alone; supervised trains the encoder on "
+                        "labelled pairs or by a teacher (not the report's)")
     p.add_argument("--method", default=None,
                    help="mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
-                        "--stage mirror; flow for --stage flow")
+                        "--stage mirror; flow for --stage flow; sbert-softmax (default), sbert-cosine, simcse-sup "
+                        "or distill for --stage supervised")
     p.add_argument("--preset", choices=tuple(presets.PRESETS), default=None,
                    help="a method as its authors published it (loss variant, pooling, augmentation, temperature, "
                         "batch, lr, length, one epoch of the corpus); flags given here win; README lists what "
@@ -132,7 +137,7 @@ def fetch_data(args) -> None:
     on), downloaded when missing; when that fails, the line a missing file has always given, with
     why it was not downloaded."""
     data = Path(args.data_dir)
-    default_corpus = not any(getattr(args, f, None) for f in presets.CORPUS_FLAGS)
+    default_corpus = objectives.reads_corpus(args) and not any(getattr(args, f, None) for f in presets.CORPUS_FLAGS)
     names = ([WIKI1M_NAME] if default_corpus else []) \
         + ([TASK_FILES[t, "train"] for t in TASKS] if args.corpus_from_tasks else []) \
         + ([TASK_FILES["sts", "dev"]] if args.select_on == "cs224n-sts" else [])
@@ -166,6 +171,17 @@ def load_corpus(args) -> list[str]:
     if len(sentences) < 2:
         raise UsageError(f"the corpus has {len(sentences)} usable sentence(s); contrastive learning needs at least 2")
     return sentences
+
+
+def load_examples(args, rank: int = 0) -> objectives.Examples:
+    """What the run trains on: the corpus, or a supervised method's examples (``objectives.read_examples``);
+    a preset measured in epochs gets its --steps from their number."""
+    examples = objectives.read_examples(args, lambda: load_corpus(args))
+    if rank == 0 and args.stage == "supervised":
+        print(f"note: training on {examples.what}", file=sys.stderr)
+    if not args.resume:
+        presets.set_length(args, len(examples))
+    return examples
 
 
 class GeneratorState:
@@ -246,20 +262,18 @@ def train(args, device) -> dict:
         torch.distributed.broadcast_object_list(out_dir, src=0)
         args.out_dir = out_dir[0]
     training.set_seed(args.seed)
-    sentences = load_corpus(args)
-    if not args.resume:
-        presets.set_length(args, len(sentences))
+    examples = load_examples(args, rank)
     dev_pairs = (read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"])
                  if args.select_on == "stsb-dev" else read_sts(task_file(args.data_dir, "sts", "dev")))
     evaluator = STSDevEvaluator(dev_pairs)
     encoder = load_encoder(args)
     generator = torch.Generator().manual_seed(args.seed)  # every random choice of the objective
-    objective = objectives.build_objective(args.stage, args.method, encoder, args, generator).to(device)
+    objective = objectives.build_objective(args.stage, args.method, encoder, args, generator, examples).to(device)
 
     tokenizer = encoder.tokenizer
-    token_ids = tokenizer(sentences, truncation=True, max_length=args.max_length)["input_ids"]
+    columns = [tokenizer(c, truncation=True, max_length=args.max_length)["input_ids"] for c in examples.columns]
     special_ids = torch.tensor(tokenizer.all_special_ids)
-    sampler = training.EpochSampler(len(sentences), seed=args.seed)
+    sampler = training.EpochSampler(len(examples), seed=args.seed)
     if args.compile:  # minBERT layer by layer, in place, so evaluation runs compiled too
         encoder.bert.compile_layers()
     # What the step calls: under torchrun a DistributedDataParallel wrapper (gradients averaged
@@ -271,10 +285,13 @@ def train(args, device) -> dict:
         return ids, mask, torch.isin(ids, special_ids) | (mask == 0)
 
     def step_fn(step):
-        # The global batch, padded as one process would pad it; every rank draws the same.
+        # The global batch, padded as one process would pad it; every rank draws the same. Its
+        # columns (pairs, triples) are stacked: column j in rows j*B .. (j+1)*B - 1.
         rows = sampler.next(args.batch_size)
-        texts = {"texts": [sentences[i] for i in rows]} if objective.needs_text else {}
-        return step_objective(*batch([token_ids[i] for i in rows]), rank=rank, world=world, **texts)
+        extra = {"texts": [examples.columns[0][i] for i in rows]} if objective.needs_text else {}
+        if examples.labels is not None:
+            extra["labels"] = examples.labels[torch.tensor(rows)]
+        return step_objective(*batch([c[i] for c in columns for i in rows]), rank=rank, world=world, **extra)
 
     # Held-out sentences for the objective's own metrics (MLM's accuracy): the dev pairs' first
     # sentences, which no training corpus here holds.

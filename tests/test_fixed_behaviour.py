@@ -52,11 +52,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import TINY_BERT_CONFIG, synthetic_vocab
 from safetensors.torch import load_file, save_file
 
 from bertcf import pretrain
-
-from conftest import TINY_BERT_CONFIG, synthetic_vocab
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "fixed_behaviour_reference.safetensors"
 WRITE_ENV = "BERTCF_WRITE_REFERENCE"

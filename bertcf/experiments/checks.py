@@ -86,7 +86,8 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
             word_similarity_files(a.lexical_dir)
         except DataError as e:
             problems.append(e)
-    if any(t.kind == "pretraining" and t.state != "done" and not t.spec.words for t in tasks):
+    pending = [t.spec for t in tasks if t.kind == "pretraining" and t.state != "done"]
+    if any(spec.reads_corpus for spec in pending):
         if a.corpus_from_tasks:
             needed += [task_file(data_dir, t, "train") for t in TASKS]
         elif a.corpus:
@@ -94,6 +95,14 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
         elif not (data_dir / "wiki1m_for_simcse.txt").is_file():
             problems.append(UsageError(f"no pretraining corpus: give --corpus FILE or --corpus-from-tasks "
                                        f"({data_dir / 'wiki1m_for_simcse.txt'} not found)"))
+    methods = {spec.method for spec in pending}
+    if methods & {"sbert-softmax", "simcse-sup"}:
+        if not a.nli_list:
+            problems.append(UsageError("supervised needs --nli FILE[,FILE] (SNLI/MultiNLI .jsonl or .txt, or a "
+                                       "premise<TAB>hypothesis<TAB>label TSV)"))
+        needed += [Path(f) for f in a.nli_list]
+    if "sbert-cosine" in methods:
+        needed += [task_file(data_dir, "sts", "train")]
     missing = list(dict.fromkeys(str(p) for p in needed if not Path(p).is_file()))
     if missing:
         problems.append(DataError(f"missing input file(s): {', '.join(missing)} (see data/README.md)"))

@@ -1,6 +1,7 @@
 """The report's comparative claims, each tested on this output directory's rows: ``claims.json`` and
 ``claims.md``; beside them, each method at its paper's settings against the report's variant of it
-(``objectives --preset published``), tested the same way.
+(``objectives --preset published``) and the distilled student against the MLM base (``distill``),
+tested the same way.
 
 A claim says that row ``a`` scores higher than row ``b`` on a metric (``CLAIMS``). It is tested on
 every metric both rows have: the CS224N STS dev Spearman, each SentEval STS set that ran (Spearman
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from ..evaluation import bootstrap
 from .published import report_value
 from .results import BOOTSTRAP_SEED, FINETUNED, RESAMPLES, ItemScores, lexical_metrics
-from .rows import ABLATION_ROWS, LEXICAL_ROWS, PUBLISHED_ROWS, TABLE1_ROWS, Row
+from .rows import ABLATION_ROWS, DISTILL_ROWS, LEXICAL_ROWS, PUBLISHED_ROWS, TABLE1_ROWS, Row
 from .tables import fmt, md_table
 
 
@@ -42,8 +43,10 @@ CLAIMS = (
           "variant", report=False),
     Claim("Mirror-BERT (lexical)", "MinBERT", "Mirror-BERT's word encoder improves its base on word similarity "
           "(Mirror-BERT's Table 1)", report=False),
+    Claim("Distilled student", "MinBERT", "distillation beats MLM: the student taught by --teacher against the MLM "
+          "base of the same size, corpus and steps (MinBERT under `distill`)", report=False),
 )
-ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS + PUBLISHED_ROWS + LEXICAL_ROWS}
+ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS + PUBLISHED_ROWS + LEXICAL_ROWS + DISTILL_ROWS}
 
 
 def metrics_of(results: dict) -> list[str]:
@@ -114,7 +117,8 @@ def claims_md(claims: list[dict], footer: str) -> str:
             "The two published ones compare each method at its paper's settings with the report's variant, where "
             "`objectives --preset published` ran in the same output directory; the lexical one compares "
             "Mirror-BERT's word encoder with its base, where `lexical` ran there (word-similarity metrics: "
-            "`--lexical-dir`).\n\n"
+            "`--lexical-dir`); the last compares the distilled student with the MLM base, where `distill` ran "
+            "there.\n\n"
             + claims_text + "\n"
             + (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict", "(report)"], rows, "lllrrrlr")
                if rows else "No claim has both of its rows in this output directory yet.\n")

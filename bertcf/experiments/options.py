@@ -11,13 +11,14 @@ from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, ArgumentParser, add_renamed_
 from ..errors import UsageError
 
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
-COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base", "lexical")
+COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base", "lexical", "supervised",
+            "distill")
 ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
               "seeds", "preset", "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
-              "mlm_args", "lexical_dir")
+              "mlm_args", "lexical_dir", "nli", "teacher")
 RENAMED_SETTINGS = {"stage_args": "pretrain_args"}  # old name -> new, in suite.json files written before
 
 
@@ -28,7 +29,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("command", choices=COMMANDS,
                    help="what to produce (all: table1, ablations and analysis; objectives is run on its own; "
                         "mlm-base: MLM pretraining from --config, then table1 and the ablations from it; "
-                        "lexical: Mirror-BERT's word encoder from --model, on word similarity, against --model)")
+                        "lexical: Mirror-BERT's word encoder from --model, on word similarity, against --model; "
+                        "supervised: SBERT-NLI, supervised SimCSE and SBERT-NLI then STS from --model, or from the "
+                        "MLM base with --config; distill: a student from --config taught by --teacher, against the "
+                        "MLM base)")
     p.add_argument("--model", default="bert-base-uncased", help="the BERT every encoder starts from (default %(default)s)")
     p.add_argument("--data-dir", default="data", help="CS224N files (default %(default)s)")
     p.add_argument("--out-dir", default="runs/experiments", help="everything goes here (default %(default)s)")
@@ -86,12 +90,24 @@ def build_parser() -> ArgumentParser:
                    help="word-similarity files (SimLex-999's layout or word1<TAB>word2<TAB>score; every .txt/.tsv): "
                         "every encoder scored on them with [CLS] and mean pooling, a column in the objectives and "
                         "ablations tables, the claims tested on them; lexical needs it")
+    add_supervised_args(p)
     g = p.add_argument_group("SentEval (when its STS files are there)")
     g.add_argument("--senteval-dir", default=None,
                    help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
     g.add_argument("--transfer", action="store_true", help="also the transfer tasks' average (fasttest) in table1")
     add_renamed_flags(p, {"--stage-args": "--pretrain-args"})
     return p
+
+
+def add_supervised_args(p: ArgumentParser) -> None:
+    """The flags of the supervised and distill commands."""
+    g = p.add_argument_group("supervised and distill")
+    g.add_argument("--nli", default=None, metavar="FILE[,FILE]",
+                   help="supervised: the NLI training files (SNLI/MultiNLI .jsonl or .txt, or a premise<TAB>"
+                        "hypothesis<TAB>label TSV), comma-separated")
+    g.add_argument("--teacher", default=None, metavar="DIR|NAME",
+                   help="distill: the teacher encoder; the student is --config's BERT from random weights, trained "
+                        "for --mlm-steps as the MLM base is (which this command trains too, when OUT has none)")
 
 
 def seed_list(text: str) -> list[int]:
@@ -124,8 +140,11 @@ def parse_args(argv=None):
         raise UsageError("give either --corpus or --corpus-from-tasks, not both")
     if args.command == "lexical" and not args.lexical_dir:
         raise UsageError("lexical needs --lexical-dir DIR (word-similarity files, e.g. ../shared/data/lexical)")
-    if args.command == "mlm-base" and not args.config:
-        raise UsageError("mlm-base needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
+    if args.command in ("mlm-base", "distill") and not args.config:
+        raise UsageError(f"{args.command} needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
+    if args.command == "distill" and not args.teacher:
+        raise UsageError("distill needs --teacher DIR|NAME (the encoder the student learns from)")
+    args.nli_list = [f.strip() for f in (args.nli or "").split(",") if f.strip()]
     for name in ("pretrain_args", "finetune_args", "mlm_args"):
         try:
             setattr(args, name + "_list", shlex.split(getattr(args, name)))

@@ -14,6 +14,7 @@ from .options import ALL
 from .planned import PlannedRun, abs_if_path
 from .rows import (
     ABLATION_ROWS,
+    DISTILL_ROWS,
     LEXICAL_ROWS,
     MLM_BASE,
     OBJECTIVE_ROWS,
@@ -21,12 +22,19 @@ from .rows import (
     PUBLISHED_ROWS,
     RANDOM_ROW,
     ROW_OF_PRETRAINING,
+    SUPERVISED_ROWS,
     TABLE1_ROWS,
+    TEACHER_ROW,
     Pretraining,
     Row,
+    distill_flags,
     mlm_base_flags,
     steps_for,
 )
+
+#: The commands whose rows start from the MLM base (stages/mlm-base, trained from --config): mlm-base
+#: always, distill always (its student's rival), supervised when --config is given.
+BASE_COMMANDS = ("mlm-base", "distill")
 
 
 class Plan:
@@ -39,11 +47,12 @@ class Plan:
         self.out = Path(args.out_dir)
         self.data_dir = Path(args.data_dir)
         self.seeds = args.seeds or [args.seed]
-        self.base = MLM_BASE.name if args.command == "mlm-base" else None
+        self.base = (MLM_BASE.name if args.command in BASE_COMMANDS or (args.command == "supervised" and args.config)
+                     else None)
         if self.base:  # every row starts from the MLM base (an absolute path: the same before and after it exists)
             args.model = str((self.pretraining_dir(self.base) / "best").resolve())
-        self.commands = (list(ALL) if args.command == "all" else ["table1", "ablations"] if self.base
-                         else [args.command])
+        self.commands = (list(ALL) if args.command == "all" else ["table1", "ablations"]
+                         if args.command == "mlm-base" else [args.command])
         self.finetune = "table1" in self.commands and not args.no_finetune
         self.ft_scale = args.finetune_steps_scale or args.steps_scale
         self.table1_rows, self.ablation_rows, self.objective_rows = self._select_rows()
@@ -57,11 +66,14 @@ class Plan:
     # -- rows and plan ---------------------------------------------------------------------------
     def _select_rows(self):
         table1 = list(TABLE1_ROWS) if {"table1", "analysis"} & set(self.commands) else []
-        if self.base:
+        if self.base and table1:
             table1 = [RANDOM_ROW] + table1
         ablations = list(ABLATION_ROWS) if "ablations" in self.commands else []
         published = self.args.preset == "published"
         objectives = list(PUBLISHED_ROWS if published else OBJECTIVE_ROWS) if "objectives" in self.commands else []
+        # the command's own rows: a table of their own, beside reference rows (report.REFERENCES)
+        objectives += list(SUPERVISED_ROWS) if "supervised" in self.commands else []
+        objectives += list(DISTILL_ROWS) if "distill" in self.commands else []
         if self.args.rows:
             wanted = [w.strip().lower() for w in self.args.rows.split(",") if w.strip()]
             offered = table1 + ablations + objectives
@@ -100,7 +112,7 @@ class Plan:
     def source_run(self, row: Row, seed: int) -> PlannedRun | None:
         """The pretraining whose best/ is the row's encoder: its own, or the MLM base for the rows that
         use --model (None: --model or --config itself)."""
-        if row is RANDOM_ROW:
+        if row in (RANDOM_ROW, TEACHER_ROW):
             return None
         name = row.pretraining or self.base
         return self.pretraining(name, seed) if name else None
@@ -117,6 +129,8 @@ class Plan:
         the run's settings)."""
         if row is RANDOM_ROW:
             return self.args.config
+        if row is TEACHER_ROW:
+            return self.args.teacher
         return self.args.model if row.pretraining is None else str(self.pretraining_dir(row.pretraining, seed) / "best")
 
     def _common(self, model: str, seed: int) -> list[str]:
@@ -131,20 +145,23 @@ class Plan:
     def pretraining_run(self, spec: Pretraining, label: str, seed: int) -> PlannedRun:
         a = self.args
         is_base = spec is MLM_BASE
-        model = a.config if is_base else a.model
-        steps = a.mlm_steps if is_base else steps_for(spec.stage, a.steps_scale)
-        flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags)
+        model = a.config if is_base or spec.from_config else a.model
+        if is_base or spec.from_config:  # the MLM base's length: the distilled student is its rival
+            steps = a.mlm_steps
+        else:  # a preset sets its own (its epochs)
+            steps = None if spec.preset else steps_for(spec.stage, a.steps_scale)
+        flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags) + self.data_flags(spec, steps)
         argv = ["--stage", spec.stage, "--method", spec.method]
         if spec.init:
             argv += ["--init", str(self.pretraining_dir(spec.init, seed) / "best")]
         out = self.pretraining_dir(spec.name, seed)
         argv += self._common(model, seed) + ["--out-dir", str(out)]
-        if spec.preset:  # the preset sets the length (one epoch of the corpus) and the max length
+        if spec.preset:  # the preset sets the length (its epochs of the data) and the max length
             argv += ["--preset", spec.preset]
             steps = None
         else:
             argv += ["--steps", str(steps), "--max-length", str(a.max_length)]
-        corpus = not spec.words  # a lexical encoder trains on its preset's word list, not the sentences
+        corpus = spec.reads_corpus  # not a lexical encoder's word list, nor labelled pairs (--train-file)
         if a.corpus and corpus:
             argv += ["--corpus", a.corpus]
         if a.corpus_from_tasks and corpus:
@@ -163,14 +180,28 @@ class Plan:
                     "extra_args": a.pretrain_args_list}
         if spec.preset:  # a key of its own, so the settings of every other run stay as they were
             settings |= {"preset": spec.preset, "max_length": None}
-        start = (self.rel(self.pretraining_dir(spec.init, seed)) if spec.init else "--config" if is_base
-                 else "--model")
+        start = (self.rel(self.pretraining_dir(spec.init, seed)) if spec.init else "--config"
+                 if is_base or spec.from_config else "--model")
         method = f" --method {spec.method}" if spec.stage != "flow" else ""
         shown = f" {' '.join(spec.flags)}" if spec.flags else ""
-        length = (f"--preset {spec.preset} ({PRESETS[spec.preset].epochs:g} epochs of its word list)" if spec.words
-                  else f"--preset {spec.preset} (one epoch)" if spec.preset else f"{steps} steps")
+        epochs = PRESETS[spec.preset].epochs if spec.preset else None
+        length = (f"--preset {spec.preset} ({epochs:g} epochs of its word list)" if spec.words
+                  else f"--preset {spec.preset} ({epochs:g} epoch{'s' if epochs != 1 else ''})" if spec.preset
+                  else f"{steps} steps")
         description = f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, {length} ({spec.what})"
         return PlannedRun("pretraining", label, out, argv, settings, description, seed=seed, spec=spec)
+
+    def data_flags(self, spec: Pretraining, steps: int | None) -> list[str]:
+        """A supervised pretraining's data and teacher: --train-file of the NLI files (sbert-nli,
+        simcse-sup; sbert-nli-sts reads --data-dir's STS train file); distill's --teacher, its cache
+        (OUT/teacher-cache, shared by the seeds) and the MLM base's optimiser settings."""
+        a = self.args
+        if spec.method in ("sbert-softmax", "simcse-sup"):
+            return ["--train-file", *(abs_if_path(f) for f in a.nli_list)] if a.nli_list else []
+        if spec.method == "distill":
+            teacher = ["--teacher", abs_if_path(a.teacher)] if a.teacher else []
+            return distill_flags(steps) + teacher + ["--teacher-cache", str((self.out / "teacher-cache").resolve())]
+        return []
 
     def finetune_run(self, row: Row, seed: int) -> PlannedRun:
         a = self.args
@@ -199,7 +230,8 @@ class Plan:
                                  for seed in self.seeds for name, spec in PRETRAININGS.items()}
         for (seed, name), task in self.pretraining_runs.items():
             init = PRETRAININGS[name].init
-            task.depends = self.pretraining_runs[seed, init] if init else self.base_run
+            task.depends = (self.pretraining_runs[seed, init] if init else None if PRETRAININGS[name].from_config
+                            else self.base_run)
         self.finetune_runs = {(seed, row.key): self.finetune_run(row, seed)
                               for seed in self.seeds for row in self.table1_rows}
         every = [self.base_run] if self.base else []

@@ -14,7 +14,7 @@ from .options import SUITE_KEYS
 from .plan import Plan
 from .published import PAPER_LEXICAL, REPORT_ABLATIONS, REPORT_TABLE1
 from .results import FINETUNE_METRICS, FINETUNED, ItemScores
-from .rows import PRETRAININGS, TABLE1_ROWS, Row, steps_for
+from .rows import PRETRAININGS, RANDOM_ROW, TABLE1_ROWS, TEACHER_ROW, Row, steps_for
 from .tables import cell, fmt, interval_cell, md_table, row_summary
 
 #: The table 1 rows shown beside the ablations (BERT-CF) and the objectives (MinBERT and the report's
@@ -23,6 +23,25 @@ ABLATION_REFERENCES = [TABLE1_ROWS[-1]]
 OBJECTIVE_REFERENCES = list(TABLE1_ROWS[:3])
 LEXICAL_REFERENCES = [TABLE1_ROWS[0]]  # the lexical encoder's base: --model itself
 POOLING_NAMES = {"cls": "[CLS]", "mean": "mean"}
+#: Beside the distilled student: its random initialisation, the MLM base of the same size (MinBERT
+#: under distill) and the teacher.
+DISTILL_REFERENCES = [RANDOM_ROW, TABLE1_ROWS[0], TEACHER_ROW]
+#: The reference rows of each command that has its own table.
+REFERENCES = {"objectives": OBJECTIVE_REFERENCES, "supervised": OBJECTIVE_REFERENCES, "distill": DISTILL_REFERENCES}
+SUPERVISED_TEXT = (
+    "The supervised recipes of the survey (`--stage supervised`, each at its paper's settings: `--preset sbert-nli`, "
+    "`simcse-sup`, `sbert-sts`), from --model (the MLM base when `--config` is given), on the NLI files of `--nli`. "
+    "SBERT-NLI then STS continues SBERT-NLI by cosine regression on the CS224N STS train split, which holds most of "
+    "STS-B's test pairs: its STS-B test score is not a held-out number (the NLI-only rows' are); its CS224N STS dev "
+    "score is. The unsupervised rows of the same base are references where `OUT` has them. The report has no "
+    "numbers for these.\n\n")
+DISTILL_TEXT = (
+    "Knowledge distillation (`--stage supervised --method distill`): a student with --config's architecture, from "
+    "random weights, trained to give --teacher's vectors of the pretraining corpus (MSE; a linear projection when "
+    "the widths differ, part of the student's checkpoint), with the MLM base's batch, learning rate, schedule and "
+    "number of steps. References: the same random student untrained, the MLM base (MinBERT here: the same "
+    "architecture trained by MLM on the same corpus; claims.md tests *Distilled student > MinBERT*) and the "
+    "teacher itself.\n\n")
 
 
 
@@ -233,17 +252,28 @@ class Report:
         return self.sts_table("objectives", "Pretraining objectives: unsupervised STS dev Spearman", text,
                               "Encoder", rows, {}, OBJECTIVE_REFERENCES, results)
 
+    def supervised(self, rows: list[Row], results: dict) -> dict:
+        return self.sts_table("supervised", "Supervised encoders: STS Spearman", SUPERVISED_TEXT, "Encoder", rows, {},
+                              REFERENCES["supervised"], results)
+
+    def distill(self, rows: list[Row], results: dict) -> dict:
+        return self.sts_table("distill", "Distillation: the student against the teacher and the MLM base", DISTILL_TEXT,
+                              "Encoder", rows, {}, REFERENCES["distill"], results,
+                              whats={"minbert": "the MLM base (stages/mlm-base): --config trained by MLM"})
+
     def sts_table(self, name: str, title: str, text: str, first: str, rows: list[Row], report: dict,
-                  references: list[Row], results: dict) -> dict:
+                  references: list[Row], results: dict, whats: dict | None = None) -> dict:
         """NAME.md/json: each row's unsupervised STS dev Spearman beside the report's (``report``:
         by row name; a row not in it has none), then those of the ``references`` (table 1 rows,
-        with the report's table 1 number) whose encoder is there (evaluated: in ``results``)."""
+        with the report's table 1 number) whose encoder is there (evaluated: in ``results``).
+        ``whats``: row key -> what the row is, where the table says it otherwise."""
         present = [r for r in references if r.key in results and row_summary(results[r.key])["sts_spearman"]["n"]]
         summaries = {row.key: self.summary(results, row) for row in rows + present}
 
         def entry(row: Row, report_value) -> dict:
             spec = PRETRAININGS[row.pretraining] if row.pretraining else None
-            what = "--model, untouched" if spec is None else spec.what + (
+            untouched = {RANDOM_ROW.key: "--config, untrained", TEACHER_ROW.key: "--teacher, untouched"} | (whats or {})
+            what = untouched.get(row.key, "--model, untouched") if spec is None else spec.what + (
                 f" (`--preset {spec.preset}`)" if spec.preset else "")
             summary = summaries[row.key]
             return {"name": row.name, "what": what,
@@ -252,7 +282,7 @@ class Report:
                     "report": {"sts_spearman": report_value}} | self.row_info(results, row)
 
         rows_json = [entry(row, report.get(row.name)) for row in rows]
-        refs_json = [entry(row, REPORT_TABLE1[row.name]["sts_spearman"]) for row in present]
+        refs_json = [entry(row, REPORT_TABLE1.get(row.name, {}).get("sts_spearman")) for row in present]
         labelled = [r["name"] for r in rows_json] + [f"*{r['name']}* (reference)" for r in refs_json]
         extra, cells = self.senteval_columns(summaries)
         lexical, lexical_cells = self.lexical_columns(summaries)

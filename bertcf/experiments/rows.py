@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: The methods that train on labelled files (--train-file), not on the pretraining corpus.
+LABELLED_METHODS = ("sbert-softmax", "sbert-cosine", "simcse-sup")
 #: The report's steps per stage; ``--steps-scale`` multiplies them.
 REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 5000}
 
@@ -13,13 +15,20 @@ REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 
 class Pretraining:
     """One run of ``run_pretrain.py`` (stage 1 or 2 of the report) in OUT/stages/<name>."""
     name: str
-    stage: str              # its --stage: mirror | joint | flow
+    stage: str              # its --stage: mirror | joint | flow | supervised
     method: str
     init: str | None        # another Pretraining's name, or None for --model
     flags: tuple = ()
     what: str = ""
     preset: str | None = None  # run_pretrain.py --preset: the method as published (its length included)
+    from_config: bool = False  # starts from --config's random weights (as the MLM base), not --model
     words: bool = False        # trained on its preset's word list, not the sentence corpus (a lexical encoder)
+
+    @property
+    def reads_corpus(self) -> bool:
+        """Whether the run trains on the pretraining corpus (--corpus, --corpus-from-tasks): not a
+        lexical encoder (its word list) nor a method of labelled pairs (--train-file)."""
+        return not self.words and self.method not in LABELLED_METHODS
 
 
 PRETRAININGS = {s.name: s for s in (
@@ -45,6 +54,16 @@ PRETRAININGS = {s.name: s for s in (
     # lexical: Mirror-BERT's word encoder (its 10k most frequent words, dropout only, [CLS], 2 epochs)
     Pretraining("mirror-lexical", "mirror", "mirror", None, what="Mirror-BERT's lexical encoder, on words",
                 preset="mirror-bert-lexical", words=True),
+    # supervised: trained on labelled data (--nli; the STS train file of --data-dir) at the papers' settings
+    Pretraining("sbert-nli", "supervised", "sbert-softmax", None, preset="sbert-nli",
+                what="SBERT-NLI: softmax classifier on [u; v; |u - v|] of the NLI pairs, one epoch"),
+    Pretraining("simcse-sup", "supervised", "simcse-sup", None, preset="simcse-sup",
+                what="supervised SimCSE: NLI triples, the contradiction a hard negative, three epochs"),
+    Pretraining("sbert-nli-sts", "supervised", "sbert-cosine", "sbert-nli", preset="sbert-sts",
+                what="SBERT-NLI, then cosine regression on the CS224N STS train split (holds STS-B test pairs)"),
+    # distill: a student from --config's random weights learns --teacher's vectors of the corpus
+    Pretraining("distill", "supervised", "distill", None, from_config=True,
+                what="distillation: MSE to --teacher's vectors of the corpus, student from --config"),
 )}
 
 
@@ -71,8 +90,14 @@ PUBLISHED_ROWS = (Row("SimCSE (published)", "simcse-published", "simcse-publishe
                   Row("TSDAE (published)", "tsdae-published", "tsdae-published"), OBJECTIVE_ROWS[-1])
 #: lexical: Mirror-BERT's word encoder trained from --model (the base is MinBERT, --model itself).
 LEXICAL_ROWS = (Row("Mirror-BERT (lexical)", "mirror-lexical", "mirror-lexical"),)
+#: supervised: SBERT's and SimCSE's supervised recipes from --model (or the MLM base).
+SUPERVISED_ROWS = (Row("SBERT-NLI", "sbert-nli", "sbert-nli"), Row("SimCSE-sup", "simcse-sup", "simcse-sup"),
+                   Row("SBERT-NLI then STS", "sbert-nli-sts", "sbert-nli-sts"))
+#: distill: the student, beside the teacher and the MLM base of the same size (MinBERT there).
+DISTILL_ROWS = (Row("Distilled student", "distill", "distill"),)
+TEACHER_ROW = Row("Teacher", "teacher", None)  # --teacher itself, untouched
 ROW_OF_PRETRAINING = {r.pretraining: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS + PUBLISHED_ROWS
-                      + LEXICAL_ROWS if r.pretraining}
+                      + LEXICAL_ROWS + SUPERVISED_ROWS + DISTILL_ROWS if r.pretraining}
 
 #: mlm-base: MLM pretraining from random weights (--config), whose best/ is then every row's
 #: --model; batch 64, lr 5e-4 with a linear warm-up over the first tenth of the steps and a
@@ -86,6 +111,12 @@ def mlm_base_flags(steps: int) -> list[str]:
     anisotropy the report describes), so STS would keep the random step 0."""
     return ["--batch-size", "64", "--lr", "5e-4", "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 10)),
             "--select-on", "mlm-heldout"]
+
+
+def distill_flags(steps: int) -> list[str]:
+    """The distilled student trains as the MLM base does (batch 64, lr 5e-4, warm-up over the first
+    tenth, linear decay), for as many steps: the two students differ in their objective only."""
+    return ["--batch-size", "64", "--lr", "5e-4", "--lr-schedule", "linear", "--warmup-steps", str(max(1, steps // 10))]
 
 
 def steps_for(stage: str, scale: float) -> int:

@@ -17,7 +17,7 @@ from .planned import PlannedRun, now
 from .report import (
     ABLATION_REFERENCES,
     LEXICAL_REFERENCES,
-    OBJECTIVE_REFERENCES,
+    REFERENCES,
     Report,
     settings_json,
     settings_md,
@@ -52,8 +52,9 @@ def run_suite(args, argv: list) -> dict:
 
     evaluation = Evaluation(plan)
     results = evaluation.rows(plan.rows, analysis="analysis" in plan.commands)
-    references = ((ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
-                                                                         else [])
+    own = [c for c in plan.commands if c in REFERENCES]  # objectives, supervised, distill: a table of their own
+    references = ((ABLATION_REFERENCES if plan.ablation_rows else [])
+                  + ([r for c in own for r in REFERENCES[c]] if plan.objective_rows else [])
                   + (LEXICAL_REFERENCES if plan.lexical_rows else []))
     results |= evaluation.rows([r for r in references if r.key not in results], analysis=False)
     results |= evaluation.rows([r for r in claim_rows() if r.key not in results], analysis=False)
@@ -65,8 +66,8 @@ def run_suite(args, argv: list) -> dict:
         summary["table1"] = report.table1(plan.table1_rows, results)
     if "ablations" in plan.commands:
         summary["ablations"] = report.ablations(plan.ablation_rows, results)
-    if "objectives" in plan.commands:
-        summary["objectives"] = report.objectives(plan.objective_rows, results)
+    for command in own:
+        summary[command] = getattr(report, command)(plan.objective_rows, results)
     if "lexical" in plan.commands:
         summary["lexical"] = report.lexical(plan.lexical_rows, results, claims)
     summary["claims"] = report.claims(claims)

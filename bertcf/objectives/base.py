@@ -3,6 +3,7 @@ the helpers several of them use."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -21,6 +22,22 @@ DEFAULTS = {"span_p": 0.3, "span_cap": 5, "temperature": 0.05, "negatives": "rep
             "flow_loss_unit": "bits-per-dim", "unfreeze_encoder": False, "encoder_lr": 1e-4,
             "momentum": 0.999, "predictor_k": 8, "predictor_hidden": None, "ct_negatives": 7,
             "deletion_ratio": 0.6, "mlm_probability": 0.15, "mini_batch_size": None}
+
+
+@dataclass
+class Examples:
+    """What a run trains on: ``columns``, k lists of n sentences, example i being row i of each (a
+    corpus: one column; pairs: two; triples: three); ``labels``: None, or a tensor whose row i is
+    example i's label (class ids [n], similarities [n], a teacher's vectors [n, D']); ``classes``:
+    the class names of class-id labels; ``what``: where they come from, in words."""
+
+    columns: list[list[str]]
+    labels: torch.Tensor | None = None
+    classes: tuple[str, ...] = ()
+    what: str = ""
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
 
 
 def setting(args, name: str):

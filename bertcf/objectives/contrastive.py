@@ -73,6 +73,10 @@ class InfoNCE(nn.Module):
     - ``ntxent`` (Mirror-BERT's published loss, SimCLR's NT-Xent): each of the 2b views is an anchor
       whose candidates are the other 2b - 1 views (its pair the target), mean over the 2b anchors.
 
+    ``hard_negatives`` [b, D] (supervised SimCSE: each premise's contradiction), when given, adds
+    every hard negative of the batch to every anchor's candidates (b more columns; ``report`` and
+    ``simcse``; NT-Xent, a loss over two views of one sentence, has no place for them).
+
     Under torch.distributed the candidates come from the global batch of every rank
     (``gather=True``), the anchors stay local.
     """
@@ -85,30 +89,35 @@ class InfoNCE(nn.Module):
         self.gather = gather
         self.negatives = negatives
 
-    def logits_and_targets(self, anchors, positives):
+    def logits_and_targets(self, anchors, positives, hard_negatives=None):
         """(scores of each anchor against its candidates [rows, candidates], self masked with -inf;
         [rows] the column of each anchor's target). report: [b, 2B] = [all positives | all
         anchors]; simcse: [b, B]; ntxent: [2b, 2B], rows the local anchors then the local
-        positives, columns [all anchors | all positives]."""
-        a = F.normalize(anchors.float(), dim=-1)
-        p = F.normalize(positives.float(), dim=-1)
-        all_a, all_p, offset = a, p, 0
+        positives, columns [all anchors | all positives]. With ``hard_negatives``, B more columns
+        at the end: [... | all hard negatives]."""
+        if hard_negatives is not None and self.negatives == "ntxent":
+            raise ValueError("ntxent (two views of one sentence) takes no hard negatives")
+        views = [F.normalize(x.float(), dim=-1) for x in (anchors, positives, hard_negatives) if x is not None]
+        a, p, h = views[0], views[1], views[2] if len(views) == 3 else None
+        all_a, all_p, all_h, offset = a, p, h, 0
         if self.gather:
-            # One collective for both: [b, 2, D] -> [B, 2, D].
-            both = gather_with_grad(torch.stack([a, p], dim=1))
-            if both.shape[0] != a.shape[0]:
-                all_a, all_p = both[:, 0], both[:, 1]
+            # One collective for all: [b, 2 or 3, D] -> [B, 2 or 3, D].
+            gathered = gather_with_grad(torch.stack(views, dim=1))
+            if gathered.shape[0] != a.shape[0]:
+                all_a, all_p = gathered[:, 0], gathered[:, 1]
+                all_h = gathered[:, 2] if h is not None else None
                 offset = dist_info()[0] * a.shape[0]
         b, total = a.shape[0], all_a.shape[0]
         rows = torch.arange(b, device=a.device)
         # float32 even under autocast: bf16 cosines (3 digits) divided by tau = 0.05 are off by ~0.05.
         with torch.autocast(device_type=a.device.type, enabled=False):
+            hard = [a @ all_h.T] if h is not None else []
             if self.negatives == "simcse":
-                return a @ all_p.T / self.temperature, rows + offset
+                return torch.cat([a @ all_p.T] + hard, dim=1) / self.temperature, rows + offset
             if self.negatives == "report":
                 to_positives, to_anchors = a @ all_p.T, a @ all_a.T
                 to_anchors[rows, rows + offset] = float("-inf")  # an anchor is not its own candidate
-                return torch.cat([to_positives, to_anchors], dim=1) / self.temperature, rows + offset
+                return torch.cat([to_positives, to_anchors] + hard, dim=1) / self.temperature, rows + offset
             views, candidates = torch.cat([a, p]), torch.cat([all_a, all_p])
             scores = views @ candidates.T
         own = torch.cat([rows + offset, rows + offset + total])  # each view's own column
@@ -116,6 +125,6 @@ class InfoNCE(nn.Module):
         pair = torch.cat([rows + offset + total, rows + offset])  # its pair: x_i <-> x'_i
         return scores / self.temperature, pair
 
-    def forward(self, anchors, positives):
-        logits, targets = self.logits_and_targets(anchors, positives)
+    def forward(self, anchors, positives, hard_negatives=None):
+        logits, targets = self.logits_and_targets(anchors, positives, hard_negatives)
         return F.cross_entropy(logits, targets)

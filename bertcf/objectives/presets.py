@@ -73,6 +73,31 @@ PRESETS = {p.name: p for p in (
                 max_length=75, weight_decay=0.0, lr_schedule="linear"),
            epochs=1, warmup=0.1,
            differs="we delete word pieces, TSDAE words"),
+    # The supervised methods (--stage supervised): give the data with --train-file.
+    Preset("sbert-nli", "Reimers & Gurevych 2019 (Sentence-BERT, EMNLP), section 4; sentence-transformers' "
+                        "training_nli.py",
+           dict(stage="supervised", method="sbert-softmax", pooling="mean", batch_size=16, lr=2e-5, max_length=128,
+                dropout=0.1, weight_decay=0.01, lr_schedule="linear"),
+           epochs=1, warmup=0.1,
+           differs="SBERT trains on SNLI + MultiNLI train (942k pairs) and keeps the checkpoint best on STS-B dev "
+                   "(--select-on stsb-dev); the data is the user's --train-file"),
+    Preset("sbert-sts", "Reimers & Gurevych 2019 (Sentence-BERT, EMNLP), section 4.2; sentence-transformers' "
+                        "training_stsbenchmark.py",
+           dict(stage="supervised", method="sbert-cosine", pooling="mean", batch_size=16, lr=2e-5, max_length=128,
+                dropout=0.1, weight_decay=0.01, lr_schedule="linear"),
+           epochs=4, warmup=0.1,
+           differs="SBERT regresses on STS-B train (5,749 pairs); the default --train-file is CS224N's STS train "
+                   "split, which holds STS-B test pairs, so STS-B test is no held-out set after it"),
+    Preset("simcse-sup", "Gao et al. 2021 (SimCSE, EMNLP), supervised; princeton-nlp/SimCSE run_sup_example.sh",
+           dict(stage="supervised", method="simcse-sup", negatives="simcse", pooling="cls-mlp", temperature=0.05,
+                batch_size=512, lr=5e-5, max_length=32, dropout=0.1, weight_decay=0.0, lr_schedule="linear",
+                eval_every=125),
+           epochs=3,
+           differs="SimCSE keeps its MLP over [CLS] at test time (its supervised checkpoints carry it as BERT's "
+                   "pooler), ours drops it as for unsupervised SimCSE; SimCSE trains on 275,601 SNLI + MultiNLI "
+                   "triples and keeps the checkpoint best on STS-B dev (--select-on stsb-dev); batch 512 in one "
+                   "process is SimCSE's 4 GPUs x 128 with the candidates gathered (the same loss), and needs the "
+                   "memory of 1,536 sentences a step"),
 )}
 
 

@@ -1,0 +1,75 @@
+"""Supervised SimCSE: contrastive learning on NLI, each premise's contradiction a hard negative."""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..data.nli import nli_triples, read_nli
+from ..data.pairs import pair_kind
+from ..errors import DataError, UsageError
+from .base import Examples, pair_scalars, setting
+from .contrastive import InfoNCE
+from .supervised import Supervised, train_files
+
+
+class SupervisedSimCSE(Supervised):
+    """Supervised SimCSE (Gao et al. 2021, "SimCSE: Simple Contrastive Learning of Sentence
+    Embeddings", EMNLP, section 4).
+
+    Inputs: triples (x, x+, x-) from NLI: a premise, a hypothesis it entails (the positive) and
+    one it contradicts (the hard negative; ``data.nli.nli_triples``). With h = f(x), h+ = f(x+),
+    h- = f(x-) [b, D] from one forward pass (dropout on, as in training):
+
+        loss = InfoNCE(h, h+, hard negatives h-): the cross-entropy of the softmax over each
+        anchor's candidates, cosine / --temperature (0.05), every h+_j and every h-_j of the
+        batch; --negatives report adds the other anchors h_j (the report's variant, the default),
+        --negatives simcse is the published loss (``--preset simcse-sup``). Under torch.distributed
+        the candidates come from the global batch.
+
+    ``--pooling cls-mlp``: SimCSE's MLP over [CLS] in training (h = tanh(W [CLS] + c)); the
+    encoder and its checkpoint keep [CLS] without it.
+    """
+
+    def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
+        super().__init__(encoder, args, generator, examples)
+        self.info_nce = InfoNCE(temperature=setting(args, "temperature"), negatives=setting(args, "negatives"))
+        self.mlp = None
+        if setting(args, "pooling") == "cls-mlp":
+            encoder.pooling = "cls"
+            d, std = encoder.dim, encoder.bert.config.initializer_range
+            self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+            nn.init.normal_(self.mlp[0].weight, std=std)
+            nn.init.zeros_(self.mlp[0].bias)
+
+    @classmethod
+    def read_examples(cls, args, corpus) -> Examples:
+        files = train_files(args)
+        other = [f"{f} ({kind})" for f in files if (kind := pair_kind(f)) != "nli"]
+        if other:
+            raise UsageError(f"--method simcse-sup trains on NLI triples, and {', '.join(other)} is not NLI")
+        examples = [e for f in files for e in read_nli(f)]
+        triples = nli_triples(examples)
+        if not triples:
+            raise DataError(f"{', '.join(map(str, files))}: no premise has both an entailed and a contradicted "
+                            f"hypothesis, so there are no triples for supervised SimCSE")
+        anchors, positives, negatives = (list(column) for column in zip(*triples))
+        return Examples([anchors, positives, negatives], None, (),
+                        f"{len(triples):,} (premise, entailment, contradiction) triples from "
+                        f"{', '.join(map(str, files))}")
+
+    def checkpoint_modules(self):
+        return {"encoder": self.encoder} | ({"mlp": self.mlp} if self.mlp is not None else {})
+
+    def views(self, ids, mask, rank: int, world: int) -> list[torch.Tensor]:
+        """h, h+, h- [b, D] of this rank's rows (after the MLP with cls-mlp)."""
+        h = torch.cat(self.column_embeddings(ids, mask, 3, rank, world))
+        return list((self.mlp(h) if self.mlp is not None else h).chunk(3))
+
+    def loss(self, ids, mask, special, rank=0, world=1, labels=None):
+        anchors, positives, negatives = self.views(ids, mask, rank, world)
+        loss = self.info_nce(anchors, positives, negatives)
+        with torch.no_grad():
+            scalars = pair_scalars(anchors, positives)
+            scalars["hard_negative_cosine"] = torch.nn.functional.cosine_similarity(
+                anchors.float(), negatives.float()).mean()
+        return loss, scalars
