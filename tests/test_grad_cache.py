@@ -1,7 +1,8 @@
 """--mini-batch-size, the gradient cache of the in-batch objectives (bertcf/objectives/cache.py).
 
 - Every objective it applies to (mirror and simcse with each --negatives, character spans and
-  SimCSE's MLP head; the joint stage frozen and with --unfreeze-encoder; the flow stage; BSL; CT),
+  SimCSE's MLP head; the joint stage frozen and with --unfreeze-encoder; the flow stage; BSL; CT;
+  supervised SimCSE with its hard negatives),
   with dropout on: the cached step's loss and every parameter's gradient equal the uncached step's
   on the same chunks within 1e-5, and the step leaves torch's generator and the objective's where
   the uncached step does. ("The same chunks": dropout draws its masks for the tensor it drops, so a
@@ -315,3 +316,28 @@ def test_mini_batch_size_where_it_does_not_apply_is_one_line(flags, message, tin
     assert exit_status(base_args(tiny_bert_dir, data_dir, tmp_path / "run") + flags) == 2
     assert_one_error_line(capsys, message)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("negatives,pooling", [("report", "mean"), ("simcse", "cls-mlp")])
+def test_supervised_simcse_cached_step_equals_the_uncached_step(tiny_bert_dir, negatives, pooling):
+    """Supervised SimCSE's three columns (anchor, entailment, contradiction) through the cache: its
+    loss and gradients equal the uncached step's on the same chunks, with dropout on."""
+    from test_supervised import CONTRADICTED, ENTAILED, PREMISES, stacked
+
+    from bertcf.objectives import SupervisedSimCSE
+
+    def build_sup(mini_batch_size=None):
+        torch.manual_seed(0)
+        settings = args(negatives=negatives, pooling=pooling, temperature=TAU, mini_batch_size=mini_batch_size)
+        return SupervisedSimCSE(load(tiny_bert_dir, 0.1), settings, torch.Generator().manual_seed(0)).train()
+
+    def sup_step(objective):
+        torch.manual_seed(5)
+        loss, _ = objective.loss(*stacked(objective.encoder, [PREMISES, ENTAILED, CONTRADICTED]))
+        loss.backward()
+        grads = {k: p.grad.clone() for k, p in objective.named_parameters() if p.grad is not None}
+        return loss.detach(), grads, torch.get_rng_state(), objective.generator.get_state()
+
+    cached = sup_step(build_sup(mini_batch_size=M))
+    assert_same_step(cached, sup_step(chunked_with_graph(build_sup(), M)))
+    assert max(g.abs().max() for k, g in cached[1].items() if k.startswith("encoder.bert.")) > 1e-4

@@ -28,7 +28,12 @@ class SupervisedSimCSE(Supervised):
 
     ``--pooling cls-mlp``: SimCSE's MLP over [CLS] in training (h = tanh(W [CLS] + c)); the
     encoder and its checkpoint keep [CLS] without it.
+
+    ``--mini-batch-size``: the three columns go through the encoder M rows at a time with the
+    gradient cache (``objectives.cache``), so its batch 512 fits in the memory of M rows.
     """
+
+    mini_batches = True
 
     def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
         super().__init__(encoder, args, generator, examples)
