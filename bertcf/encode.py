@@ -119,7 +119,7 @@ class Backend:
         if threads:
             torch.set_num_threads(threads)
         self.onnx, self.torch = None, SentenceEncoder.from_pretrained(model).to(resolve_device(device)).eval()
-        self.dim = self.torch.dim
+        self.dim = self.torch.output_dim
 
     def tokenize(self, sentences: list[str]) -> list[list[int]]:
         if self.onnx is not None:

@@ -1,7 +1,8 @@
 """Multitask fine-tuning behind ``run_multitask.py`` (the report's sections 4.3 and 5.3): the
 task data, the training loop, evaluation and the CS224N prediction files. The model (one encoder,
 three heads, their losses and predictions) is ``bertcf.models.multitask.MultitaskModel``; with a
-flow, the flow is fine-tuned with the encoder unless frozen.
+flow or a linear head (``SentenceEncoder.dense``, e.g. a whitening map), they are fine-tuned with
+the encoder unless frozen (``--freeze-flow``, ``--freeze-encoder``), and saved with it.
 
 Pairs are encoded as two separate sentences (a bi-encoder). Each step draws one batch of every
 task (32 SST sentences, 96 QQP pairs, 32 STS pairs; each task's data cycles on its own), encodes
@@ -25,6 +26,7 @@ import torch
 from minbert import pad_batch
 
 from . import cli, runs, training
+from .data.download import fetch_missing
 from .data.tasks import READERS, SPLITS, task_file
 from .errors import DataError, UsageError
 from .evaluation.multitask import METRICS, SELECTION_METRIC, mean_dev, task_interval, task_metric
@@ -137,13 +139,26 @@ def task_paths(args) -> dict:
             for t in TASKS for s in SPLITS}
 
 
-def check_files(args, splits=SPLITS) -> dict:
-    """task_paths(args), after checking that the train and dev files among ``splits`` exist."""
+def check_files(args, splits=SPLITS, why: str | None = None) -> dict:
+    """task_paths(args), after checking that the train and dev files among ``splits`` exist
+    (``why``: why a missing one was not downloaded, for the error line)."""
     paths = task_paths(args)
     for (task, split), path in paths.items():
         if split in splits and split != "test" and not path.is_file():
-            raise DataError(f"{path} not found (set --data-dir or --{task}-{split})")
+            because = f"; {why}" if why else ""
+            raise DataError(f"{path} not found (set --data-dir or --{task}-{split}{because})")
     return paths
+
+
+def fetch_data(args) -> str | None:
+    """When a train or dev file is missing from --data-dir (where no --{task}-{split} flag points
+    elsewhere), download the missing CS224N files, the test files too (for the predictions);
+    returns why that failed, or None."""
+    missing = {(t, s): task_file(args.data_dir, t, s) for t in TASKS for s in SPLITS
+               if getattr(args, file_flag(t, s)) is None and not task_file(args.data_dir, t, s).is_file()}
+    if all(split == "test" for _, split in missing):
+        return None
+    return fetch_missing(args.data_dir, [path.name for path in missing.values()])
 
 
 def load_data(args, tokenizer, max_length: int, splits=SPLITS) -> dict:
@@ -268,8 +283,10 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--encoder", default=None,
                    help="a pretraining run directory or checkpoint (flow included when it has one), or a "
                         "Hugging Face BERT name or directory (default: --init, else --model)")
-    g.add_argument("--freeze-encoder", action="store_true", help="train the heads only (encoder and flow frozen)")
-    g.add_argument("--freeze-flow", action="store_true", help="with a flow: keep the flow fixed, train the encoder")
+    g.add_argument("--freeze-encoder", action="store_true",
+                   help="train the heads only (encoder, flow and the encoder's linear head frozen)")
+    g.add_argument("--freeze-flow", action="store_true",
+                   help="with a flow or a linear head (whitening): keep them fixed, train the encoder")
     g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
     g.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the checkpoint's (mean)")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
@@ -359,7 +376,8 @@ def predict_only(args) -> dict:
     model = MultitaskModel.from_pretrained(checkpoint, vocab=args.vocab).to(args.device)
     data = load_data(args, model.encoder.tokenizer, effective_max_length(args, model.encoder), splits=("dev", "test"))
     meta = {"checkpoint": str(checkpoint), "step": checkpoint_meta(checkpoint).get("step")}
-    metrics = write_predictions(model, data, out_dir, args.batch_size, args.precision, meta)
+    with runs.hold(out_dir):  # not into a run directory that a run is writing
+        metrics = write_predictions(model, data, out_dir, args.batch_size, args.precision, meta)
     report(metrics, out_dir)
     return metrics
 
@@ -376,7 +394,9 @@ def main(argv=None) -> dict:
     args.command = cli.command_line("run_multitask.py", argv)
     if args.predict_only:
         return predict_only(args)
-    return run_distributed(train, args)
+    with runs.hold(args.out_dir):  # one run per directory, from before anything is written
+        check_files(args, why=fetch_data(args))
+        return run_distributed(train, args)
 
 
 def train(args, device) -> dict:
@@ -391,8 +411,10 @@ def train(args, device) -> dict:
                            qqp_margin=args.qqp_margin, sts_margin=args.sts_margin)
     if args.freeze_encoder:
         encoder.requires_grad_(False)
-    elif args.freeze_flow and encoder.flow is not None:
-        encoder.flow.requires_grad_(False)
+    elif args.freeze_flow:
+        for head in (encoder.flow, encoder.dense):
+            if head is not None:
+                head.requires_grad_(False)
     model.to(device)
     if args.compile:
         encoder.bert.compile_layers()

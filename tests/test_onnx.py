@@ -1,6 +1,6 @@
 """The ONNX export (bertcf-export onnx), the encoder that runs it without PyTorch (bertcf.onnx) and
-the encoding command (bertcf-encode): the graphs give SentenceEncoder.encode's vectors (flow and
-Normalize inside), sentence-transformers' layout holds transformers' hidden states, int8 quantises
+the encoding command (bertcf-encode): the graphs give SentenceEncoder.encode's vectors (flow, linear
+head and Normalize inside), sentence-transformers' layout holds transformers' hidden states, int8 quantises
 every weight matrix, and bad input is one line with exit status 2.
 
 The exports are made once per module (torch.onnx's exporter takes seconds per graph)."""
@@ -32,14 +32,18 @@ SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the 
              "the quick brown fox jumps over the lazy dog " * 3, "A woman slices an onion.", "ok ok"]
 
 
-def export(argv, capsys=None) -> int:
+DIM = 24  # the linear head's output: the vectors' width
+
+
+def export(argv) -> int:
     return run_main(export_cli.main, ["onnx", *map(str, argv)])
 
 
 @pytest.fixture(scope="module")
 def flow_checkpoint(tiny_bert_dir, tmp_path_factory) -> Path:
-    """A tiny checkpoint with a trained-looking flow and Normalize, mean pooling, max_length 12
-    (shorter than the longest sentence), exported in place (CHECKPOINT/onnx) with int8 graphs."""
+    """A tiny checkpoint with a trained-looking flow, a linear head (32 -> 24) and Normalize, mean
+    pooling, max_length 12 (shorter than the longest sentence), exported in place
+    (CHECKPOINT/onnx) with int8 graphs."""
     encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
     torch.manual_seed(0)
     encoder.flow = Glow(encoder.dim, num_blocks=2)
@@ -47,6 +51,7 @@ def flow_checkpoint(tiny_bert_dir, tmp_path_factory) -> Path:
         encoder.flow.train()(torch.randn(32, encoder.dim))
         for p in encoder.flow.parameters():
             p.add_(0.1 * torch.randn_like(p))
+    encoder.dense = torch.nn.Linear(encoder.dim, DIM)
     encoder.normalize, encoder.max_length = True, 12
     path = tmp_path_factory.mktemp("flow") / "ckpt"
     encoder.eval().save_pretrained(path)
@@ -74,7 +79,8 @@ def test_the_export_writes_checked_graphs_with_dynamic_axes(flow_checkpoint):
     out = flow_checkpoint / "onnx"
     meta = json.loads((out / exporter.CONFIG_FILE).read_text())
     assert meta["graphs"] == {"fp32": "encoder.onnx", "int8": "encoder_qint8.onnx"}
-    assert meta["flow"] and meta["normalize"] and meta["pooling"] == "mean" and meta["max_length"] == 12
+    assert meta["flow"] and meta["dense"] and meta["normalize"] and meta["pooling"] == "mean"
+    assert meta["max_length"] == 12 and meta["dim"] == DIM
     assert meta["parity"]["fp32"]["max_abs_diff"] < 1e-5
     assert {"tokenizer.json", "tokenizer_config.json", "model.onnx", "model_qint8.onnx", "bertcf_onnx.py"} <= {
         p.name for p in out.iterdir()}
@@ -123,7 +129,7 @@ def test_int8_quantises_every_weight_matrix(flow_checkpoint):
     assert float_weight_matmuls == []
     layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
     flow_matrices = 2 * (1 + 3)  # 2 blocks: the 1x1 map and the coupling net's 3 layers
-    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 4 * layers + flow_matrices
+    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 4 * layers + flow_matrices + 1  # + Dense
     fp32 = OnnxEncoder(flow_checkpoint).encode(SENTENCES)
     int8 = OnnxEncoder(flow_checkpoint, quantized=True).encode(SENTENCES)
     assert 0 < max_diff(int8, fp32) < 0.1  # quantised, and close (unit vectors)
@@ -225,10 +231,10 @@ def test_encode_command_writes_the_vectors_in_input_order(flow_checkpoint, tmp_p
     assert run_encode("--model", model, "--input", source, "--output", out, "--batch-size", 2,
                       "--progress", "lines") == 0  # --backend auto picks onnx for the export
     captured = capsys.readouterr()
-    assert f"{len(SENTENCES)} vectors of 32 dimensions ({backend} fp32" in captured.out
+    assert f"{len(SENTENCES)} vectors of {DIM} dimensions ({backend} fp32" in captured.out
     assert "encode: step 4/4 (100%)" in captured.err
     vectors = np.load(out)
-    assert vectors.dtype == np.float32 and vectors.shape == (len(SENTENCES), 32)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(SENTENCES), DIM)
     assert max_diff(vectors, SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)) < 1e-4
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 

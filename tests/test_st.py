@@ -95,7 +95,16 @@ def test_a_module_we_cannot_represent_is_a_clear_error(tiny_bert_dir, tmp_path):
     modules = json.loads((tmp_path / "ckpt" / "modules.json").read_text())
     modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
     (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
-    with pytest.raises(CheckpointError, match="sentence_transformers.models.Dense"):
+    (tmp_path / "ckpt" / "2_Dense").mkdir()
+    dense_config = {"in_features": 32, "out_features": 8, "bias": True}  # no activation: sentence-transformers' Tanh
+    for activation in (None, "torch.nn.modules.activation.Tanh"):
+        config = dense_config | ({"activation_function": activation} if activation else {})
+        (tmp_path / "ckpt" / "2_Dense" / "config.json").write_text(json.dumps(config))
+        with pytest.raises(CheckpointError, match="Dense with activation torch.nn.modules.activation.Tanh"):
+            SentenceEncoder.from_pretrained(tmp_path / "ckpt")
+    modules[2]["type"] = "sentence_transformers.models.LayerNorm"
+    (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(CheckpointError, match="sentence_transformers.models.LayerNorm"):
         SentenceEncoder.from_pretrained(tmp_path / "ckpt")
     modules[2] = {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
     modules.append({"idx": 3, "name": "3", "path": "3_Flow", "type": "bertcf.st.Flow"})
@@ -108,6 +117,82 @@ def test_a_module_we_cannot_represent_is_a_clear_error(tiny_bert_dir, tmp_path):
     (tmp_path / "ckpt" / "modules.json").write_text(json.dumps(modules))
     with pytest.raises(CheckpointError, match="pooling_mode_max_tokens"):
         SentenceEncoder.from_pretrained(tmp_path / "ckpt")
+
+
+def with_dense(tiny_bert_dir, out_features=24, flow=False, bias=True):
+    """The tiny encoder with a random linear head (after a flow when ``flow``)."""
+    encoder = with_flow(tiny_bert_dir) if flow else SentenceEncoder.from_pretrained(tiny_bert_dir).eval()
+    torch.manual_seed(1)
+    encoder.dense = torch.nn.Linear(encoder.dim, out_features, bias=bias)
+    return encoder
+
+
+@pytest.mark.parametrize("flow", [False, True])
+def test_a_linear_head_is_a_standard_dense_module_both_ways(tiny_bert_dir, tmp_path, flow):
+    """The head is written as sentence-transformers' Dense (identity activation, linear.weight /
+    linear.bias), which it loads as its own module; we read it back bit for bit."""
+    from safetensors.torch import load_file
+    from sentence_transformers.base.modules import Dense
+
+    encoder = with_dense(tiny_bert_dir, flow=flow)
+    encoder.save_pretrained(tmp_path / "ckpt")
+    modules = json.loads((tmp_path / "ckpt" / "modules.json").read_text())
+    assert [m["type"] for m in modules][-1] == "sentence_transformers.models.Dense"
+    dense_dir = tmp_path / "ckpt" / modules[-1]["path"]
+    assert json.loads((dense_dir / "config.json").read_text()) == {
+        "in_features": 32, "out_features": 24, "bias": True, "activation_function": "torch.nn.modules.linear.Identity",
+        "module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}
+    tensors = load_file(str(dense_dir / "model.safetensors"))
+    assert torch.equal(tensors["linear.weight"], encoder.dense.weight) and torch.equal(tensors["linear.bias"],
+                                                                                       encoder.dense.bias)
+    theirs = Dense.load(str(dense_dir))  # sentence-transformers' own loader, no remote code
+    assert isinstance(theirs.activation_function, torch.nn.Identity)
+    assert torch.equal(theirs.linear.weight, encoder.dense.weight)
+    loaded = SentenceEncoder.from_pretrained(tmp_path / "ckpt")
+    assert torch.equal(loaded.dense.weight, encoder.dense.weight) and loaded.output_dim == 24
+    assert torch.equal(loaded.encode(SENTENCES), encoder.encode(SENTENCES))
+    plain = encoder.encode(SENTENCES) if not flow else None
+    encoder.dense = None
+    without = encoder.encode(SENTENCES)
+    assert without.shape[1] == 32 and (plain is None or plain.shape[1] == 24)
+    assert_same_vectors(tmp_path / "ckpt")  # sentence-transformers' vectors = ours, within 1e-5
+
+
+def test_a_dense_sentence_transformers_wrote_is_read(tiny_bert_dir, tmp_path):
+    """A model sentence-transformers built and saved with Dense(identity, no bias): its vectors here."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.base.modules import Dense
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    transformer = Transformer(str(tiny_bert_dir), max_seq_length=12)
+    torch.manual_seed(0)
+    dense = Dense(32, 8, bias=False, activation_function=torch.nn.Identity())
+    model = SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean"), dense], device="cpu")
+    model.save(str(tmp_path / "st"))
+    encoder = SentenceEncoder.from_pretrained(tmp_path / "st")
+    assert encoder.dense.bias is None and encoder.output_dim == 8
+    assert (encoder.encode(SENTENCES) - torch.tensor(model.encode(SENTENCES))).abs().max().item() < 1e-5
+
+
+def test_a_linear_head_in_fine_tuning_and_pretraining(tiny_bert_dir, tmp_path):
+    """The multitask heads read the head's output (its width) and the checkpoint keeps it; a
+    pretraining objective, which trains the vectors the head was fitted on, drops it."""
+    from bertcf.models.multitask import MultitaskModel
+    from bertcf.objectives import build_objective
+
+    model = MultitaskModel(with_dense(tiny_bert_dir, out_features=12), proj_dim=8).eval()
+    assert model.sst_head[1].in_features == 12 and model.qqp_head[1].in_features == 12
+    batch = model.encoder.tokenize(SENTENCES[:2])
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    out = model(ids, mask, {"sst": 2})
+    assert out["sst"].shape == (2, 5)
+    model.save_pretrained(tmp_path / "mt")
+    again = MultitaskModel.from_pretrained(tmp_path / "mt").eval()
+    assert torch.equal(again.encoder.dense.weight, model.encoder.dense.weight)
+    assert torch.allclose(again(ids, mask, {"sst": 2})["sst"], out["sst"], atol=1e-6)
+    encoder = with_dense(tiny_bert_dir)
+    build_objective("mirror", "mirror", encoder)
+    assert encoder.dense is None and encoder.output_dim == encoder.dim
 
 
 def test_real_minilm_agrees_in_its_own_layout(real_bert_dir):
@@ -229,6 +314,18 @@ def test_a_joint_checkpoint_loads_where_bertcf_is_not_installed(finished_run, ti
     with_flow_vectors, plain_vectors = standalone_vectors((best, True), (plain, False))
     assert (with_flow_vectors - SentenceEncoder.from_pretrained(best).encode(SENTENCES)).abs().max().item() < 1e-5
     assert (plain_vectors - SentenceEncoder.from_pretrained(plain).encode(SENTENCES)).abs().max().item() < 1e-5
+
+
+@pytest.mark.slow
+def test_a_linear_head_loads_where_bertcf_is_not_installed(tiny_bert_dir, tmp_path):
+    """A checkpoint with a linear head and no flow is plain sentence-transformers (Transformer,
+    Pooling, Dense): it loads without remote code where BERT-CF cannot be imported."""
+    dense = tmp_path / "dense"
+    with_dense(tiny_bert_dir).save_pretrained(dense)
+    assert not (dense / "bertcf_st.py").exists()
+    theirs, = standalone_vectors((dense, False))
+    assert theirs.shape == (len(SENTENCES), 24)
+    assert (theirs - SentenceEncoder.from_pretrained(dense).encode(SENTENCES)).abs().max().item() < 1e-5
 
 
 @pytest.mark.slow

@@ -19,7 +19,8 @@ def build_parser() -> ArgumentParser:
     onnx = commands.add_parser(
         "onnx", help="ONNX graphs for ONNX Runtime: the whole encoder (pooling, flow, Normalize) in one graph",
         description="Write the encoder as one ONNX graph (token ids and mask -> the sentence vector: minBERT, "
-                    "pooling, the flow when there is one, Normalize when the model normalises), its tokenizer "
+                    "pooling, the flow and the linear head when there are, Normalize when the model normalises), "
+                    "its tokenizer "
                     f"files, {CONFIG_FILE} and bertcf_onnx.py (OnnxEncoder, which needs no PyTorch).",
         formatter_class=parser.formatter_class)
     onnx.error = parser.error

@@ -1,10 +1,12 @@
 """The model card (``best/README.md``) of a checkpoint, in sentence-transformers' conventions: YAML
 metadata for the Hub, then what produced the checkpoint (command, base model, stage and method,
-data, steps), its best dev metric, and how to load it with BERT-CF and with sentence-transformers."""
+data, steps, the versions of Python, bertcf and the libraries), its best dev metric, and how to
+load it with BERT-CF and with sentence-transformers."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..utils import environment
 from ..utils.files import write_text_atomic
 
 CARD_FILE = "README.md"
@@ -25,10 +27,12 @@ def hub_base(config: dict, depth: int = 0) -> str | None:
     return hub_base(found[1], depth + 1) if found else None
 
 
-def model_card(config: dict, metric: str, score: float, step: int, flow: bool = False) -> str:
+def model_card(config: dict, metric: str, score: float, step: int, flow: bool = False,
+               software: dict | None = None) -> str:
     """The card of a checkpoint chosen at ``step`` by ``metric`` = ``score``, from the run's ``config``
     (its config.json: every setting, and ``command``, the command line); ``flow``: whether the
-    checkpoint has a flow (its sentence-transformers module is then custom code)."""
+    checkpoint has a flow (its sentence-transformers module is then custom code); ``software``: an
+    environment record whose versions the card names (default: this process's)."""
     base = config.get("init") or config.get("encoder") or config.get("model")
     hub = hub_base(config)
     what = (f"stage `{config['stage']}`, method `{config['method']}`" if "stage" in config
@@ -49,7 +53,9 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
              f"- Data: `{config.get('data_dir')}`" + (f"; pretraining corpus: {corpus}" if corpus else ""),
              f"- Steps: {config.get('steps')} (batch {config.get('batch_size')}, lr {config.get('lr')}, "
              f"seed {config.get('seed')})",
-             f"- Best dev metric: {metric} = {score:.4f} at step {step}", ""]
+             f"- Best dev metric: {metric} = {score:.4f} at step {step}",
+             f"- Software: {environment.summary(software or environment.versions())} (the whole record, device "
+             f"and CPU included: `environment.json` in the run directory)", ""]
     lines += (["## Evaluation", ""] + evaluation) if evaluation else []
     remote = ("This checkpoint has a normalising flow on top of the pooled vector. Its code ships in this "
               "directory (`bertcf_st.py`, `flow.py`; torch, safetensors and sentence-transformers are all it "

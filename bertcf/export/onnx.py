@@ -4,14 +4,14 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
 
     encoder.onnx         the whole encoder: input_ids, attention_mask [batch, sequence] (int64)
                          -> sentence_embedding [batch, D] (float32): minBERT, the pooling, the flow
-                         when the checkpoint has one, and Normalize when it normalises (then also
-                         unnormalized_embedding, the vector before Normalize)
+                         and the linear head (Dense) when the checkpoint has them, and Normalize when
+                         it normalises (then also unnormalized_embedding, the vector before Normalize)
     encoder_qint8.onnx   the same with int8 weights (``--quantize int8``: ONNX Runtime's dynamic
                          quantisation, ``quantize_dynamic``)
     model.onnx           only in CHECKPOINT/onnx: the Transformer part alone, input_ids,
                          attention_mask, token_type_ids -> last_hidden_state [batch, sequence, D],
                          the file sentence-transformers' ``backend="onnx"`` loads from a checkpoint's
-                         ``onnx/`` folder (it runs the pooling, the flow and Normalize itself, in torch);
+                         ``onnx/`` folder (it runs the pooling, the flow, Dense and Normalize itself, in torch);
                          model_qint8.onnx beside it with --quantize int8
     onnx_encoder.json    what bertcf.onnx.OnnxEncoder needs: the graphs, dimension, max_length,
                          pad id, whether the graph normalises; and the parity measured at export
@@ -52,7 +52,8 @@ PARITY_LIMIT = 1e-3  # fp32 max abs difference above which the export is refused
 
 class SentenceGraph(nn.Module):
     """What encoder.onnx computes: token ids and mask -> the sentence vector, as
-    ``SentenceEncoder.encode`` computes it (pooling, flow, Normalize), through minBERT's padded path."""
+    ``SentenceEncoder.encode`` computes it (pooling, flow, linear head, Normalize), through
+    minBERT's padded path."""
 
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()
@@ -64,7 +65,7 @@ class SentenceGraph(nn.Module):
         vector = pool(hidden, attention_mask, encoder.pooling)
         if encoder.flow is not None:
             vector = encoder.flow(vector)[0]
-        if getattr(encoder, "dense", None) is not None:  # a linear head after pooling and the flow
+        if encoder.dense is not None:  # the linear head (a whitening map, a projection), last
             vector = encoder.dense(vector)
         if encoder.normalize:
             return F.normalize(vector, dim=-1), vector
@@ -160,10 +161,10 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
     encoder.tokenizer.save_pretrained(str(directory))
     shutil.copyfile(Path(__file__).parents[1] / "onnx.py", directory / RUNTIME_FILE)
     meta = {"format": "bertcf-onnx-encoder", "version": 1, "graphs": graphs,
-            "inputs": list(inputs), "outputs": output_names(encoder), "dim": encoder.dim,
+            "inputs": list(inputs), "outputs": output_names(encoder), "dim": encoder.output_dim,
             "max_length": encoder._max_length(), "max_position_embeddings": config.max_position_embeddings,
             "pad_token_id": encoder.tokenizer.pad_token_id, "pooling": encoder.pooling,
-            "flow": encoder.flow is not None, "dense": getattr(encoder, "dense", None) is not None,
+            "flow": encoder.flow is not None, "dense": encoder.dense is not None,
             "normalize": encoder.normalize, "opset": opset, "source": source,
             "sentence_transformers": ST_GRAPH_FILE if sentence_transformers else None,
             "parity": {name: {"max_abs_diff": diff, "sentences": len(CHECK_SENTENCES)} for name, diff in checked.items()}}

@@ -1,7 +1,8 @@
-"""SentenceEncoder: minBERT + pooling (+ the Glow flow head when a checkpoint has one).
+"""SentenceEncoder: minBERT + pooling (+ the Glow flow and a linear head when a checkpoint has them).
 
 f(x) is the mean of the last layer over valid tokens (the report's choice) or the [CLS]
-vector; with a flow, the encoder's output is the flow's latent F(x) = g^{-1}(f(x)).
+vector; with a flow, the encoder's output is the flow's latent F(x) = g^{-1}(f(x)); with a
+linear head (``dense``: a whitening map, a projection), that head applied last, W F(x) + b.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ class SentenceEncoder(nn.Module):
     """Sentences -> vectors. ``forward`` works on token ids (for training); ``encode`` on text."""
 
     def __init__(self, bert: BertModel, tokenizer, pooling: str = "mean", flow=None, max_length: int = 128,
-                 normalize: bool = False):
+                 normalize: bool = False, dense: nn.Linear | None = None):
         super().__init__()
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, not {pooling!r}")
@@ -45,13 +46,20 @@ class SentenceEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.flow = flow
+        self.dense = dense  # a linear head after pooling and the flow (sentence-transformers' Dense, identity)
         self.max_length = max_length
         self.normalize = normalize  # encode() returns unit vectors (a sentence-transformers Normalize module)
         self.precision = None  # autocast in encode(): bf16|fp16|fp32; None: bf16 on a GPU that has it, else fp32
 
     @property
     def dim(self) -> int:
+        """The width of f(x), the pooled vector (and of the flow, which keeps it): the hidden size."""
         return self.bert.config.hidden_size
+
+    @property
+    def output_dim(self) -> int:
+        """The width of the vectors ``forward`` and ``encode`` return: the linear head's output, else ``dim``."""
+        return self.dense.out_features if self.dense is not None else self.dim
 
     @property
     def device(self) -> torch.device:
@@ -64,9 +72,17 @@ class SentenceEncoder(nn.Module):
         return pool(out["last_hidden_state"], attention_mask, self.pooling)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
-        """The sentence vector [b, D]: F(x) when there is a flow, else f(x)."""
+        """The sentence vector [b, output_dim]: f(x), then the flow's F(x) when there is one, then the
+        linear head when there is one."""
         u = self.embed(input_ids, attention_mask, token_type_ids, num_tokens)
-        return self.flow(u)[0] if self.flow is not None else u
+        if self.flow is not None:
+            u = self.flow(u)[0]
+        if self.dense is not None:
+            # In float32 whatever the autocast: a whitening map scales its smallest directions up by
+            # 1/sqrt(eigenvalue), which would magnify bf16's rounding as much.
+            with torch.autocast(u.device.type, enabled=False):
+                u = self.dense(u.float())
+        return u
 
     def _max_length(self, max_length: int | None = None) -> int:
         """``max_length`` (or the encoder's), never beyond the model's position embeddings."""
@@ -86,7 +102,7 @@ class SentenceEncoder(nn.Module):
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
         if not sentences:
-            return torch.empty(0, self.dim)
+            return torch.empty(0, self.output_dim)
         token_ids = self.tokenizer(sentences, truncation=True, max_length=self._max_length(max_length))["input_ids"]
         vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
         if self.normalize if normalize is None else normalize:
@@ -98,7 +114,7 @@ class SentenceEncoder(nn.Module):
         """:meth:`encode` for sentences tokenised already (lists of ids): [n, D] float32 on the
         CPU, in input order. ``precision``: the autocast precision (default: the encoder's)."""
         if not token_ids:
-            return torch.empty(0, self.dim)
+            return torch.empty(0, self.output_dim)
         order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))  # longest first
         was_training = self.training
         self.eval()
@@ -124,15 +140,15 @@ class SentenceEncoder(nn.Module):
     def save_pretrained(self, directory, link_weights_from=None) -> None:
         """A Hugging Face BERT directory (config.json, model.safetensors, tokenizer files)
         plus ``sentence_encoder.json``, with a flow ``flow.safetensors``, and the
-        sentence-transformers layout (``bertcf.st_format``), so that ``SentenceTransformer(dir)``
-        returns the vectors of :meth:`encode`. ``link_weights_from``: see
+        sentence-transformers layout (``bertcf.st_format``; the linear head is its standard Dense
+        module, kept there only), so that ``SentenceTransformer(dir)`` returns the vectors of :meth:`encode`. ``link_weights_from``: see
         :meth:`minbert.BertModel.save_pretrained`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.bert.save_pretrained(directory, link_weights_from)
         self.tokenizer.save_pretrained(str(directory))
         meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None,
-                "normalize": self.normalize}
+                "normalize": self.normalize, "dense": self.dense is not None}
         write_json_atomic(directory / ENCODER_FILE, meta)
         if self.flow is not None:
             with atomic_path(directory / FLOW_FILE) as tmp:
@@ -140,14 +156,15 @@ class SentenceEncoder(nn.Module):
         elif (directory / FLOW_FILE).exists():
             os.remove(directory / FLOW_FILE)
         st_format.write(directory, self.dim, self.pooling, self._max_length(),
-                        directory / FLOW_FILE if self.flow is not None else None, self.normalize)
+                        directory / FLOW_FILE if self.flow is not None else None, self.normalize, self.dense)
 
     @classmethod
     def from_pretrained(cls, path, pooling: str | None = None, max_length: int | None = None,
                         vocab=None, **config_overrides) -> "SentenceEncoder":
         """Load a Hugging Face BERT (directory or hub name), a checkpoint written by this
-        project, a sentence-transformers directory (its pooling, max_seq_length, Normalize and
-        bertcf's flow are read; another module is a CheckpointError naming it), or a run
+        project, a sentence-transformers directory (its pooling, max_seq_length, Normalize, a Dense
+        without activation and bertcf's flow are read; another module is a CheckpointError naming
+        it), or a run
         directory (its ``best/`` is used). ``vocab``: a vocab.txt for directories that carry no
         tokenizer files. Arguments given win over what the directory says."""
         path = resolve_encoder_path(path)
@@ -169,7 +186,9 @@ class SentenceEncoder(nn.Module):
                 flow = Glow.load(flow_file)
             except ValueError as e:  # flow.py raises no project error: checkpoints carry it standalone
                 raise CheckpointError(str(e)) from None
+        dense = st_format.read_dense(layout["dense"], flow.dim if flow is not None else bert.config.hidden_size) \
+            if layout.get("dense") is not None else None
         settings = layout | meta  # this project's own file first
         return cls(bert, tokenizer, pooling=pooling or settings.get("pooling", "mean"), flow=flow,
                    max_length=max_length or settings.get("max_length", 128),
-                   normalize=bool(settings.get("normalize", False)))
+                   normalize=bool(settings.get("normalize", False)), dense=dense)

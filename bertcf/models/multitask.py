@@ -1,6 +1,6 @@
 """The multitask model (the report's sections 4.3 and 5.3): one encoder, three heads on the
-sentence vector f(x) (F(x) = g^{-1}(f(x)) when the checkpoint has a flow), their losses, their
-predictions and the dev metrics.
+sentence vector f(x) (F(x) = g^{-1}(f(x)) when the checkpoint has a flow; then its linear head,
+e.g. a whitening map, when it has one), their losses, their predictions and the dev metrics.
 
 - SST-5 sentiment: dropout 0.3, linear D x 5, cross-entropy (:class:`SSTLoss`);
 - QQP paraphrase: linear D x 768 on each question, y = max(cos(p1, p2), h) with h = 0.7,
@@ -170,7 +170,7 @@ class MultitaskModel(nn.Module):
                  sts_margin: float = 0.0):
         super().__init__()
         self.encoder = encoder
-        d = encoder.dim
+        d = encoder.output_dim  # the heads read what the encoder returns (after its flow and linear head)
         self.config = dict(proj_dim=proj_dim, sst_dropout=sst_dropout, qqp_dropout=qqp_dropout,
                            sts_dropout=sts_dropout, qqp_margin=qqp_margin, sts_margin=sts_margin)
         self.qqp_margin, self.sts_margin = float(qqp_margin), float(sts_margin)

@@ -2,10 +2,13 @@
 the helpers several of them use."""
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn as nn
 
 from ..models.encoder import SentenceEncoder
+from ..utils.distributed import is_main_process
 
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
 
@@ -65,15 +68,26 @@ class Objective(nn.Module):
     strings), for views made on the text itself (Mirror-BERT's character span).
 
     ``uses_flow``: whether the encoder keeps its flow; the other objectives train the encoder
-    itself, so a flow that ``--init`` carries is dropped."""
+    itself, so a flow that ``--init`` carries is dropped.
+
+    ``uses_dense``: whether the encoder keeps its linear head (``SentenceEncoder.dense``, e.g. a
+    whitening map). Every objective here trains f(x) or a flow on it, which the head was fitted
+    to, so a head that ``--init`` carries is dropped (with a note): refit it on the new encoder
+    (``--stage whiten``). An objective that trains the head itself sets it."""
 
     uses_flow = False
+    uses_dense = False
     needs_text = False
 
     def __init__(self, encoder: SentenceEncoder, args=None, generator: torch.Generator | None = None):
         super().__init__()
         if not self.uses_flow:
             encoder.flow = None
+        if not self.uses_dense and encoder.dense is not None:
+            if is_main_process():
+                print(f"note: the encoder's linear head ({encoder.dim} -> {encoder.dense.out_features}, e.g. a "
+                      f"whitening map) is dropped: this stage changes the vectors it was fitted on", file=sys.stderr)
+            encoder.dense = None
         self.encoder = encoder
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         tokenizer = encoder.tokenizer
