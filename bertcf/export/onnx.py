@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -98,9 +99,12 @@ def export_graph(module: nn.Module, inputs: dict, outputs: list[str], path: Path
 
     batch, sequence = torch.export.Dim("batch", max=2**20), torch.export.Dim("sequence", max=max_positions)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # its notes on optional torchvision ops
-    program = torch.onnx.export(module, tuple(inputs.values()), input_names=list(inputs), output_names=outputs,
-                                dynamic_shapes=tuple({0: batch, 1: sequence} for _ in inputs), opset_version=opset,
-                                dynamo=True, external_data=False, verbose=False, optimize=False)
+    with warnings.catch_warnings():  # torch.export's notes on axis names and deprecations, not the user's business
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, tuple(inputs.values()), input_names=list(inputs), output_names=outputs,
+                                    dynamic_shapes=tuple({0: batch, 1: sequence} for _ in inputs),
+                                    opset_version=opset, dynamo=True, external_data=False, verbose=False,
+                                    optimize=False)
     onnxscript.optimizer.optimize(program.model, input_size_limit=2**40, output_size_limit=2**40)
     program.save(str(path), external_data=False)
     onnx.checker.check_model(str(path), full_check=True)
