@@ -81,7 +81,7 @@ def test_resume_from_a_damaged_config_is_one_line(tmp_path, capsys):
     assert "\n" not in err and f"--resume: {tmp_path / 'config.json'} is not valid JSON" in err
 
 
-COMMANDS = ("pretrain", "multitask", "evaluate", "bench")
+COMMANDS = ("pretrain", "multitask", "evaluate", "bench", "encode")
 
 
 def flag_helps(module: str) -> dict:

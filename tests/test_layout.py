@@ -16,7 +16,7 @@ LAYERS = {
     "models": 2,
     "evaluation": 3, "export": 3,
     "objectives": 4, "training": 4,
-    "pretrain": 5, "multitask": 5, "evaluate": 5, "bench": 5, "st": 5, "flow": 5, "st_format": 5, "__init__": 5,
+    "pretrain": 5, "multitask": 5, "evaluate": 5, "bench": 5, "onnx": 5, "encode": 5, "st": 5, "flow": 5, "st_format": 5, "__init__": 5,
     "experiments": 6,
 }
 MAX_FUNCTION_LINES = 80

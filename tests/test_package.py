@@ -1,5 +1,5 @@
 """The package as pip builds and installs it: a wheel whose metadata lists requirements.txt's
-dependencies and the five commands, and installed commands that run from outside the repository."""
+dependencies and the seven commands, and installed commands that run from outside the repository."""
 from __future__ import annotations
 
 import os
@@ -14,7 +14,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
             "bertcf-evaluate": "python -m bertcf.evaluate", "bertcf-experiments": "python -m bertcf.experiments",
-            "bertcf-bench": "python -m bertcf.bench"}
+            "bertcf-bench": "python -m bertcf.bench", "bertcf-export": "python -m bertcf.export",
+            "bertcf-encode": "python -m bertcf.encode"}
 
 
 def requirements() -> list[str]:
@@ -89,6 +90,8 @@ DOCUMENTED = {
     "python -m bertcf.bench": [sys.executable, "-m", "bertcf.bench"],
     "python -m bertcf.data download": [sys.executable, "-m", "bertcf.data", "download"],
     "python -m bertcf.st_format": [sys.executable, "-m", "bertcf.st_format"],
+    "bertcf-export onnx": [sys.executable, "-m", "bertcf.export", "onnx"],
+    "bertcf-encode": [sys.executable, "-m", "bertcf.encode"],
 }
 
 

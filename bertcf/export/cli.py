@@ -1,0 +1,57 @@
+"""``bertcf-export`` (``python -m bertcf.export``): a trained checkpoint in formats other tools run.
+
+    bertcf-export onnx RUN_OR_MODEL_DIR [--out DIR] [--quantize int8] [--opset N]
+"""
+from __future__ import annotations
+
+import sys
+
+from ..cli import ArgumentParser, checked, run_main
+from .onnx import CONFIG_FILE, DEFAULT_OPSET, QUANTIZED_SUFFIX, export_onnx
+
+#: The opsets tried with torch 2.13's exporter (torch.export + onnxscript): 18 (the tests) and 20.
+OPSET = checked(int, lambda v: 18 <= v <= 20, "from 18 to 20")
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m bertcf.export", description="Export a trained checkpoint for other tools.")
+    commands = parser.add_subparsers(dest="format", required=True, metavar="FORMAT")
+    onnx = commands.add_parser(
+        "onnx", help="ONNX graphs for ONNX Runtime: the whole encoder (pooling, flow, Normalize) in one graph",
+        description="Write the encoder as one ONNX graph (token ids and mask -> the sentence vector: minBERT, "
+                    "pooling, the flow and the linear head when there are, Normalize when the model normalises), "
+                    "its tokenizer "
+                    f"files, {CONFIG_FILE} and bertcf_onnx.py (OnnxEncoder, which needs no PyTorch).",
+        formatter_class=parser.formatter_class)
+    onnx.error = parser.error
+    onnx.add_argument("model", metavar="RUN_OR_MODEL_DIR",
+                      help="a checkpoint, a run directory (its best/), or a sentence-transformers BERT directory")
+    onnx.add_argument("--out", default=None,
+                      help="the export directory (default: MODEL_DIR/onnx, which also gets model.onnx, the "
+                           "Transformer part that sentence-transformers' backend='onnx' loads)")
+    onnx.add_argument("--quantize", choices=tuple(QUANTIZED_SUFFIX), default=None,
+                      help="also write the graphs with int8 weights (ONNX Runtime's dynamic quantisation)")
+    onnx.add_argument("--opset", type=OPSET, default=DEFAULT_OPSET, help="the ONNX opset of the graphs")
+    return parser
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    out, meta = export_onnx(args.model, args.out, args.quantize, args.opset)
+    parity = ", ".join(f"{name} {check['max_abs_diff']:.1e}" for name, check in meta["parity"].items())
+    parts = ["pooling " + meta["pooling"]] + ["flow"] * meta["flow"] + ["dense"] * meta["dense"] + \
+        ["Normalize"] * meta["normalize"]
+    print(f"{out}: {', '.join(meta['graphs'].values())} (minBERT, {', '.join(parts)}; opset {meta['opset']}); "
+          f"max |ONNX - torch| over {next(iter(meta['parity'].values()))['sentences']} sentences: {parity}")
+    if meta["sentence_transformers"]:
+        print(f"{out / meta['sentence_transformers']}: the Transformer part, for sentence-transformers' "
+              f"backend='onnx'")
+    return meta
+
+
+def command() -> int:
+    return run_main(main)
+
+
+if __name__ == "__main__":
+    sys.exit(command())

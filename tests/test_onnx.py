@@ -1,0 +1,347 @@
+"""The ONNX export (bertcf-export onnx), the encoder that runs it without PyTorch (bertcf.onnx) and
+the encoding command (bertcf-encode): the graphs give SentenceEncoder.encode's vectors (flow, linear
+head and Normalize inside), sentence-transformers' layout holds transformers' hidden states, int8 quantises
+every weight matrix, and bad input is one line with exit status 2.
+
+The exports are made once per module (torch.onnx's exporter takes seconds per graph)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bertcf import SentenceEncoder, encode
+from bertcf.cli import run_main
+from bertcf.export import cli as export_cli
+from bertcf.export import onnx as exporter
+from bertcf.models.flow import Glow
+from bertcf.onnx import OnnxEncoder
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the morning sun.", "Hello", "",
+             "the quick brown fox jumps over the lazy dog " * 3, "A woman slices an onion.", "ok ok"]
+
+
+DIM = 24  # the linear head's output: the vectors' width
+
+
+def export(argv) -> int:
+    return run_main(export_cli.main, ["onnx", *map(str, argv)])
+
+
+@pytest.fixture(scope="module")
+def flow_checkpoint(tiny_bert_dir, tmp_path_factory) -> Path:
+    """A tiny checkpoint with a trained-looking flow, a linear head (32 -> 24) and Normalize, mean
+    pooling, max_length 12 (shorter than the longest sentence), exported in place
+    (CHECKPOINT/onnx) with int8 graphs."""
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    torch.manual_seed(0)
+    encoder.flow = Glow(encoder.dim, num_blocks=2)
+    with torch.no_grad():
+        encoder.flow.train()(torch.randn(32, encoder.dim))
+        for p in encoder.flow.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    encoder.dense = torch.nn.Linear(encoder.dim, DIM)
+    encoder.normalize, encoder.max_length = True, 12
+    path = tmp_path_factory.mktemp("flow") / "ckpt"
+    encoder.eval().save_pretrained(path)
+    assert export([path, "--quantize", "int8"]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain_export(tiny_bert_dir, tmp_path_factory) -> Path:
+    """The tiny BERT with [CLS] pooling, no flow, no Normalize, exported elsewhere (no int8)."""
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling="cls")
+    path = tmp_path_factory.mktemp("plain") / "ckpt"
+    encoder.save_pretrained(path)
+    out = path.parent / "served"
+    assert export([path, "--out", out]) == 0
+    return out
+
+
+def max_diff(a, b) -> float:
+    return float(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).max())
+
+
+# ---- the export -------------------------------------------------------------------------------------
+def test_the_export_writes_checked_graphs_with_dynamic_axes(flow_checkpoint):
+    out = flow_checkpoint / "onnx"
+    meta = json.loads((out / exporter.CONFIG_FILE).read_text())
+    assert meta["graphs"] == {"fp32": "encoder.onnx", "int8": "encoder_qint8.onnx"}
+    assert meta["flow"] and meta["dense"] and meta["normalize"] and meta["pooling"] == "mean"
+    assert meta["max_length"] == 12 and meta["dim"] == DIM
+    assert meta["parity"]["fp32"]["max_abs_diff"] < 1e-5
+    assert {"tokenizer.json", "tokenizer_config.json", "model.onnx", "model_qint8.onnx", "bertcf_onnx.py"} <= {
+        p.name for p in out.iterdir()}
+    for name in ("encoder.onnx", "encoder_qint8.onnx", "model.onnx"):
+        onnx.checker.check_model(str(out / name), full_check=True)
+    graph = onnx.load(str(out / "encoder.onnx")).graph
+    assert [i.name for i in graph.input] == ["input_ids", "attention_mask"]
+    assert [o.name for o in graph.output] == ["sentence_embedding", "unnormalized_embedding"]
+    for value in list(graph.input) + list(graph.output):  # batch (and sequence) axes are symbolic
+        dims = value.type.tensor_type.shape.dim
+        assert dims[0].dim_param and (len(dims) == 2 and value in graph.output or dims[1].dim_param)
+    assert (out / "bertcf_onnx.py").read_text() == (REPO / "bertcf" / "onnx.py").read_text()
+
+
+@pytest.mark.parametrize("normalize", [None, False, True])
+def test_onnx_encoder_gives_the_vectors_of_encode(flow_checkpoint, plain_export, normalize):
+    """Flow + Normalize + truncation, and [CLS] pooling: ONNX Runtime on the padded graph against
+    the unpadded torch path, batches of 3 (every batch a different shape), input order kept."""
+    for checkpoint, export_dir in ((flow_checkpoint, flow_checkpoint), (plain_export.parent / "ckpt", plain_export)):
+        ours = SentenceEncoder.from_pretrained(checkpoint).encode(SENTENCES, batch_size=3, normalize=normalize)
+        onnx_encoder = OnnxEncoder(export_dir)
+        theirs = onnx_encoder.encode(SENTENCES, batch_size=3, normalize=normalize)
+        assert isinstance(theirs, np.ndarray) and theirs.dtype == np.float32 and theirs.shape == tuple(ours.shape)
+        assert max_diff(theirs, ours) < 1e-4
+        assert onnx_encoder.encode(SENTENCES[1]).shape == (onnx_encoder.dim,)
+        assert onnx_encoder.encode([]).shape == (0, onnx_encoder.dim)
+        assert max_diff(onnx_encoder.encode(SENTENCES, max_length=5), SentenceEncoder.from_pretrained(
+            checkpoint).encode(SENTENCES, max_length=5)) < 1e-4
+    unit = np.linalg.norm(OnnxEncoder(flow_checkpoint).encode(SENTENCES, normalize=normalize), axis=1)
+    assert np.allclose(unit, 1.0, atol=1e-5) == (normalize is not False)
+
+
+def test_the_tokenizer_file_tokenises_as_the_checkpoint_tokenizer(flow_checkpoint):
+    encoder = SentenceEncoder.from_pretrained(flow_checkpoint)
+    expected = encoder.tokenizer(SENTENCES, truncation=True, max_length=12)["input_ids"]
+    assert OnnxEncoder(flow_checkpoint).tokenize(SENTENCES) == expected
+
+
+def test_int8_quantises_every_weight_matrix(flow_checkpoint):
+    """No MatMul with a weight initializer is left in float (minBERT's fused Q/K/V weight and the
+    flow's LU product are folded into initializers at export, so they are quantised too)."""
+    model = onnx.load(str(flow_checkpoint / "onnx" / "encoder_qint8.onnx"))
+    weights = {i.name for i in model.graph.initializer}
+    float_weight_matmuls = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
+                            and any(x in weights for x in n.input)]
+    assert float_weight_matmuls == []
+    layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
+    flow_matrices = 2 * (1 + 3)  # 2 blocks: the 1x1 map and the coupling net's 3 layers
+    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 4 * layers + flow_matrices + 1  # + Dense
+    fp32 = OnnxEncoder(flow_checkpoint).encode(SENTENCES)
+    int8 = OnnxEncoder(flow_checkpoint, quantized=True).encode(SENTENCES)
+    assert 0 < max_diff(int8, fp32) < 0.1  # quantised, and close (unit vectors)
+
+
+def test_sentence_transformers_layout_holds_transformers_hidden_states(flow_checkpoint):
+    """onnx/model.onnx is what sentence-transformers' ONNX backend reads (optimum's
+    ORTModelForFeatureExtraction: input_ids, attention_mask, token_type_ids -> last_hidden_state);
+    at the real tokens it equals transformers' own BertModel on the same weights."""
+    import transformers
+
+    session = ort.InferenceSession(str(flow_checkpoint / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [o.name for o in session.get_outputs()] == ["last_hidden_state"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(flow_checkpoint))
+    batch = tokenizer(SENTENCES, padding=True, truncation=True, max_length=12, return_tensors="np")
+    hidden = session.run(None, {k: batch[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")})[0]
+    reference = transformers.BertModel.from_pretrained(str(flow_checkpoint)).eval()
+    with torch.no_grad():
+        expected = reference(**{k: torch.from_numpy(v) for k, v in batch.items()}).last_hidden_state.numpy()
+    real = batch["attention_mask"].astype(bool)
+    assert max_diff(hidden[real], expected[real]) < 1e-4
+
+
+def test_sentence_transformers_onnx_backend_loads_the_checkpoint(flow_checkpoint):
+    """SentenceTransformer(dir, backend="onnx"): its ONNX backend needs optimum-onnx, which (0.1)
+    asks for transformers < 4.58; skipped where it is not installed."""
+    pytest.importorskip("optimum.onnxruntime")
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(flow_checkpoint), backend="onnx", device="cpu", trust_remote_code=True)
+    expected = SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)
+    assert max_diff(model.encode(SENTENCES), expected) < 1e-4
+
+
+@pytest.mark.slow
+def test_onnx_encoder_runs_where_torch_cannot_be_imported(flow_checkpoint, tmp_path):
+    """bertcf.onnx, and the copy an export carries (bertcf_onnx.py, BERT-CF not importable either),
+    in a process where importing torch fails."""
+    blocker = tmp_path / "sitecustomize.py"
+    blocker.write_text(
+        "import sys\n"
+        "class NoTorch:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch is blocked in this test')\n"
+        "sys.meta_path.insert(0, NoTorch())\n")
+    code = ("import sys, numpy as np\n"
+            "try:\n    import torch\nexcept ImportError:\n    pass\nelse:\n    sys.exit('torch imported')\n"
+            "from {module} import OnnxEncoder\n"
+            f"np.save(sys.argv[1], OnnxEncoder({str(flow_checkpoint / 'onnx')!r}).encode({SENTENCES!r}, batch_size=3))\n"
+            "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules)\n")
+    expected = SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)
+    for module, path in (("bertcf.onnx", REPO), ("bertcf_onnx", flow_checkpoint / "onnx")):
+        out = tmp_path / f"{module}.npy"
+        env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(path)])}
+        proc = subprocess.run([sys.executable, "-c", code.format(module=module), str(out)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert max_diff(np.load(out), expected) < 1e-4
+
+
+def test_export_refuses_bad_input_in_one_line(tmp_path, tiny_bert_dir, capsys):
+    (tmp_path / "empty").mkdir()
+    assert export([tmp_path / "empty"]) == 2
+    assert "has no config.json" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    assert export([tiny_bert_dir, "--out", other]) == 2
+    err = capsys.readouterr().err
+    assert "is not an ONNX export" in err and err.count("\n") == 1
+    assert (other / "notes.txt").read_text() == "mine"
+    with pytest.raises(SystemExit) as stop:
+        export_cli.main(["onnx", str(tiny_bert_dir), "--opset", "9"])
+    assert stop.value.code == 2 and "--opset: must be from 18 to 20, not 9" in capsys.readouterr().err
+
+
+def test_onnx_encoder_refuses_a_directory_that_is_no_export(tmp_path, tiny_bert_dir):
+    from bertcf.onnx import OnnxModelError
+
+    with pytest.raises(OnnxModelError, match="not an ONNX export"):
+        OnnxEncoder(tiny_bert_dir)
+    with pytest.raises(OnnxModelError, match="not a directory"):
+        OnnxEncoder(tmp_path / "missing")
+
+
+# ---- the encoding command ---------------------------------------------------------------------------
+def run_encode(*argv) -> int:
+    return run_main(encode.main, list(map(str, argv)))
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_encode_command_writes_the_vectors_in_input_order(flow_checkpoint, tmp_path, backend, capsys):
+    source = tmp_path / "sentences.txt"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    model = flow_checkpoint / "onnx" if backend == "onnx" else flow_checkpoint
+    out = tmp_path / "vectors.npy"
+    assert run_encode("--model", model, "--input", source, "--output", out, "--batch-size", 2,
+                      "--progress", "lines") == 0  # --backend auto picks onnx for the export
+    captured = capsys.readouterr()
+    assert f"{len(SENTENCES)} vectors of {DIM} dimensions ({backend} fp32" in captured.out
+    assert "encode: step 4/4 (100%)" in captured.err
+    vectors = np.load(out)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(SENTENCES), DIM)
+    assert max_diff(vectors, SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)) < 1e-4
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def test_encode_command_reads_a_csv_or_tsv_column(flow_checkpoint, tmp_path):
+    expected = OnnxEncoder(flow_checkpoint, quantized=True).encode(SENTENCES)
+    rows = [(i, s) for i, s in enumerate(SENTENCES)]
+    tsv = tmp_path / "in.csv"  # tab-separated under a .csv name, as the CS224N files
+    tsv.write_text("id\tsentence\n" + "".join(f"{i}\t{s}\n" for i, s in rows), encoding="utf-8")
+    comma = tmp_path / "in2.csv"
+    comma.write_text("id,sentence\n" + "".join(f'{i},"{s}"\n' for i, s in rows), encoding="utf-8")
+    for source in (tsv, comma):
+        out = tmp_path / f"{source.stem}.npy"
+        assert run_encode("--model", flow_checkpoint / "onnx", "--input", source, "--column", "sentence",
+                          "--output", out, "--quantized", "--progress", "none") == 0
+        assert max_diff(np.load(out), expected) < 1e-6
+
+
+def test_encode_command_refuses_bad_input_in_one_line(flow_checkpoint, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("one\ntwo\n")
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "table.csv").write_text("id,text\n1,a\n")
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "nomodel").mkdir()
+    model = flow_checkpoint / "onnx"
+    cases = {
+        "has no config.json": ["--model", tmp_path / "nomodel", "--input", source, "--output", tmp_path / "v.npy"],
+        "not an ONNX export": ["--model", tmp_path / "nomodel", "--backend", "onnx", "--input", source, "--output",
+                               tmp_path / "v.npy"],
+        "is a file, not a directory": ["--model", model, "--input", source, "--output", tmp_path / "a-file" / "v.npy"],
+        "is a directory": ["--model", model, "--input", source, "--output", tmp_path / "nomodel.npy"],
+        "holds no sentences": ["--model", model, "--input", tmp_path / "empty.txt", "--output", tmp_path / "v.npy"],
+        "give --column NAME": ["--model", model, "--input", tmp_path / "table.csv", "--output", tmp_path / "v.npy"],
+        "has no column 'sentence' (its columns: id, text)": [
+            "--model", model, "--input", tmp_path / "table.csv", "--column", "sentence", "--output", tmp_path / "v.npy"],
+        "--quantized runs the int8 ONNX graph": ["--model", flow_checkpoint, "--backend", "torch", "--quantized",
+                                                 "--input", source, "--output", tmp_path / "v.npy"],
+        "give a .npy file name": ["--model", model, "--input", source, "--output", tmp_path / "v.txt"],
+    }
+    (tmp_path / "nomodel.npy").mkdir()
+    for message, argv in cases.items():
+        assert run_encode(*argv) == 2, message
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err, (message, err)
+    assert not (tmp_path / "v.npy").exists()
+
+
+# ---- real weights -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def minilm_export(real_bert_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("minilm") / "onnx"
+    assert export([real_bert_dir, "--out", out, "--quantize", "int8"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_minilm_with_normalize_equals_encode(real_bert_dir, minilm_export):
+    encoder = SentenceEncoder.from_pretrained(real_bert_dir)
+    assert encoder.normalize  # all-MiniLM-L6-v2's modules.json has Normalize
+    sentences = SENTENCES + ["A plane is taking off.", "An air plane is taking off.", "A cat is playing a piano."]
+    assert max_diff(OnnxEncoder(minilm_export).encode(sentences, batch_size=4), encoder.encode(sentences)) < 1e-4
+
+
+@pytest.mark.slow
+def test_minilm_int8_keeps_stsb_within_half_a_point(minilm_export, shared_dir):
+    """SentEval's STS-B test: Spearman x 100 of the int8 graph within 0.5 of the fp32 graph's."""
+    from bertcf.data.senteval import read_stsb
+    from bertcf.evaluation.metrics import spearman
+
+    path = (shared_dir or Path("/nonexistent")) / "data" / "senteval" / "STS" / "STSBenchmark" / "sts-test.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    pairs = read_stsb(path)
+    scores = {}
+    for quantized in (False, True):
+        encoder = OnnxEncoder(minilm_export, quantized=quantized)
+        u = encoder.encode([p.sentence1 for p in pairs], max_length=512).astype(np.float64)
+        v = encoder.encode([p.sentence2 for p in pairs], max_length=512).astype(np.float64)
+        cosines = (u * v).sum(1) / np.linalg.norm(u, axis=1) / np.linalg.norm(v, axis=1)
+        scores[quantized] = 100 * spearman(torch.from_numpy(cosines), [p.label for p in pairs])
+    assert scores[False] > 80  # the model is all-MiniLM-L6-v2
+    assert abs(scores[True] - scores[False]) < 0.5, scores
+
+
+@pytest.mark.slow
+def test_bench_compares_torch_and_onnxruntime_fp32_and_int8(flow_checkpoint, tmp_path):
+    """``python -m bertcf.bench --onnx``: the three engines on an STS-B test file, their JSON."""
+    from bertcf import bench
+
+    sts = tmp_path / "senteval" / "STS" / "STSBenchmark"
+    sts.mkdir(parents=True)
+    texts = [s for s in SENTENCES if s]
+    rows = [("main-captions", "MSRvid", "2012test", f"{i:04d}", f"{i % 6}.000", a, b)
+            for i, (a, b) in enumerate(zip(texts, texts[1:] + texts[:1]))]
+    (sts / "sts-test.csv").write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "bench.json"
+    result = bench.main(["--onnx", str(flow_checkpoint / "onnx"), "--senteval-dir", str(tmp_path / "senteval"),
+                         "--steps", "2", "--warmup", "0", "--threads", "1", "--json", str(out)])
+    engines = result["results"]["onnx_encode"]
+    assert list(engines) == ["torch fp32", "onnxruntime fp32", "onnxruntime int8"]
+    assert result["info"]["sentences"] == 2 * len(texts)
+    for name, r in engines.items():
+        assert len(r["times_s"]) == 2 and r["sentences_per_s"] > 0
+        assert r["vs_torch_fp32"] == pytest.approx(engines["torch fp32"]["seconds"] / r["seconds"])
+    assert engines["onnxruntime fp32"]["max_abs_diff_vs_torch"] < 1e-4
+    assert engines["onnxruntime fp32"]["stsb_test_spearman"] == pytest.approx(
+        engines["torch fp32"]["stsb_test_spearman"], abs=1e-6)
+    assert json.loads(out.read_text())["results"]["onnx_encode"].keys() == engines.keys()
+    assert bench.cli(["--onnx", str(tmp_path), "--senteval-dir", str(tmp_path / "senteval")]) == 2  # no export
