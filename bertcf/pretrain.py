@@ -37,7 +37,7 @@ from .evaluation.metrics import STSDevEvaluator
 from .models.encoder import SentenceEncoder
 from .objectives import presets
 from .runs import resolve_encoder_path, run_settings
-from .utils.distributed import dist_info, run_distributed, wrap_ddp
+from .utils.distributed import dist_info, launch_world_size, run_distributed, wrap_ddp
 from .utils.files import recover_dir
 
 STAGES = tuple(objectives.METHODS)
@@ -102,6 +102,10 @@ def build_parser() -> cli.ArgumentParser:
 
 
 def check_args(args) -> None:
+    world = launch_world_size()
+    if args.batch_size % world:  # every rank stops here, before any data is read or collective run
+        raise UsageError(f"--batch-size {args.batch_size} (the global batch) is not divisible by the {world} "
+                         f"processes")
     methods = objectives.METHODS[args.stage]
     args.method = args.method or methods[0]
     if args.method not in methods:
@@ -254,9 +258,6 @@ def train(args, device) -> dict:
     is DistributedDataParallel, so an update equals one process's on the global batch; rank 0
     alone evaluates, logs and writes the run directory (training.Trainer)."""
     rank, world = dist_info()
-    if args.batch_size % world:  # every rank stops here, before any collective
-        raise UsageError(f"--batch-size {args.batch_size} (the global batch) is not divisible by the {world} "
-                         f"processes")
     if world > 1:  # the default --out-dir names the time: every rank takes rank 0's (for its messages)
         out_dir = [args.out_dir]
         torch.distributed.broadcast_object_list(out_dir, src=0)

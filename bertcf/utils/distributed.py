@@ -36,6 +36,15 @@ def dist_info() -> tuple[int, int]:
     return 0, 1
 
 
+def launch_world_size() -> int:
+    """The number of processes this run has or will have: the group's when one is joined, else
+    torchrun's WORLD_SIZE (1 for a plain ``python`` launch), so flags can be checked before any
+    data is read or group started."""
+    if is_distributed():
+        return torch.distributed.get_world_size()
+    return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def seed_dropout(seed: int, step: int) -> None:
     """Under torchrun, reseed the global generator (dropout's) for this rank and step. Every rank
     seeds it alike from --seed, so row i of every rank would draw the same dropout masks; a seed
