@@ -11,6 +11,7 @@ import sys
 from .cli import AT_LEAST_1, ArgumentParser, run_main
 from .evaluation.evaluators import PAIR_FEATURES
 from .evaluation.senteval import MODES, evaluate, format_table, parse_tasks
+from .models.encoder import POOLINGS
 from .utils import progress
 from .utils.files import write_json_atomic
 from .utils.precision import resolve_device, resolve_precision
@@ -21,6 +22,10 @@ def build_parser() -> ArgumentParser:
                                 description="SentEval's STS and transfer tasks on a sentence encoder.")
     p.add_argument("--encoder", required=True, help="checkpoint, run directory or Hugging Face BERT name/directory")
     p.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="the sentence vector (default: the checkpoint's, mean for a plain BERT): mean, cls, or "
+                        "first-last-avg, the average of the first and the last layer's token means (BERT-flow's, "
+                        "BERT-whitening's)")
     p.add_argument("--senteval-dir", default="data/SentEval",
                    help="SentEval's data/downstream/ layout (see data/README.md)")
     p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names")
@@ -47,7 +52,7 @@ def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     tasks = parse_tasks(args.tasks)  # bad flags before the model loads
     device = resolve_device(args.device)
-    encoder = SentenceEncoder.from_pretrained(args.encoder, vocab=args.vocab).to(device)
+    encoder = SentenceEncoder.from_pretrained(args.encoder, pooling=args.pooling, vocab=args.vocab).to(device)
     encoder.precision = resolve_precision(args.precision, device)
     result = evaluate(encoder, args.senteval_dir, tasks, args.mode, args.batch_size, args.max_length,
                       show_progress_bar=not args.no_progress and progress.resolve("auto") == "bar",

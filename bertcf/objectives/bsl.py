@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models.encoder import pool
+from ..models.encoder import pooled
 from ..utils.distributed import dist_info, gather_with_grad, local_rows
 from .base import Objective, setting
 from .contrastive import span_mask
@@ -77,8 +77,7 @@ class BSL(Objective):
         o1, o2 = self.encoder.embed(both, both_mask).chunk(2)
         p1, p2 = self.predictor(o1), self.predictor(o2)  # BatchNorm statistics per view, as in BYOL
         with torch.no_grad():
-            t1, t2 = pool(self.target(both, both_mask)["last_hidden_state"], both_mask,
-                          self.encoder.pooling).chunk(2)
+            t1, t2 = pooled(self.target, both, both_mask, self.encoder.pooling).chunk(2)
         per_row = self.regression(p1, t2) + self.regression(p2, t1)
         with torch.no_grad():
             scalars = {"prediction_cosine": 1 - per_row.mean() / 4,

@@ -6,7 +6,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from ..models.encoder import pool
+from ..models.encoder import pooled
 from ..utils.distributed import local_rows
 from .base import Objective, setting
 
@@ -47,7 +47,7 @@ class ContrastiveTension(Objective):
         partner, labels = partner[rows], labels[rows]
         a = self.embed(ids[rows], mask[rows])
         b_ids, b_mask = ids[partner].to(self.device), mask[partner].to(self.device)
-        b = pool(self.second(b_ids, b_mask)["last_hidden_state"], b_mask, self.encoder.pooling)
+        b = pooled(self.second, b_ids, b_mask, self.encoder.pooling)
         logits = (a.float() * b.float()).sum(-1)
         labels = labels.to(logits.device)
         loss = F.binary_cross_entropy_with_logits(logits, labels)
