@@ -1,8 +1,9 @@
-"""The evaluation command: SentEval's STS and transfer tasks on a sentence encoder, a table on
-stdout and the scores as JSON (the tasks and how they are scored: ``bertcf.evaluation.senteval``).
+"""The evaluation command: SentEval's STS and transfer tasks on a sentence encoder, and word
+similarity (``--tasks lexical``), a table on stdout and the scores as JSON (the tasks and how they
+are scored: ``bertcf.evaluation.senteval`` and ``bertcf.evaluation.lexical``).
 
-    python -m bertcf.evaluate --encoder runs/<run> --senteval-dir data/SentEval [--tasks sts,transfer]
-                              [--mode test|dev|fasttest] [--json FILE]
+    python -m bertcf.evaluate --encoder runs/<run> --senteval-dir data/SentEval [--tasks sts,transfer,lexical]
+                              [--mode test|dev|fasttest] [--lexical-dir DIR] [--json FILE]
 """
 from __future__ import annotations
 
@@ -10,16 +11,25 @@ import sys
 
 from .cli import AT_LEAST_1, ArgumentParser, run_main
 from .evaluation.evaluators import PAIR_FEATURES
-from .evaluation.senteval import MODES, evaluate, format_table, parse_tasks
+from .evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
+from .evaluation.lexical import word_similarity_evaluators
+from .evaluation.senteval import (
+    MODES,
+    evaluate,
+    format_table,
+    parse_tasks,
+    split_lexical,
+)
 from .models.encoder import POOLINGS
-from .utils import progress
+from .utils import environment, progress
 from .utils.files import write_json_atomic
 from .utils.precision import resolve_device, resolve_precision
 
 
 def build_parser() -> ArgumentParser:
     p = ArgumentParser(prog="python -m bertcf.evaluate",
-                                description="SentEval's STS and transfer tasks on a sentence encoder.")
+                                description="SentEval's STS and transfer tasks, and word similarity, on a "
+                                            "sentence encoder.")
     p.add_argument("--encoder", required=True, help="checkpoint, run directory or Hugging Face BERT name/directory")
     p.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     p.add_argument("--pooling", choices=POOLINGS, default=None,
@@ -28,7 +38,14 @@ def build_parser() -> ArgumentParser:
                         "BERT-whitening's)")
     p.add_argument("--senteval-dir", default="data/SentEval",
                    help="SentEval's data/downstream/ layout (see data/README.md)")
-    p.add_argument("--tasks", default="sts", help="comma-separated: sts, transfer, or task names")
+    p.add_argument("--tasks", default="sts",
+                   help="comma-separated: sts, transfer, lexical (word similarity, --lexical-dir), or task names")
+    p.add_argument("--lexical-dir", default="data/lexical",
+                   help="--tasks lexical: every .txt/.tsv file here is a word-similarity task (SimLex-999's layout, "
+                        "or word1<TAB>word2<TAB>score)")
+    p.add_argument("--lexical-pooling", choices=LEXICAL_POOLINGS, default=None,
+                   help="--tasks lexical: the word vector, [CLS] or the mean of the word's tokens (default: the "
+                        "encoder's pooling)")
     p.add_argument("--mode", choices=MODES, default="test",
                    help="test; dev (STS-B dev + SICK-R trial); fasttest (5 folds, fixed probe strength)")
     p.add_argument("--mrpc-features", choices=PAIR_FEATURES, default="senteval",
@@ -40,7 +57,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
                    help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
-    p.add_argument("--json", default=None, help="write the results to this JSON file")
+    p.add_argument("--json", default=None,
+                   help="write the results to this JSON file (with \"environment\": versions, device, CPU, command)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bars (there are none either when stderr is not a terminal)")
     return p
@@ -50,14 +68,20 @@ def main(argv=None) -> dict:
     from .models.encoder import SentenceEncoder
 
     args = build_parser().parse_args(argv)
-    tasks = parse_tasks(args.tasks)  # bad flags before the model loads
+    senteval_tasks, lexical = split_lexical(args.tasks)  # bad flags and data before the model loads
+    if senteval_tasks or not lexical:
+        parse_tasks(senteval_tasks)
+    if lexical:
+        word_similarity_evaluators(args.lexical_dir)
     device = resolve_device(args.device)
     encoder = SentenceEncoder.from_pretrained(args.encoder, pooling=args.pooling, vocab=args.vocab).to(device)
     encoder.precision = resolve_precision(args.precision, device)
-    result = evaluate(encoder, args.senteval_dir, tasks, args.mode, args.batch_size, args.max_length,
+    result = evaluate(encoder, args.senteval_dir, args.tasks, args.mode, args.batch_size, args.max_length,
                       show_progress_bar=not args.no_progress and progress.resolve("auto") == "bar",
-                      mrpc_features=args.mrpc_features)
+                      mrpc_features=args.mrpc_features, lexical_dir=args.lexical_dir,
+                      lexical_pooling=args.lexical_pooling)
     result["encoder"] = str(args.encoder)
+    result["environment"] = environment.collect(device, encoder.precision)  # what the scores were computed with
     print(format_table(result))
     if args.json:
         write_json_atomic(args.json, result)

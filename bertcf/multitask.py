@@ -26,6 +26,7 @@ import torch
 from minbert import pad_batch
 
 from . import cli, runs, training
+from .data.download import fetch_missing
 from .data.tasks import READERS, SPLITS, task_file
 from .errors import DataError, UsageError
 from .evaluation.multitask import METRICS, SELECTION_METRIC, mean_dev, task_interval, task_metric
@@ -138,13 +139,26 @@ def task_paths(args) -> dict:
             for t in TASKS for s in SPLITS}
 
 
-def check_files(args, splits=SPLITS) -> dict:
-    """task_paths(args), after checking that the train and dev files among ``splits`` exist."""
+def check_files(args, splits=SPLITS, why: str | None = None) -> dict:
+    """task_paths(args), after checking that the train and dev files among ``splits`` exist
+    (``why``: why a missing one was not downloaded, for the error line)."""
     paths = task_paths(args)
     for (task, split), path in paths.items():
         if split in splits and split != "test" and not path.is_file():
-            raise DataError(f"{path} not found (set --data-dir or --{task}-{split})")
+            because = f"; {why}" if why else ""
+            raise DataError(f"{path} not found (set --data-dir or --{task}-{split}{because})")
     return paths
+
+
+def fetch_data(args) -> str | None:
+    """When a train or dev file is missing from --data-dir (where no --{task}-{split} flag points
+    elsewhere), download the missing CS224N files, the test files too (for the predictions);
+    returns why that failed, or None."""
+    missing = {(t, s): task_file(args.data_dir, t, s) for t in TASKS for s in SPLITS
+               if getattr(args, file_flag(t, s)) is None and not task_file(args.data_dir, t, s).is_file()}
+    if all(split == "test" for _, split in missing):
+        return None
+    return fetch_missing(args.data_dir, [path.name for path in missing.values()])
 
 
 def load_data(args, tokenizer, max_length: int, splits=SPLITS) -> dict:
@@ -364,7 +378,8 @@ def predict_only(args) -> dict:
     model = MultitaskModel.from_pretrained(checkpoint, vocab=args.vocab).to(args.device)
     data = load_data(args, model.encoder.tokenizer, effective_max_length(args, model.encoder), splits=("dev", "test"))
     meta = {"checkpoint": str(checkpoint), "step": checkpoint_meta(checkpoint).get("step")}
-    metrics = write_predictions(model, data, out_dir, args.batch_size, args.precision, meta)
+    with runs.hold(out_dir):  # not into a run directory that a run is writing
+        metrics = write_predictions(model, data, out_dir, args.batch_size, args.precision, meta)
     report(metrics, out_dir)
     return metrics
 
@@ -381,7 +396,9 @@ def main(argv=None) -> dict:
     args.command = cli.command_line("run_multitask.py", argv)
     if args.predict_only:
         return predict_only(args)
-    return run_distributed(train, args)
+    with runs.hold(args.out_dir):  # one run per directory, from before anything is written
+        check_files(args, why=fetch_data(args))
+        return run_distributed(train, args)
 
 
 def train(args, device) -> dict:

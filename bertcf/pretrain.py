@@ -27,9 +27,11 @@ from minbert import pad_batch
 from minbert.model import load_state_dict_file
 
 from . import cli, objectives, runs, training
+from .data.download import WIKI1M_NAME, fetch_missing
 from .data.senteval import STSB_FILES, read_stsb
-from .data.tasks import read_corpus, read_sts, task_file, task_sentences
-from .errors import UsageError
+from .data.tasks import TASK_FILES, TASKS, read_corpus, read_sts, task_file, task_sentences
+from .data.words import read_word_list, top_words
+from .errors import DataError, UsageError
 from .evaluation.metrics import STSDevEvaluator
 from .models.encoder import SentenceEncoder
 from .objectives import presets
@@ -42,9 +44,10 @@ STAGES = tuple(objectives.METHODS) + ("whiten",)
 METHODS = objectives.METHODS | {"whiten": (whiten.METHOD,)}
 STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4}  # whiten has no optimiser (lr stays None)
 #: --select-on -> the evaluation's metric that picks best/.
-SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy"}
+SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy",
+             "last": "last_step"}
 SELECTION_LABEL = {"cs224n-sts": "STS dev Spearman", "stsb-dev": "STS-B dev Spearman",
-                   "mlm-heldout": "held-out masked-token accuracy"}
+                   "mlm-heldout": "held-out masked-token accuracy"}  # --select-on last has a line of its own
 HELDOUT_SENTENCES = 512
 #: What a run given to --init passes on to this one, unless the command line gives it: its data.
 RUN_DATA = ("data_dir", "corpus", "corpus_from_tasks", "min_words", "max_sentences", "senteval_dir")
@@ -68,8 +71,14 @@ def build_parser() -> cli.ArgumentParser:
                    "(default: DATA_DIR/wiki1m_for_simcse.txt when present)")
     g.add_argument("--corpus-from-tasks", action="store_true",
                    help="use the unlabeled sentences of the SST/QQP/STS training files in --data-dir")
+    g.add_argument("--corpus-words", type=cli.checked(int, lambda v: v >= 2, "at least 2"), default=None,
+                   help="a lexical corpus: the N most frequent English words (wordfreq), one a row, as "
+                        "Mirror-BERT's word encoder (--preset mirror-bert-lexical: 10,000); --min-words does not apply")
+    g.add_argument("--corpus-words-file", default=None,
+                   help="a lexical corpus: one word or phrase per line (blank lines skipped, repeats kept once); "
+                        "--min-words does not apply")
     g.add_argument("--min-words", type=int, default=6, help="drop corpus sentences with fewer words")
-    g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences")
+    g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences (or words)")
     g = p.add_argument_group("encoder")
     g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
     g.add_argument("--pooling", choices=("mean", "cls", "cls-mlp", "first-last-avg"), default="mean",
@@ -83,8 +92,9 @@ def build_parser() -> cli.ArgumentParser:
                         "max_position_embeddings, i.e. whole sentences, as SentEval); --max-length is for training")
     g = p.add_argument_group("model selection")
     g.add_argument("--select-on", choices=tuple(SELECTION), default="cs224n-sts",
-                   help="what picks best/: CS224N STS dev Spearman (the report's), SentEval's STS-B dev Spearman, or "
-                        "(--method mlm) the held-out masked-token accuracy, for an MLM base whose STS falls as it learns")
+                   help="what picks best/: CS224N STS dev Spearman (the report's), SentEval's STS-B dev Spearman, "
+                        "(--method mlm) the held-out masked-token accuracy, for an MLM base whose STS falls as it "
+                        "learns, or last: the last evaluation (the run's end, as Mirror-BERT's released code keeps)")
     g.add_argument("--senteval-dir", default=None, help="SentEval's data (default DATA_DIR/SentEval; data/README.md)")
     objectives.add_args(p)
     g = p.add_argument_group("whitening (--stage whiten)")
@@ -117,22 +127,59 @@ def check_args(args) -> None:
     if args.stage != "whiten" and (args.whiten_dim is not None or args.whiten_on != "corpus"):
         raise UsageError("--whiten-on and --whiten-dim are for --stage whiten")
     if args.stage == "whiten":
+        if args.select_on == "last":
+            raise UsageError("--select-on last is for training stages: --stage whiten has one evaluation")
         args.steps = 0  # config.json says what ran: no optimiser step
     objectives.check_args(args)
     if args.out_dir is None:
         args.out_dir = runs.default_out_dir(args.stage, args.method)
 
 
+def load_words(args) -> list[str]:
+    """A lexical corpus (--corpus-words N or --corpus-words-file), one word or phrase a row; the
+    word list's source is recorded in ``args.word_list`` (config.json)."""
+    if args.corpus_words:
+        words, args.word_list = top_words(args.corpus_words)
+    else:
+        words, args.word_list = read_word_list(args.corpus_words_file), str(args.corpus_words_file)
+    print(f"note: corpus: {len(words)} words or phrases from {args.word_list}", file=sys.stderr)
+    return words
+
+
+def fetch_data(args) -> None:
+    """The files this run reads from --data-dir by default (Wiki1M unless --corpus or
+    --corpus-from-tasks, the task train files for the latter, the CS224N STS dev file to select
+    on), downloaded when missing; when that fails, the line a missing file has always given, with
+    why it was not downloaded."""
+    data = Path(args.data_dir)
+    default_corpus = not any(getattr(args, f, None) for f in presets.CORPUS_FLAGS)
+    names = ([WIKI1M_NAME] if default_corpus else []) \
+        + ([TASK_FILES[t, "train"] for t in TASKS] if args.corpus_from_tasks else []) \
+        + ([TASK_FILES["sts", "dev"]] if args.select_on == "cs224n-sts" else [])
+    why = fetch_missing(data, names)
+    if why is None:
+        return
+    if default_corpus and not (data / WIKI1M_NAME).is_file():
+        raise UsageError(f"no corpus: give --corpus FILE or --corpus-from-tasks ({data / WIKI1M_NAME} not found; "
+                         f"{why})")
+    missing = ", ".join(str(data / n) for n in names if not (data / n).is_file())
+    raise DataError(f"{missing} not found ({why})")
+
+
 def load_corpus(args) -> list[str]:
-    if args.corpus_from_tasks:
-        if args.corpus:
-            raise UsageError("give either --corpus or --corpus-from-tasks, not both")
+    given = [f"--{f.replace('_', '-')}" for f in presets.CORPUS_FLAGS if getattr(args, f, None)]
+    if len(given) > 1:
+        raise UsageError(f"give one corpus, not {' and '.join(given)} together")
+    if args.corpus_words or args.corpus_words_file:
+        sentences = load_words(args)
+    elif args.corpus_from_tasks:
         sentences = task_sentences(args.data_dir)
         sentences = [s for s in sentences if len(s.split()) >= args.min_words]
     else:
         corpus = args.corpus or Path(args.data_dir) / "wiki1m_for_simcse.txt"
         if args.corpus is None and not Path(corpus).is_file():
-            raise UsageError(f"no corpus: give --corpus FILE or --corpus-from-tasks ({corpus} not found)")
+            raise UsageError(f"no corpus: give --corpus FILE, --corpus-from-tasks or --corpus-words N ({corpus} "
+                             f"not found)")
         sentences = read_corpus(corpus, min_words=args.min_words)
     if args.max_sentences:
         sentences = sentences[:args.max_sentences]
@@ -180,7 +227,7 @@ def take_data_from_init(parser, argv, args) -> None:
         return
     run_dir, settings = found
     missing = set(RUN_DATA) - cli.given_flags(parser, argv)
-    if not {"corpus", "corpus_from_tasks"} <= missing:
+    if not {"corpus", "corpus_from_tasks"} <= missing or args.corpus_words or args.corpus_words_file:
         missing -= {"corpus", "corpus_from_tasks"}
     taken = {k: settings[k] for k in RUN_DATA
              if k in missing and k in settings and settings[k] != parser.get_default(k)}
@@ -200,7 +247,10 @@ def main(argv=None) -> dict:
     take_data_from_init(parser, argv, args)
     args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)
-    return run_distributed(train_whiten if args.stage == "whiten" else train, args)
+    with runs.hold(args.out_dir):  # one run per directory, from before anything is written
+        if args.stage != "whiten" or args.whiten_on == "corpus":  # the other fitting sets are read as they are
+            fetch_data(args)
+        return run_distributed(train_whiten if args.stage == "whiten" else train, args)
 
 
 def dev_pairs(args):
@@ -272,7 +322,7 @@ def train(args, device) -> dict:
     def evaluate(step):  # rank 0 only (the Trainer); the other ranks wait at a barrier
         result = evaluator(encoder) | objective.heldout_metrics(*heldout)
         run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
-        return result
+        return result | ({"last_step": step} if args.select_on == "last" else {})  # the latest is the best
 
     run = runs.Run(args.out_dir, vars(args), resume=args.resume)
 
@@ -296,7 +346,8 @@ def train(args, device) -> dict:
         trainer.resume()
     summary = trainer.fit(step_fn, after_step=objective.after_step)
     if rank == 0:
-        print(final_line(summary, run.dir, SELECTION_LABEL[args.select_on]))
+        print(final_line(summary, run.dir, SELECTION_LABEL[args.select_on]) if args.select_on != "last"
+              else f"best checkpoint (the last evaluation, step {summary['best_step']}): {run.dir / 'best'}")
     return summary
 
 

@@ -2,20 +2,24 @@
 their way in it.
 
     RUN/
+      .lock            while a process works in it (``hold``): one run per directory
       config.json      every setting of the run
+      environment.json what it ran with, one record per session (start, each --resume)
       metrics.jsonl    one JSON object per evaluation, with "step"
       tb/              TensorBoard events
       best/            the best checkpoint by the run's dev metric
       last/            the newest checkpoint, plus training_state.pt for --resume
 
-``Run`` writes it (rank 0 only); ``resolve_encoder_path`` and ``run_settings`` read it for every
+``Run`` writes it (rank 0 only), holding its lock; ``resolve_encoder_path`` and ``run_settings`` read it for every
 command that takes a run where a checkpoint is expected (``SentenceEncoder.from_pretrained``,
 ``--init``, ``--encoder``, the model card, ``python -m bertcf.st_format upgrade``).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -23,10 +27,12 @@ from minbert import CheckpointError
 from minbert.model import has_weights
 
 from .errors import UsageError
+from .utils import environment, lock
 from .utils.distributed import dist_info
 from .utils.files import write_json_atomic, write_text_atomic
 
 STATE_FILE = "training_state.pt"  # in last/: optimiser, scheduler, data order and RNG for --resume
+ENVIRONMENT_FILE = "environment.json"  # {"sessions": [the start's record, each --resume's]}
 RUN_ENTRIES = ("last", "metrics.jsonl", "tb")  # what a run directory holds before it has a best/
 
 
@@ -76,24 +82,78 @@ def default_out_dir(stage: str, method: str) -> str:
     return str(Path("runs") / f"{stage}-{method}-{datetime.now():%Y%m%d-%H%M%S}")
 
 
+def check_out_dir(out_dir) -> Path:
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--out-dir {out_dir} is a file, not a directory")
+    return out_dir
+
+
+@contextmanager
+def hold(out_dir):
+    """The lock of the run directory ``out_dir`` (``utils.lock``) for the block: a command takes it
+    before it writes anything there, and a second process is refused (UsageError, one line naming
+    the holder). Under torchrun only rank 0 writes, so only rank 0 locks (it is asked before
+    torch.distributed starts, so by torchrun's RANK). Directories that taking it created are
+    removed again when the block leaves them empty (a command stopped by bad input)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        yield None
+        return
+    with lock.DirLock(check_out_dir(out_dir), hint="wait for it to end, or choose another --out-dir") as held:
+        yield held
+
+
+def read_environment(run_dir) -> list[dict]:
+    """The sessions of a run's environment.json ([] when it has none or it is unreadable)."""
+    try:
+        sessions = json.loads((Path(run_dir) / ENVIRONMENT_FILE).read_text())["sessions"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [s for s in sessions if isinstance(s, dict)] if isinstance(sessions, list) else []
+
+
 class Run:
     """A run directory: config.json, metrics.jsonl, tb/ (TensorBoard). Only rank 0 writes."""
 
     def __init__(self, out_dir, config: dict, resume: bool = False):
-        self.dir = Path(out_dir)
+        self.dir = check_out_dir(out_dir)
         self.config = config
         self.resume = resume
         self.rank, _ = dist_info()
         self.writer = None
-        if self.dir.exists() and not self.dir.is_dir():
-            raise UsageError(f"--out-dir {self.dir} is a file, not a directory")
+        self._lock = None
+        self.environment = None  # this session's record (rank 0)
         if self.rank != 0:
             return
+        if not lock.held(self.dir):  # the commands hold it already (``hold``); anyone else takes it here
+            self._lock = lock.DirLock(self.dir, hint="wait for it to end, or choose another --out-dir").acquire()
         if not resume and ((self.dir / "last").exists() or (self.dir / "metrics.jsonl").exists()):
+            self._release()
             raise UsageError(f"{self.dir} already holds a run: pass --resume to continue it, "
                              f"or choose another --out-dir")
-        self.dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.dir / "config.json", config)
+        self.environment = self._record_environment()
+
+    def _record_environment(self) -> dict:
+        """Add this session's record to environment.json (kept apart from config.json, which holds
+        the settings that --resume restores); a resumed run whose environment differs from its
+        latest session's says so in one line on stderr."""
+        sessions = read_environment(self.dir) if self.resume else []
+        record = {"session": "resume" if self.resume else "start",
+                  "started": datetime.now().isoformat(timespec="seconds"),
+                  **environment.collect(self.config.get("device"), self.config.get("precision"))}
+        changed = environment.differences(sessions[-1], record) if sessions else []
+        if changed:
+            print(f"warning: {self.dir} ran with another environment until now: "
+                  + ", ".join(f"{k} {old} -> {new}" for k, old, new in changed)
+                  + f" (both in {ENVIRONMENT_FILE})", file=sys.stderr)
+        write_json_atomic(self.dir / ENVIRONMENT_FILE, {"sessions": sessions + [record]})
+        return record
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def start(self, step: int) -> None:
         """Open TensorBoard at ``step``; a resumed run first drops what a killed run logged
@@ -138,6 +198,7 @@ class Run:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        self._release()
 
 
 def read_metrics(path) -> list[dict]:

@@ -1,7 +1,8 @@
 """Shared pytest fixtures: a tiny random-weight BERT checkpoint, the shared data folders, and a
 small CS224N-format data directory.
 
-Everything here works offline and without ``../shared``: when the shared uncased vocabulary is
+Everything here works offline and without ``../shared`` (a command's own download of missing data
+goes to a closed local port: ``BERTCF_DATA_URL`` below): when the shared uncased vocabulary is
 absent a small synthetic WordPiece vocabulary is written instead, and fixtures that need the real
 data files skip the test with a reason.
 
@@ -22,6 +23,22 @@ import os
 from pathlib import Path
 
 import pytest
+
+
+def _closed_port() -> int:
+    """A local port where nothing listens (bound, then let go)."""
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# The commands download the data they miss (bertcf.data.download.fetch_missing). No test reaches
+# the network: a download that a test does not serve itself (its own local server, as in
+# test_data.py) goes to a local port where nothing listens and fails at once, as offline. Set here,
+# so the processes that tests start inherit it too.
+os.environ["BERTCF_DATA_URL"] = f"http://127.0.0.1:{_closed_port()}/"
+os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy"), "127.0.0.1"]))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -118,6 +118,14 @@ def test_suite_writes_every_output(suite):
                                                "claims.json", "table1.md", "table1.json", "ablations.md",
                                                "ablations.json", "analysis.md", "analysis.json", "qualitative.md"}
     assert sorted(p.name for p in (out / "stages").iterdir()) == sorted(BEST_DIRS)
+    # What it ran with: the runner's in suite.json, each run's in its environment.json; no lock left.
+    import importlib.metadata
+    recorded = json.loads((out / "suite.json").read_text())["environment"]
+    assert recorded["packages"]["torch"] == importlib.metadata.version("torch") and recorded["device"] == "cpu"
+    for name in BEST_DIRS:
+        stage = out / "stages" / name
+        assert json.loads((stage / "environment.json").read_text())["sessions"][0]["session"] == "start"
+        assert not (stage / ".lock").exists()
 
     table1 = json.loads((out / "table1.json").read_text())
     assert [r["name"] for r in table1["rows"]] == ["MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow",

@@ -382,6 +382,9 @@ def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, capsys):
     assert set(result["sts_detail"]["STS12"]["subsets"]) == set(se.STS_YEARS["STS12"])
     assert len(result["sts_detail"]["STS12"]["ci95"]) == 2 and len(result["sts_avg_ci95"]) == 2
     assert "sts_pairs" not in result  # only when evaluate() is asked for them
+    import importlib.metadata
+    assert result["environment"]["packages"]["torch"] == importlib.metadata.version("torch")
+    assert result["environment"]["device"] == "cpu" and result["environment"]["precision"] == "fp32"
     intervals = [c.strip() for c in printed.splitlines()[4].split("|")[1:-1]]  # the line under the scores
     assert intervals[0] == "[{:.2f}, {:.2f}]".format(*result["sts_detail"]["STS12"]["ci95"])
     assert intervals[-1] == "[{:.2f}, {:.2f}]".format(*result["sts_avg_ci95"])

@@ -6,6 +6,11 @@ Command line (also as ``python -m bertcf.data download``)::
 
     python -m bertcf.download download --out data/ [--only cs224n|wiki1m] [--timeout S]
     python -m bertcf.download download --senteval --out data/     (SentEval's files -> data/SentEval/)
+
+The training commands call ``fetch_missing`` for the files they read from ``--data-dir`` by
+default, so that a bare ``run_pretrain.py`` or ``run_multitask.py`` gets its data. A mirror (or a
+test's local server) is named by ``BERTCF_DATA_URL`` (every file from ``URL/<name>``, as
+``--base-url``); ``BERTCF_OFFLINE=1`` stops the commands from downloading at all.
 """
 from __future__ import annotations
 
@@ -83,6 +88,12 @@ SOURCES: dict[str, tuple[Source, ...]] = {
 SENTEVAL_SOURCE = Source("senteval.tar", "https://huggingface.co/datasets/princeton-nlp/datasets-for-simcse/"
                                          "resolve/main/senteval.tar")
 SENTEVAL_DIR = "SentEval"
+
+DATA_URL_ENV = "BERTCF_DATA_URL"   # a mirror: every file from $BERTCF_DATA_URL/<name>
+OFFLINE_ENV = "BERTCF_OFFLINE"     # set (to anything but "" or 0): the commands download nothing
+#: The network timeout (seconds per connect or read) when a command fetches its data itself: a
+#: machine whose network drops packets says so in this long, not the downloader's minute.
+FETCH_TIMEOUT = 20.0
 
 _CHUNK = 1 << 20
 
@@ -285,6 +296,46 @@ def download(out_dir: str | os.PathLike, only: str | None = None, *, timeout: fl
     return results
 
 
+def data_url() -> str | None:
+    """The mirror that ``BERTCF_DATA_URL`` names, or None (each file's own source)."""
+    return os.environ.get(DATA_URL_ENV) or None
+
+
+def fetch_missing(data_dir: str | os.PathLike, names: Iterable[str], timeout: float = FETCH_TIMEOUT) -> str | None:
+    """Download those of ``names`` (files of :data:`SOURCES`: the CS224N files, Wiki1M) that
+    ``data_dir`` does not have, as a command does for the files it reads by default: verified and
+    written atomically by :func:`download`, from ``$BERTCF_DATA_URL`` when set. Files that are
+    present are not looked at (a directory of other files, such as ``cs224n-offline``, stays as it
+    is), and nothing is asked of the network when none is missing.
+
+    Returns None when every one of ``names`` is there afterwards, else why not, as a clause for the
+    command's error line ("the download failed: ..."). A data directory this call created is removed
+    again when the download leaves it empty."""
+    data_dir = Path(data_dir)
+    known = {s.name: s for group in SOURCES.values() for s in group}
+    missing = [known[n] for n in dict.fromkeys(names) if n in known and not (data_dir / n).is_file()]
+    if not missing:
+        return None
+    if os.environ.get(OFFLINE_ENV, "") not in ("", "0"):
+        return f"{OFFLINE_ENV} is set, so it was not downloaded"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank would fetch the same file at once
+        return f"no download under torchrun: run python -m bertcf.data download --out {data_dir} first"
+    created = not data_dir.exists()
+    names_text = ", ".join(s.name for s in missing)
+    # On stdout with the downloader's other status lines, so that a failure stays one line on stderr.
+    print(f"{names_text} not in {data_dir}/: downloading (data/README.md)", flush=True)
+    try:
+        results = download(data_dir, sources=missing, timeout=timeout, base_url=data_url(),
+                           progress=sys.stderr.isatty())
+        failed = {name: problem for name, problem in results.items() if problem is not None}
+        return "the download failed: " + "; ".join(f"{n}: {p}" for n, p in failed.items()) if failed else None
+    except NetworkError as error:
+        return f"the download failed: {error}"
+    finally:
+        if created and data_dir.is_dir() and not any(data_dir.iterdir()):
+            data_dir.rmdir()
+
+
 def download_senteval(out_dir: str | os.PathLike, *, timeout: float = 60.0, base_url: str | None = None,
                       progress: bool = True) -> Path:
     """Fetch SimCSE's ``senteval.tar`` into ``out_dir`` (sha256 recorded on first download, as
@@ -341,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
                      help="download SentEval's evaluation data (SimCSE's senteval.tar) into OUT/SentEval instead")
     get.add_argument("--timeout", type=float, default=60.0,
                      help="network timeout in seconds for each connect/read (default: 60)")
-    get.add_argument("--base-url", help="fetch every file from BASE_URL/<name> (a mirror)")
+    get.add_argument("--base-url", default=data_url(),
+                     help=f"fetch every file from BASE_URL/<name> (a mirror; default: ${DATA_URL_ENV} when set)")
     get.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
 

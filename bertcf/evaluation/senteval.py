@@ -8,7 +8,8 @@ probe on frozen vectors (MRPC: on SentEval's [|u - v|, u * v] of the pair's vect
 ``mrpc_features="full"`` on [u, v, |u - v|, u * v]), accuracy ×100 (and F1 for MRPC); ``test``
 picks the probe's L2 strength by an inner validation as SentEval does, ``fasttest`` uses 5 folds
 and a fixed one. The transfer average covers the tasks that ran (``transfer_avg_tasks``).
-A task whose files are absent is skipped with a warning.
+A task whose files are absent is skipped with a warning. ``lexical`` among the tasks adds word
+similarity (``evaluation.lexical``: every word-similarity file of ``lexical_dir``).
 """
 from __future__ import annotations
 
@@ -31,11 +32,20 @@ from .evaluators import (
     STSEvaluator,
     TrainTestClassificationEvaluator,
 )
+from .lexical import evaluate_words
 
 logger = logging.getLogger("bertcf.senteval")
 
 MODES = ("test", "dev", "fasttest")
 TASK_GROUPS = {"sts": se.STS_TASKS, "transfer": se.TRANSFER_TASKS}
+LEXICAL = "lexical"  # word similarity: the files of --lexical-dir, not SentEval's
+
+
+def split_lexical(text: str | list | tuple) -> tuple[list[str], bool]:
+    """(--tasks without ``lexical``, whether ``lexical`` was among them)."""
+    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text)]
+    rest = [t for t in items if t and t.lower() != LEXICAL]
+    return rest, any(t.lower() == LEXICAL for t in items)
 
 
 def parse_tasks(text: str | list | tuple) -> list[str]:
@@ -49,7 +59,7 @@ def parse_tasks(text: str | list | tuple) -> list[str]:
         elif item.lower() in known:
             chosen.add(known[item.lower()])
         else:
-            raise UsageError(f"--tasks: unknown task {item!r} (sts, transfer, or one of "
+            raise UsageError(f"--tasks: unknown task {item!r} (sts, transfer, lexical, or one of "
                              f"{', '.join(se.STS_TASKS + se.TRANSFER_TASKS)})")
     if not chosen:
         raise UsageError("--tasks: no task given")
@@ -116,7 +126,7 @@ def available_tasks(senteval_dir, tasks, mode: str = "test") -> list[str]:
 
 def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size: int = 64,
              max_length: int | None = None, show_progress_bar: bool = False, pair_scores: bool = False,
-             mrpc_features: str = "senteval") -> dict:
+             mrpc_features: str = "senteval", lexical_dir=None, lexical_pooling: str | None = None) -> dict:
     """Run SentEval's ``tasks`` ('sts', 'transfer', task names) on a SentenceEncoder.
 
     Every distinct sentence of every task is encoded once, in length-sorted batches, up to
@@ -130,11 +140,22 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     taking the percentiles. ``pair_scores``: also "sts_pairs": {task: {"scores": cosines, "gold",
     "groups": subsets}} (lists over the pairs, in the order of "all"), for bootstraps over several
     encoders. ``mrpc_features``: "senteval" ([|u - v|, u * v], SentEval's mrpc.py) or "full".
-    Raises DataError when no task has its files."""
+    Raises DataError when no task has its files. ``lexical`` in ``tasks``: also word similarity on
+    every file of ``lexical_dir`` (``evaluation.lexical.evaluate_words``: "lexical", "lexical_detail"
+    and with ``pair_scores`` "lexical_pairs"), the words pooled by ``lexical_pooling`` (default: the
+    encoder's pooling)."""
     if mode not in MODES:
         raise UsageError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
     if mrpc_features not in PAIR_FEATURES:
         raise UsageError(f"--mrpc-features must be one of {', '.join(PAIR_FEATURES)}, not {mrpc_features!r}")
+    senteval_tasks, lexical = split_lexical(tasks)
+    if lexical:  # first: its files are small, and a bad one stops the command before SentEval's work
+        if mode == "dev":
+            raise UsageError("--mode dev: the word-similarity sets have no dev split; score lexical in --mode test")
+        words = evaluate_words(encoder, lexical_dir, lexical_pooling, batch_size, pair_scores, show_progress_bar)
+        return words | (evaluate(encoder, senteval_dir, senteval_tasks, mode, batch_size, max_length,
+                                 show_progress_bar, pair_scores, mrpc_features) if senteval_tasks
+                        else _empty_result(mode, pair_scores))
     tasks = parse_tasks(tasks)
     if mode == "dev" and any(t in se.TRANSFER_TASKS for t in tasks):
         raise UsageError("--mode dev scores STS-B dev and SICK-R trial only; run the transfer tasks "
@@ -156,8 +177,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     def embed(batch):
         return vectors[[row[s] for s in batch]]
 
-    result = {"mode": mode, "sts": {}, "sts_avg": None, "sts_avg_ci95": None, "sts_detail": {}, "transfer": {},
-              "transfer_avg": None} | ({"sts_pairs": {}} if pair_scores else {})
+    result = _empty_result(mode, pair_scores)
     replicates = []
     for evaluator in tqdm(evaluators, desc="tasks", disable=not show_progress_bar, unit="task"):
         scores = evaluator(embed)
@@ -179,14 +199,21 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
     return result
 
 
+def _empty_result(mode: str, pair_scores: bool) -> dict:
+    return {"mode": mode, "sts": {}, "sts_avg": None, "sts_avg_ci95": None, "sts_detail": {}, "transfer": {},
+            "transfer_avg": None, "transfer_avg_tasks": []} | ({"sts_pairs": {}} if pair_scores else {})
+
+
 def format_table(result: dict) -> str:
     """SimCSE's tables: STS12 ... SICKRelatedness Avg. (and the transfer tasks); '-' where skipped.
     Under the STS scores, their 95% bootstrap intervals. An average that does not cover every task
     of its table is headed "Avg. of N" and followed by a line naming the tasks it covers."""
-    def table(names, values, avg, avg_name="Avg.", intervals=None):
+    def table(names, values, avg, avg_name="Avg.", intervals=None):  # avg_name None: no average column
         def cell(v):
             return "-" if v is None else f"[{v[0]:.2f}, {v[1]:.2f}]" if isinstance(v, list) else f"{v:.2f}"
-        rows = [names + [avg_name], [cell(v) for v in values + [avg]]]
+        if avg_name is not None:
+            names, values = names + [avg_name], values + [avg]
+        rows = [names, [cell(v) for v in values]]
         if intervals is not None:
             rows.append([cell(v) for v in intervals])
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -215,4 +242,9 @@ def format_table(result: dict) -> str:
         if "MRPC" in result["transfer"]:
             mrpc = result["transfer"]["MRPC"]
             parts.append(f"MRPC F1: {mrpc['f1']:.2f} (features {mrpc['features']}: {PAIR_FEATURES[mrpc['features']]})")
+    if result.get("lexical"):
+        names, detail = list(result["lexical"]), result["lexical_detail"]
+        poolings = ", ".join(sorted({"[CLS]" if d["pooling"] == "cls" else d["pooling"] for d in detail.values()}))
+        parts += [f"Word similarity: Spearman ×100 of the cosine, {poolings} pooling",
+                  table(names, [result["lexical"][t] for t in names], None, None, [detail[t]["ci95"] for t in names])]
     return "\n".join(parts)

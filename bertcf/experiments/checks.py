@@ -9,13 +9,15 @@ import json
 from pathlib import Path
 
 from ..data.tasks import TASKS, task_file
+from ..data.words import word_similarity_files
 from ..errors import DataError, UsageError
-from ..runs import STATE_FILE
+from ..runs import ENVIRONMENT_FILE, STATE_FILE
 from ..utils.files import recover_dir
 from .planned import MARKER, PlannedRun, entry_module, read_json
 
 #: What a run directory of this command may hold (anything else: files it did not write).
-RUN_ENTRIES = {"config.json", "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json", MARKER}
+RUN_ENTRIES = {"config.json", ENVIRONMENT_FILE, "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json",
+               MARKER}
 
 
 def inspect(task: PlannedRun) -> None:
@@ -79,7 +81,12 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
     if plan.finetune:
         needed += [task_file(data_dir, t, s) for t in TASKS for s in ("train", "dev")]
     problems = []
-    if any(t.kind == "pretraining" and t.state != "done" for t in tasks):
+    if a.lexical_dir:
+        try:
+            word_similarity_files(a.lexical_dir)
+        except DataError as e:
+            problems.append(e)
+    if any(t.kind == "pretraining" and t.state != "done" and not t.spec.words for t in tasks):
         if a.corpus_from_tasks:
             needed += [task_file(data_dir, t, "train") for t in TASKS]
         elif a.corpus:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from ..evaluation import bootstrap
 from .published import report_value
-from .results import BOOTSTRAP_SEED, FINETUNED, RESAMPLES, ItemScores
-from .rows import ABLATION_ROWS, PUBLISHED_ROWS, TABLE1_ROWS, Row
+from .results import BOOTSTRAP_SEED, FINETUNED, RESAMPLES, ItemScores, lexical_metrics
+from .rows import ABLATION_ROWS, LEXICAL_ROWS, PUBLISHED_ROWS, TABLE1_ROWS, Row
 from .tables import fmt, md_table
 
 
@@ -40,19 +40,23 @@ CLAIMS = (
           report=False),
     Claim("Mirror-BERT (published)", "MinBERT-Mirror", "Mirror-BERT at its paper's settings against the report's "
           "variant", report=False),
+    Claim("Mirror-BERT (lexical)", "MinBERT", "Mirror-BERT's word encoder improves its base on word similarity "
+          "(Mirror-BERT's Table 1)", report=False),
 )
-ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS + PUBLISHED_ROWS}
+ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS + PUBLISHED_ROWS + LEXICAL_ROWS}
 
 
 def metrics_of(results: dict) -> list[str]:
-    """The metrics the claims are tested on: CS224N STS dev, each SentEval STS set that ran, the fine-tuned ones."""
-    metrics = ["sts_spearman"]
+    """The metrics the claims are tested on: CS224N STS dev, each SentEval STS set that ran, the fine-tuned
+    ones, each word-similarity set with [CLS] and with mean pooling (--lexical-dir)."""
+    metrics, lexical = ["sts_spearman"], []
     for per_seed in results.values():
         for r in per_seed.values():
             for name in ((r["senteval"] or {}).get("sts_pairs") or {}):
                 if f"senteval_{name}" not in metrics:
                     metrics.append(f"senteval_{name}")
-    return metrics + list(FINETUNED)
+            lexical += [m for m in lexical_metrics(r) if m not in lexical]
+    return metrics + list(FINETUNED) + lexical
 
 
 def test_claims(results: dict, seeds: list[int], data_dir) -> list[dict]:
@@ -86,6 +90,9 @@ METRIC_LABELS = {"sts_spearman": "CS224N STS dev ρ", "sst_accuracy": "SST-5 acc
 
 
 def label(metric: str) -> str:
+    if metric.startswith("lexical_"):
+        task, _, pooling = metric.removeprefix("lexical_").rpartition("_")
+        return f"{task} ρ×100 ({'[CLS]' if pooling == 'cls' else pooling})"
     return METRIC_LABELS.get(metric) or f"{metric.removeprefix('senteval_')} ρ×100"
 
 
@@ -104,8 +111,10 @@ def claims_md(claims: list[dict], footer: str) -> str:
             "for a and b. **supported**: the interval lies above 0; **contradicted**: "
             "below 0; **inconclusive**: it contains 0 (the difference is within the noise of this many seeds "
             "and pairs). *(report)*: the report's a − b on that metric (bert-base-uncased), where it has one. "
-            "The last two compare each method at its paper's settings with the report's variant, where "
-            "`objectives --preset published` ran in the same output directory.\n\n"
+            "The two published ones compare each method at its paper's settings with the report's variant, where "
+            "`objectives --preset published` ran in the same output directory; the lexical one compares "
+            "Mirror-BERT's word encoder with its base, where `lexical` ran there (word-similarity metrics: "
+            "`--lexical-dir`).\n\n"
             + claims_text + "\n"
             + (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict", "(report)"], rows, "lllrrrlr")
                if rows else "No claim has both of its rows in this output directory yet.\n")

@@ -11,13 +11,13 @@ from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, ArgumentParser, add_renamed_
 from ..errors import UsageError
 
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
-COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base")
+COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base", "lexical")
 ALL = ("table1", "ablations", "analysis")  # what ``all`` produces: the report's
 #: The settings saved in OUT/suite.json (what the results depend on; not --device, --dry-run...).
 SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences", "steps_scale",
               "finetune_steps_scale", "eval_every", "max_train_examples", "max_length", "eval_max_length", "seed",
               "seeds", "preset", "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
-              "mlm_args")
+              "mlm_args", "lexical_dir")
 RENAMED_SETTINGS = {"stage_args": "pretrain_args"}  # old name -> new, in suite.json files written before
 
 
@@ -27,7 +27,8 @@ def build_parser() -> ArgumentParser:
                                    "analysis, and the other objectives.")
     p.add_argument("command", choices=COMMANDS,
                    help="what to produce (all: table1, ablations and analysis; objectives is run on its own; "
-                        "mlm-base: MLM pretraining from --config, then table1 and the ablations from it)")
+                        "mlm-base: MLM pretraining from --config, then table1 and the ablations from it; "
+                        "lexical: Mirror-BERT's word encoder from --model, on word similarity, against --model)")
     p.add_argument("--model", default="bert-base-uncased", help="the BERT every encoder starts from (default %(default)s)")
     p.add_argument("--data-dir", default="data", help="CS224N files (default %(default)s)")
     p.add_argument("--out-dir", default="runs/experiments", help="everything goes here (default %(default)s)")
@@ -80,6 +81,11 @@ def build_parser() -> ArgumentParser:
                    help="mlm-base: steps of MLM pretraining, not scaled by --steps-scale (default %(default)s)")
     g.add_argument("--mlm-args", default="",
                    help="mlm-base: more flags for the MLM pretraining, e.g. '--batch-size 128'")
+    g = p.add_argument_group("word similarity")
+    g.add_argument("--lexical-dir", default=None,
+                   help="word-similarity files (SimLex-999's layout or word1<TAB>word2<TAB>score; every .txt/.tsv): "
+                        "every encoder scored on them with [CLS] and mean pooling, a column in the objectives and "
+                        "ablations tables, the claims tested on them; lexical needs it")
     g = p.add_argument_group("SentEval (when its STS files are there)")
     g.add_argument("--senteval-dir", default=None,
                    help="SentEval's data: adds the STS test average to table1/ablations (default DATA_DIR/SentEval)")
@@ -116,6 +122,8 @@ def parse_args(argv=None):
         args.saved_settings = saved
     if args.corpus and args.corpus_from_tasks:
         raise UsageError("give either --corpus or --corpus-from-tasks, not both")
+    if args.command == "lexical" and not args.lexical_dir:
+        raise UsageError("lexical needs --lexical-dir DIR (word-similarity files, e.g. ../shared/data/lexical)")
     if args.command == "mlm-base" and not args.config:
         raise UsageError("mlm-base needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
     for name in ("pretrain_args", "finetune_args", "mlm_args"):

@@ -7,12 +7,14 @@ import shlex
 from pathlib import Path
 
 from ..errors import UsageError
+from ..objectives.presets import PRESETS
 from ..utils.precision import resolve_device
 from . import checks
 from .options import ALL
 from .planned import PlannedRun, abs_if_path
 from .rows import (
     ABLATION_ROWS,
+    LEXICAL_ROWS,
     MLM_BASE,
     OBJECTIVE_ROWS,
     PRETRAININGS,
@@ -45,11 +47,12 @@ class Plan:
         self.finetune = "table1" in self.commands and not args.no_finetune
         self.ft_scale = args.finetune_steps_scale or args.steps_scale
         self.table1_rows, self.ablation_rows, self.objective_rows = self._select_rows()
+        self.lexical_rows = list(LEXICAL_ROWS) if "lexical" in self.commands else []
         self.device = None
 
     @property
     def rows(self) -> list[Row]:
-        return self.table1_rows + self.ablation_rows + self.objective_rows
+        return self.table1_rows + self.ablation_rows + self.objective_rows + self.lexical_rows
 
     # -- rows and plan ---------------------------------------------------------------------------
     def _select_rows(self):
@@ -141,11 +144,12 @@ class Plan:
             steps = None
         else:
             argv += ["--steps", str(steps), "--max-length", str(a.max_length)]
-        if a.corpus:
+        corpus = not spec.words  # a lexical encoder trains on its preset's word list, not the sentences
+        if a.corpus and corpus:
             argv += ["--corpus", a.corpus]
-        if a.corpus_from_tasks:
+        if a.corpus_from_tasks and corpus:
             argv += ["--corpus-from-tasks"]
-        if a.max_sentences:
+        if a.max_sentences and corpus:
             argv += ["--max-sentences", str(a.max_sentences)]
         if a.eval_max_length:
             argv += ["--eval-max-length", str(a.eval_max_length)]
@@ -153,16 +157,18 @@ class Plan:
         settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
                     "model": abs_if_path(model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
                     "eval_every": a.eval_every, "seed": seed, "max_length": a.max_length,
-                    "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus),
-                    "corpus_from_tasks": a.corpus_from_tasks,
-                    "max_sentences": a.max_sentences, "flags": flags, "extra_args": a.pretrain_args_list}
+                    "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus) if corpus else None,
+                    "corpus_from_tasks": a.corpus_from_tasks and corpus,
+                    "max_sentences": a.max_sentences if corpus else None, "flags": flags,
+                    "extra_args": a.pretrain_args_list}
         if spec.preset:  # a key of its own, so the settings of every other run stay as they were
             settings |= {"preset": spec.preset, "max_length": None}
         start = (self.rel(self.pretraining_dir(spec.init, seed)) if spec.init else "--config" if is_base
                  else "--model")
         method = f" --method {spec.method}" if spec.stage != "flow" else ""
         shown = f" {' '.join(spec.flags)}" if spec.flags else ""
-        length = f"--preset {spec.preset} (one epoch)" if spec.preset else f"{steps} steps"
+        length = (f"--preset {spec.preset} ({PRESETS[spec.preset].epochs:g} epochs of its word list)" if spec.words
+                  else f"--preset {spec.preset} (one epoch)" if spec.preset else f"{steps} steps")
         description = f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, {length} ({spec.what})"
         return PlannedRun("pretraining", label, out, argv, settings, description, seed=seed, spec=spec)
 
@@ -186,7 +192,7 @@ class Plan:
     def runs(self) -> list[PlannedRun]:
         """Every pretraining and fine-tuning run of every seed as a PlannedRun (inspected on disk);
         returns the ones this command runs: the MLM base, then seed by seed, dependencies first."""
-        wanted_rows = self.table1_rows + self.ablation_rows + self.objective_rows
+        wanted_rows = self.rows
         self.base_run = (self.pretraining_run(MLM_BASE, "MLM base (from --config)", self.args.seed)
                          if self.base else None)
         self.pretraining_runs = {(seed, name): self.pretraining_run(spec, ROW_OF_PRETRAINING[name].name, seed)

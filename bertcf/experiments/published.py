@@ -21,6 +21,11 @@ REPORT_ANALYSIS = {
     "BERT-CF": {"alignment": 0.416, "uniformity": -3.198},
 }
 
+#: Mirror-BERT's paper (Liu et al. 2021), Table 1: Spearman's rho on Multi-SimLex English (1,888
+#: pairs), bert-base-uncased before ("BERT", [CLS] and the mean of its tokens) and after Mirror-BERT's
+#: word training ([CLS]); the lexical command's rows are set beside them (another base, word list and set).
+PAPER_LEXICAL = {"MinBERT": {"cls": 0.105, "mean": 0.267}, "Mirror-BERT (lexical)": {"cls": 0.556}}
+
 
 def report_value(row: str, metric: str):
     """The report's number for a row and metric (None where it has none)."""

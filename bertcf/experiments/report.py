@@ -9,9 +9,10 @@ from pathlib import Path
 from ..utils.files import write_json_atomic, write_text_atomic
 from .analysis import Analysis
 from .claims import claims_md
+from .claims import label as metric_label
 from .options import SUITE_KEYS
 from .plan import Plan
-from .published import REPORT_ABLATIONS, REPORT_TABLE1
+from .published import PAPER_LEXICAL, REPORT_ABLATIONS, REPORT_TABLE1
 from .results import FINETUNE_METRICS, FINETUNED, ItemScores
 from .rows import PRETRAININGS, TABLE1_ROWS, Row, steps_for
 from .tables import cell, fmt, interval_cell, md_table, row_summary
@@ -20,6 +21,8 @@ from .tables import cell, fmt, interval_cell, md_table, row_summary
 #: variants of SimCSE and Mirror-BERT).
 ABLATION_REFERENCES = [TABLE1_ROWS[-1]]
 OBJECTIVE_REFERENCES = list(TABLE1_ROWS[:3])
+LEXICAL_REFERENCES = [TABLE1_ROWS[0]]  # the lexical encoder's base: --model itself
+POOLING_NAMES = {"cls": "[CLS]", "mean": "mean"}
 
 
 
@@ -37,12 +40,19 @@ def settings_md(plan: Plan) -> str:
               f"in stages/ and finetune/, the others' in seeds/SEED/)" if len(plan.seeds) > 1 else f"- seed {a.seed}")
              + f", device {plan.device}, max length {a.max_length} in training, "
              f"{a.eval_max_length or 'whole sentences'} in evaluation"]
+    if plan.commands == ["lexical"]:  # no sentence corpus, no report steps: the preset's words and epochs
+        lines[1:3] = [f"- data: `{a.data_dir}` (CS224N STS dev, evaluated during each run); training words: the "
+                      "preset's (wordfreq's 10,000 most frequent English words) unless --pretrain-args gives a list",
+                      "- steps: 2 epochs of the word list (the preset)"]
     if plan.base:
         lines.append(f"- mlm-base: MinBERT is the MLM base, {a.mlm_steps} steps of masked language modelling from the "
                      f"random weights of `{a.config}` (stages/{plan.base}); Random weights is that encoder untrained")
     if "objectives" in plan.commands and a.preset == "published":
         lines.append("- objectives: each method at its paper's settings (`--preset published`: run_pretrain.py "
                      "--preset NAME, one epoch of the corpus each; flags in --pretrain-args win)")
+    if getattr(a, "lexical_dir", None):
+        lines.append(f"- word similarity: every file of `{a.lexical_dir}`, each word encoded alone, with [CLS] and "
+                     f"with mean pooling (a flow's encoder: its own pooling only)")
     if a.pretrain_args:
         lines.append(f"- extra flags of every pretraining run: `{a.pretrain_args}`")
     if a.finetune_args:
@@ -57,6 +67,21 @@ def settings_json(plan: Plan) -> dict:
         "device": str(plan.device),
         "stage_steps": {s: steps_for(s, a.steps_scale) for s in ("mirror", "joint", "flow")},
         "multitask_steps": steps_for("multitask", plan.ft_scale), "finetune": plan.finetune, "seeds": plan.seeds}
+
+
+def lexical_claims_md(tested: list[dict]) -> str:
+    """The lexical claim's verdicts (claims.test_claims' entries), one line a metric."""
+    if not tested:
+        return "Not tested yet: the lexical encoder has not been trained in this --out-dir.\n"
+    rows = []
+    for c in tested:
+        digits = 3 if c["metric"] == "sts_spearman" else 2
+        rows.append([c["a"], c["b"], metric_label(c["metric"]), fmt(c["mean_difference"], digits),
+                     f"[{fmt(c['ci95'][0], digits)}, {fmt(c['ci95'][1], digits)}]", str(len(c["seeds"])),
+                     f"**{c['verdict']}**"])
+    return (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict"], rows, "lllrrrl")
+            + "\nThe verdict as in claims.md: a paired, hierarchical bootstrap over the seeds and the pairs; "
+            "**supported** when the interval lies above 0.\n")
 
 
 class Report:
@@ -83,6 +108,9 @@ class Report:
             summary[metric]["ci95"] = self.items.interval(per_seed, metric)
         for task, agg in (summary["senteval"] or {"sts": {}})["sts"].items():
             agg["ci95"] = self.items.interval(per_seed, f"senteval_{task}")
+        for pooling in ("cls", "mean"):
+            for task, agg in (summary["lexical"] or {}).get(pooling, {}).items():
+                agg["ci95"] = self.items.interval(per_seed, f"lexical_{task}_{pooling}")
         return summary
 
     def cell(self, agg: dict, digits: int = 3) -> str:
@@ -124,6 +152,17 @@ class Report:
         cells = {k: [self.cell(v["sts_avg"], 2)] + ([self.cell(v["transfer_avg"], 2)] if self.transfer else [])
                  for k, v in found.items()}
         return header, cells
+
+    def lexical_columns(self, summaries: dict) -> tuple[list[str], dict]:
+        """The word-similarity columns (--lexical-dir): each set's Spearman ×100 with the encoder's own
+        pooling, named in the cell; {row key: cells}."""
+        found = {k: v["lexical"] for k, v in summaries.items() if v["lexical"]}
+        if not found:
+            return [], {}
+        tasks = list(next(iter(found.values()))[next(iter(found.values()))["pooling"]])
+        cells = {k: [f"{self.cell(v[v['pooling']][t], 2)} ({POOLING_NAMES[v['pooling']]})" for t in tasks]
+                 for k, v in found.items()}
+        return [f"{t} ρ×100" for t in tasks], cells
 
     def footer(self) -> str:
         """The Settings section and the command, under every table."""
@@ -208,16 +247,20 @@ class Report:
                 f" (`--preset {spec.preset}`)" if spec.preset else "")
             summary = summaries[row.key]
             return {"name": row.name, "what": what,
-                    "ours": {"sts_spearman": summary["sts_spearman"], "senteval": summary["senteval"]},
+                    "ours": {"sts_spearman": summary["sts_spearman"], "senteval": summary["senteval"],
+                             "lexical": summary["lexical"]},
                     "report": {"sts_spearman": report_value}} | self.row_info(results, row)
 
         rows_json = [entry(row, report.get(row.name)) for row in rows]
         refs_json = [entry(row, REPORT_TABLE1[row.name]["sts_spearman"]) for row in present]
         labelled = [r["name"] for r in rows_json] + [f"*{r['name']}* (reference)" for r in refs_json]
         extra, cells = self.senteval_columns(summaries)
+        lexical, lexical_cells = self.lexical_columns(summaries)
         md_rows = [[label, r["what"], self.cell(r["ours"]["sts_spearman"]), interval_cell(r["ours"]["sts_spearman"]),
                     fmt(r["report"]["sts_spearman"])] + cells.get(row.key, ["–"] * len(extra))
+                   + lexical_cells.get(row.key, ["–"] * len(lexical))
                    for label, r, row in zip(labelled, rows_json + refs_json, rows + present)]
+        extra += lexical
         absent = [r.name for r in references if r not in present]
         note = (f"\n{', '.join(absent)} (reference): not trained in this --out-dir yet (`table1` or `all` "
                 f"with the same --out-dir trains it).\n" if absent else "")
@@ -228,6 +271,46 @@ class Report:
         obj = {"rows": rows_json, "reference": refs_json, "settings": self.settings_json, "command": self.command}
         self.write(f"{name}.md", md)
         self.write_json(f"{name}.json", obj)
+        return obj
+
+    def lexical(self, rows: list[Row], results: dict, claims: list[dict]) -> dict:
+        """lexical.md/json: word similarity ([CLS] and mean pooling, each set of --lexical-dir) of the
+        lexical encoders and of their base (--model), beside Mirror-BERT's Table 1, with the claim
+        that the lexical encoder beats its base (``claims``: test_claims' results)."""
+        shown = [r for r in LEXICAL_REFERENCES if r.key in results] + rows
+        summaries = {r.key: self.summary(results, r) for r in shown}
+        found = [s["lexical"] for s in summaries.values() if s["lexical"]]
+        tasks = list(found[0].get("cls") or found[0]["mean"]) if found else []
+        header = ["Encoder", "CS224N STS dev ρ"] + [c for t in tasks for c in (
+            f"{t} ρ×100 [CLS]", "95% CI", f"{t} ρ×100 mean", "95% CI")] + ["(paper) [CLS] / mean"]
+        md_rows, rows_json = [], []
+        for row in shown:
+            lexical, paper = summaries[row.key]["lexical"] or {}, PAPER_LEXICAL.get(row.name, {})
+            cells = []
+            for t in tasks:
+                for p in ("cls", "mean"):
+                    agg = lexical.get(p, {}).get(t)
+                    cells += ["–", "–"] if agg is None else [self.cell(agg, 2), interval_cell(agg, 2)]
+            paper_cell = " / ".join(fmt(None if p not in paper else 100 * paper[p], 1) for p in ("cls", "mean"))
+            md_rows.append([row.name, self.cell(summaries[row.key]["sts_spearman"])] + cells + [paper_cell])
+            rows_json.append({"name": row.name, "ours": {"sts_spearman": summaries[row.key]["sts_spearman"],
+                                                         "lexical": lexical},
+                              "paper_multisimlex_en": paper} | self.row_info(results, row))
+        tested = [c for c in claims if c["a"] in {r.name for r in rows} and c["b"] in {r.name for r in shown}]
+        md = ("# Mirror-BERT's lexical encoder: word similarity\n\n"
+              "Mirror-BERT's word-level recipe (`run_pretrain.py --preset mirror-bert-lexical`: the 10k most "
+              "frequent English words, dropout only, NT-Xent at τ 0.2, [CLS], 2 epochs of batch 200, lr 2e-5, 25 "
+              "tokens, the run's end kept) from --model, the first row. Each word is encoded alone; ρ×100 is the "
+              "Spearman correlation of the cosines with the human scores, with [CLS] and with the mean of the "
+              "word's tokens. *(paper)*: Mirror-BERT's Table 1 (Liu et al. 2021), ρ×100 of bert-base-uncased on "
+              "Multi-SimLex English, [CLS] / mean: another base model, word list and evaluation set.\n\n"
+              + self.spread_note() + "95% CI: the percentile interval of a bootstrap over the seeds and the word "
+              "pairs.\n\n" + md_table(header, md_rows)
+              + "\n## The claim: the lexical encoder beats its base\n\n" + lexical_claims_md(tested)
+              + self.footer())
+        obj = {"rows": rows_json, "claims": tested, "settings": self.settings_json, "command": self.command}
+        self.write("lexical.md", md)
+        self.write_json("lexical.json", obj)
         return obj
 
     def claims(self, claims: list[dict]) -> dict:

@@ -9,6 +9,7 @@ from functools import cached_property
 from pathlib import Path
 
 from ..data.tasks import read_qqp, read_sst, read_sts, task_file
+from ..data.words import word_similarity_files
 from ..evaluation import bootstrap
 from ..models.multitask import renamed_from_para
 from ..multitask import prediction_file
@@ -51,6 +52,7 @@ BOOTSTRAP_SEED = 0
 FINETUNED = {"sst_accuracy": ("sst", "accuracy"), "qqp_accuracy": ("qqp", "accuracy"),
              "sts_pearson": ("sts", "pearson")}
 READERS = {"sst": read_sst, "qqp": read_qqp, "sts": read_sts}
+LEXICAL_POOLINGS = ("cls", "mean")  # every encoder's words are scored with both (evaluation.lexical)
 
 
 class ItemScores:
@@ -84,6 +86,10 @@ class ItemScores:
             if any(e.id not in predicted for e in examples):
                 return None
             return [float(predicted[e.id]) for e in examples], [float(e.label) for e in examples], None, kind, 1.0
+        if metric.startswith("lexical_"):  # lexical_TASK_POOLING
+            task, _, pooling = metric.removeprefix("lexical_").rpartition("_")
+            pairs = dig_lexical(r, pooling).get("lexical_pairs", {}).get(task)
+            return None if pairs is None else (pairs["scores"], pairs["gold"], None, "spearman", 100.0)
         pairs = (r["senteval"] or {}).get("sts_pairs", {}).get(metric.removeprefix("senteval_"))
         if pairs is None:
             return None
@@ -98,6 +104,28 @@ class ItemScores:
         _, gold, groups, kind, scale = found[0]
         lo, hi = bootstrap.seeds_interval([x[0] for x in found], gold, kind, groups, RESAMPLES, BOOTSTRAP_SEED)
         return [scale * lo, scale * hi]
+
+
+def dig_lexical(r: dict, pooling: str) -> dict:
+    """One seed's word-similarity results of a row with ``pooling`` ({} where there are none)."""
+    return (r.get("lexical") or {}).get(pooling) or {}
+
+
+def lexical_metrics(r: dict) -> list[str]:
+    """The word-similarity metrics of one seed's results: lexical_TASK_POOLING."""
+    lexical = r.get("lexical") or {}
+    return [f"lexical_{task}_{pooling}" for pooling in LEXICAL_POOLINGS
+            for task in (lexical.get(pooling) or {}).get("lexical", {})]
+
+
+def word_similarity(encoder, lexical_dir) -> dict:
+    """Every word-similarity task of ``lexical_dir`` with each pooling, [CLS] and mean (with a flow,
+    its own pooling only: the flow was fitted to it), with the pairs' cosines (for the claims):
+    {"pooling": the encoder's own, "cls": evaluate_words' dict, "mean": ...}."""
+    from ..evaluation.lexical import evaluate_words
+    poolings = [encoder.pooling] if encoder.flow is not None else list(LEXICAL_POOLINGS)
+    return {"pooling": encoder.pooling} | {p: evaluate_words(encoder, lexical_dir, p, pair_scores=True)
+                                           for p in poolings}
 
 
 def pair_analysis(encoder, pairs, batch_size: int = 64) -> dict:
@@ -204,7 +232,7 @@ class Evaluation:
         for row in rows:
             results[row.key] = {}
             for seed in self.plan.seeds:
-                out = results[row.key][seed] = {"sts": None, "senteval": None, "qqp": None,
+                out = results[row.key][seed] = {"sts": None, "senteval": None, "qqp": None, "lexical": None,
                                                 "finetune": self.finetune(row, seed), "info": self.info(row, seed)}
                 if not self.present(row, seed):
                     continue
@@ -231,6 +259,11 @@ class Evaluation:
                                                     "tasks": self.senteval_tasks, "pair_scores": True}
                     out["senteval"] = self._cached(cache / f"{row.key}-senteval.json", key,
                                                    lambda: self._senteval(load()))
+                if getattr(a, "lexical_dir", None):
+                    key = self._stamp(row, seed) | {"lexical_dir": abs_if_path(a.lexical_dir), "tasks": list(
+                        word_similarity_files(a.lexical_dir)), "poolings": list(LEXICAL_POOLINGS)}
+                    out["lexical"] = self._cached(cache / f"{row.key}-lexical.json", key,
+                                                  lambda: word_similarity(load(), a.lexical_dir))
                 if analysis:
                     key = stamp | {"max_analysis_pairs": a.max_analysis_pairs, "seed": a.seed}
                     out["qqp"] = self._cached(cache / f"{row.key}-qqp-train.json", key,

@@ -19,6 +19,7 @@ class Pretraining:
     flags: tuple = ()
     what: str = ""
     preset: str | None = None  # run_pretrain.py --preset: the method as published (its length included)
+    words: bool = False        # trained on its preset's word list, not the sentence corpus (a lexical encoder)
 
 
 PRETRAININGS = {s.name: s for s in (
@@ -41,6 +42,9 @@ PRETRAININGS = {s.name: s for s in (
     Pretraining("bsl-published", "mirror", "bsl", None, what="BSL as published", preset="bsl"),
     Pretraining("ct-published", "mirror", "ct", None, what="Contrastive Tension as published", preset="ct"),
     Pretraining("tsdae-published", "mirror", "tsdae", None, what="TSDAE as published", preset="tsdae"),
+    # lexical: Mirror-BERT's word encoder (its 10k most frequent words, dropout only, [CLS], 2 epochs)
+    Pretraining("mirror-lexical", "mirror", "mirror", None, what="Mirror-BERT's lexical encoder, on words",
+                preset="mirror-bert-lexical", words=True),
 )}
 
 
@@ -65,8 +69,10 @@ PUBLISHED_ROWS = (Row("SimCSE (published)", "simcse-published", "simcse-publishe
                   Row("BSL (published)", "bsl-published", "bsl-published"),
                   Row("CT (published)", "ct-published", "ct-published"),
                   Row("TSDAE (published)", "tsdae-published", "tsdae-published"), OBJECTIVE_ROWS[-1])
+#: lexical: Mirror-BERT's word encoder trained from --model (the base is MinBERT, --model itself).
+LEXICAL_ROWS = (Row("Mirror-BERT (lexical)", "mirror-lexical", "mirror-lexical"),)
 ROW_OF_PRETRAINING = {r.pretraining: r for r in TABLE1_ROWS + ABLATION_ROWS + OBJECTIVE_ROWS + PUBLISHED_ROWS
-                      if r.pretraining}
+                      + LEXICAL_ROWS if r.pretraining}
 
 #: mlm-base: MLM pretraining from random weights (--config), whose best/ is then every row's
 #: --model; batch 64, lr 5e-4 with a linear warm-up over the first tenth of the steps and a

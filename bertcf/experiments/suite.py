@@ -5,41 +5,61 @@ from __future__ import annotations
 import sys
 import time
 
+from .. import runs
 from ..cli import run_main, stop_status
+from ..utils import environment
 from ..utils.files import write_json_atomic
 from .claims import claim_rows, test_claims
 from .execute import Interrupted, command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS, parse_args
 from .plan import Plan
 from .planned import PlannedRun, now
-from .report import ABLATION_REFERENCES, OBJECTIVE_REFERENCES, Report, settings_json, settings_md
+from .report import (
+    ABLATION_REFERENCES,
+    LEXICAL_REFERENCES,
+    OBJECTIVE_REFERENCES,
+    Report,
+    settings_json,
+    settings_md,
+)
 from .results import Evaluation
 
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    if args.dry_run:
+        plan = Plan(args, argv)
+        return dry_run(plan, plan.runs())
+    # One runner per OUT, from before the plan reads what is on disk. The runs it starts (in this
+    # process) lock their own directories, OUT/stages/<name> and OUT/finetune/<row>, not OUT.
+    with runs.hold(args.out_dir):
+        return run_suite(args, argv)
+
+
+def run_suite(args, argv: list) -> dict:
+    """Plan, run what is missing, evaluate every row, write the outputs (OUT locked)."""
     started = time.perf_counter()
     plan = Plan(args, argv)
-    runs = plan.runs()
-    if args.dry_run:
-        return dry_run(plan, runs)
-    plan.preflight(runs)
-    plan.out.mkdir(parents=True, exist_ok=True)
+    tasks = plan.runs()
+    plan.preflight(tasks)
     settings = {k: getattr(args, k) for k in SUITE_KEYS}
     if args.saved_settings is not None and args.saved_settings != settings:
         print(f"note: {plan.out / SUITE_FILE} is updated with this command's settings", flush=True)
-    write_json_atomic(plan.out / SUITE_FILE, {"settings": settings, "updated": now()})
-    execute(plan, runs)
+    write_json_atomic(plan.out / SUITE_FILE, {"settings": settings, "updated": now(),
+                                              "environment": environment.collect(plan.device)})
+    execute(plan, tasks)
 
     evaluation = Evaluation(plan)
     results = evaluation.rows(plan.rows, analysis="analysis" in plan.commands)
-    references = (ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
-                                                                        else [])
+    references = ((ABLATION_REFERENCES if plan.ablation_rows else []) + (OBJECTIVE_REFERENCES if plan.objective_rows
+                                                                         else [])
+                  + (LEXICAL_REFERENCES if plan.lexical_rows else []))
     results |= evaluation.rows([r for r in references if r.key not in results], analysis=False)
     results |= evaluation.rows([r for r in claim_rows() if r.key not in results], analysis=False)
     report = Report(plan.out, settings_md(plan), settings_json(plan), argv, plan.data_dir, evaluation.senteval_dir,
                     args.transfer, args.seed, plan.seeds, args.qualitative_pairs)
+    claims = test_claims(results, plan.seeds, plan.data_dir)
     summary = {}
     if "table1" in plan.commands:
         summary["table1"] = report.table1(plan.table1_rows, results)
@@ -47,7 +67,9 @@ def main(argv=None) -> dict:
         summary["ablations"] = report.ablations(plan.ablation_rows, results)
     if "objectives" in plan.commands:
         summary["objectives"] = report.objectives(plan.objective_rows, results)
-    summary["claims"] = report.claims(test_claims(results, plan.seeds, plan.data_dir))
+    if "lexical" in plan.commands:
+        summary["lexical"] = report.lexical(plan.lexical_rows, results, claims)
+    summary["claims"] = report.claims(claims)
     if "analysis" in plan.commands:
         summary["analysis"] = report.analysis(plan.table1_rows, results)
     wall = time.perf_counter() - started

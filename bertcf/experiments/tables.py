@@ -61,6 +61,22 @@ def row_summary(per_seed: dict) -> dict:
                            "sts_avg": collect("senteval", "sts_avg"),
                            "transfer_avg": collect("senteval", "transfer_avg"),
                            "transfer_avg_tasks": ran[0].get("transfer_avg_tasks", [])}
+    out["lexical"] = lexical_summary(per_seed)
+    return out
+
+
+def lexical_summary(per_seed: dict) -> dict | None:
+    """A row's word similarity over its seeds: {"pooling": the encoder's own, POOLING: {task:
+    over_seeds of Spearman ×100}} for the poolings it was scored with; None when no seed was."""
+    ran = [r["lexical"] for r in per_seed.values() if r.get("lexical")]
+    if not ran:
+        return None
+    out = {"pooling": ran[0]["pooling"]}
+    for pooling in ("cls", "mean"):
+        tasks = (ran[0].get(pooling) or {}).get("lexical")
+        if tasks:
+            out[pooling] = {t: over_seeds({s: dig(r, "lexical", pooling, "lexical", t) for s, r in per_seed.items()})
+                            for t in tasks}
     return out
 
 

@@ -1,10 +1,12 @@
 """The model card (``best/README.md``) of a checkpoint, in sentence-transformers' conventions: YAML
 metadata for the Hub, then what produced the checkpoint (command, base model, stage and method,
-data, steps), its best dev metric, and how to load it with BERT-CF and with sentence-transformers."""
+data, steps, the versions of Python, bertcf and the libraries), its best dev metric, and how to
+load it with BERT-CF and with sentence-transformers."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..utils import environment
 from ..utils.files import write_text_atomic
 
 CARD_FILE = "README.md"
@@ -26,12 +28,13 @@ def hub_base(config: dict, depth: int = 0) -> str | None:
 
 
 def model_card(config: dict, metric: str, score: float, step: int, flow: bool = False,
-               whitening: dict | None = None) -> str:
+               whitening: dict | None = None, software: dict | None = None) -> str:
     """The card of a checkpoint chosen at ``step`` by ``metric`` = ``score``, from the run's ``config``
     (its config.json: every setting, and ``command``, the command line); ``flow``: whether the
     checkpoint's sentence-transformers modules include its own code (a flow, first-last-avg
     pooling); ``whitening``: what ``--stage whiten`` fitted ({"fitted_on", "sentences", "dim",
-    "rank", "width"}), named in the card."""
+    "rank", "width"}), named in the card; ``software``: an environment record whose versions the
+    card names (default: this process's)."""
     base = config.get("init") or config.get("encoder") or config.get("model")
     hub = hub_base(config)
     what = (f"stage `{config['stage']}`, method `{config['method']}`" if "stage" in config
@@ -59,7 +62,9 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
              ("- Steps: none, no training (a closed-form fit)" if whitening else
               f"- Steps: {config.get('steps')} (batch {config.get('batch_size')}, lr {config.get('lr')}, "
               f"seed {config.get('seed')})"),
-             f"- Best dev metric: {metric} = {score:.4f} at step {step}", ""]
+             f"- Best dev metric: {metric} = {score:.4f} at step {step}",
+             f"- Software: {environment.summary(software or environment.versions())} (the whole record, device "
+             f"and CPU included: `environment.json` in the run directory)", ""]
     lines += (["## Evaluation", ""] + evaluation) if evaluation else []
     remote = ("This checkpoint has modules of its own (a normalising flow on top of the pooled vector, or "
               "first-last-avg pooling). Their code ships in this directory (`bertcf_st.py`, `flow.py`; torch, "

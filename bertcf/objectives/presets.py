@@ -46,6 +46,14 @@ PRESETS = {p.name: p for p in (
            differs="Mirror-BERT's 'mean' pooling averages over the padding too, ours over the real tokens; its "
                    "span replaces the first occurrence of the drawn 5 characters, ours the drawn position; its "
                    "10k sentences are a sample of STS-B train, ours the corpus's first 10k"),
+    Preset("mirror-bert-lexical", "Liu et al. 2021 (Mirror-BERT, EMNLP), section 3 and its training details; "
+                                  "cambridgeltl/mirror-bert mirror_word_bert.sh",
+           dict(stage="mirror", method="mirror", span_cap=0, negatives="ntxent", temperature=0.2, batch_size=200,
+                lr=2e-5, max_length=25, dropout=0.1, pooling="cls", corpus_words=10_000, select_on="last"),
+           epochs=2,
+           differs="Mirror-BERT's 10k words are its own list of the most frequent English words, ours wordfreq's "
+                   "(--corpus-words 10000); its data loader drops the last partial batch, ours wraps around; the "
+                   "checkpoint kept is the run's end (--select-on last), as its script saves"),
     Preset("bsl", "Zhang et al. 2021 (BSL, ACL), section 4",
            dict(stage="mirror", method="bsl", batch_size=64, lr=5e-4, momentum=0.999, predictor_k=8,
                 weight_decay=0.0, pooling="mean"),
@@ -68,6 +76,11 @@ PRESETS = {p.name: p for p in (
 )}
 
 
+#: run_pretrain.py's corpus flags (dests), one of which gives the corpus: any one on the command line
+#: replaces a corpus the preset sets.
+CORPUS_FLAGS = ("corpus", "corpus_from_tasks", "corpus_words", "corpus_words_file")
+
+
 def apply(args, given: set[str]) -> None:
     """Set ``args``'s settings from its ``args.preset`` (if any) where the command line did not give
     them (``given``: their dests); records what it set in ``args.preset_values``."""
@@ -75,7 +88,8 @@ def apply(args, given: set[str]) -> None:
     if not args.preset:
         return
     preset = PRESETS[args.preset]
-    values = {k: v for k, v in preset.values.items() if k not in given}
+    corpus_given = bool(given & set(CORPUS_FLAGS))  # a corpus on the command line replaces the preset's
+    values = {k: v for k, v in preset.values.items() if k not in given and not (corpus_given and k in CORPUS_FLAGS)}
     vars(args).update(values)
     args.preset_values = values
     args.preset_epochs = preset.epochs if "steps" not in given else None

@@ -1,2 +1,3 @@
 """Machinery every part uses: atomic file writes, device and precision, processes
-(torch.distributed) and progress output."""
+(torch.distributed), progress output, one process per directory (lock) and what a result ran
+with (environment)."""
