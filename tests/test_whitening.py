@@ -222,7 +222,7 @@ def test_whiten_stage_writes_a_run_and_whitens_its_fitting_set(tiny_bert_dir, ti
     out = tmp_path / "whiten"
     summary, printed = run_whiten(*whiten_argv(tiny_bert_dir, tiny_data_dir, out))
     assert "before whitening" in printed and summary["best_step"] == 0
-    assert {p.name for p in out.iterdir()} == {"config.json", "metrics.jsonl", "tb", "best", "last"}
+    assert {p.name for p in out.iterdir()} == {"config.json", "environment.json", "metrics.jsonl", "tb", "best", "last"}
     config = json_file(out / "config.json")
     assert (config["stage"], config["steps"], config["whitening"]["fitted_on"]) == ("whiten", 0, "--whiten-on corpus")
     records = (out / "metrics.jsonl").read_text().splitlines()

@@ -132,7 +132,7 @@ class Plan:
         a = self.args
         is_base = spec is MLM_BASE
         model = a.config if is_base else a.model
-        steps = a.mlm_steps if is_base else steps_for(spec.stage, a.steps_scale)
+        steps = a.mlm_steps if is_base else None if spec.stage == "whiten" else steps_for(spec.stage, a.steps_scale)
         flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags)
         argv = ["--stage", spec.stage, "--method", spec.method]
         if spec.init:
@@ -142,6 +142,8 @@ class Plan:
         if spec.preset:  # the preset sets the length (one epoch of the corpus) and the max length
             argv += ["--preset", spec.preset]
             steps = None
+        elif spec.stage == "whiten":  # a closed-form fit: no steps, no training length
+            pass
         else:
             argv += ["--steps", str(steps), "--max-length", str(a.max_length)]
         corpus = not spec.words  # a lexical encoder trains on its preset's word list, not the sentences
@@ -163,12 +165,15 @@ class Plan:
                     "extra_args": a.pretrain_args_list}
         if spec.preset:  # a key of its own, so the settings of every other run stay as they were
             settings |= {"preset": spec.preset, "max_length": None}
+        if spec.stage == "whiten":
+            settings["max_length"] = None
         start = (self.rel(self.pretraining_dir(spec.init, seed)) if spec.init else "--config" if is_base
                  else "--model")
-        method = f" --method {spec.method}" if spec.stage != "flow" else ""
+        method = f" --method {spec.method}" if spec.stage not in ("flow", "whiten") else ""
         shown = f" {' '.join(spec.flags)}" if spec.flags else ""
         length = (f"--preset {spec.preset} ({PRESETS[spec.preset].epochs:g} epochs of its word list)" if spec.words
-                  else f"--preset {spec.preset} (one epoch)" if spec.preset else f"{steps} steps")
+                  else f"--preset {spec.preset} (one epoch)" if spec.preset
+                  else "closed form, no steps" if spec.stage == "whiten" else f"{steps} steps")
         description = f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, {length} ({spec.what})"
         return PlannedRun("pretraining", label, out, argv, settings, description, seed=seed, spec=spec)
 

@@ -14,7 +14,7 @@ from .options import SUITE_KEYS
 from .plan import Plan
 from .published import PAPER_LEXICAL, REPORT_ABLATIONS, REPORT_TABLE1
 from .results import FINETUNE_METRICS, FINETUNED, ItemScores
-from .rows import PRETRAININGS, TABLE1_ROWS, Row, steps_for
+from .rows import PRETRAININGS, TABLE1_ROWS, Row, is_whitening, steps_for
 from .tables import cell, fmt, interval_cell, md_table, row_summary
 
 #: The table 1 rows shown beside the ablations (BERT-CF) and the objectives (MinBERT and the report's
@@ -124,6 +124,16 @@ class Report:
                 "((n=k): only k seeds have the value); the per-seed values are in the JSON beside this file, "
                 "and claims.md tests the differences between rows.\n\n")
 
+    def whitening_note(self, rows: list[Row]) -> str:
+        """What a whitening row's seeds are, under a table that has one."""
+        names = [r.name for r in rows if is_whitening(r)]
+        if not names:
+            return ""
+        return (f"{' and '.join(names)}: BERT-whitening (Su et al. 2021, `run_pretrain.py --stage whiten`), a linear "
+                "map fitted in closed form on the encoder's vectors of the pretraining corpus; no training and no "
+                "randomness of its own, so a seed's whitening row is the whitening of that seed's encoder below it "
+                "(of --model, the same for every seed, for MinBERT-whitening: its spread is 0).\n\n")
+
     def interval_note(self) -> str:
         """What the 95% CI column is."""
         what = "the seeds and the STS dev pairs" if len(self.seeds) > 1 else "the STS dev pairs (one seed: not training noise)"
@@ -206,7 +216,8 @@ class Report:
               "Unsupervised STS ρ: Spearman of cos(f(x1), f(x2)) with the STS dev scores, before fine-tuning. "
               "SST-5 / QQP accuracy and STS Pearson r: after multitask fine-tuning of each encoder. "
               "(report) = the report's number (bert-base-uncased).\n\n"
-              + self.spread_note() + self.interval_note() + md_table(header, md_rows) + self.footer())
+              + self.spread_note() + self.whitening_note(rows) + self.interval_note() + md_table(header, md_rows)
+              + self.footer())
         if not self.settings_json["finetune"] and all(not r["ours"]["sst_accuracy"]["n"] for r in rows_json):
             md += "\nFine-tuning was not run (--no-finetune): the supervised columns are empty.\n"
         obj = {"rows": rows_json, "settings": self.settings_json, "command": self.command}
@@ -264,7 +275,7 @@ class Report:
         absent = [r.name for r in references if r not in present]
         note = (f"\n{', '.join(absent)} (reference): not trained in this --out-dir yet (`table1` or `all` "
                 f"with the same --out-dir trains it).\n" if absent else "")
-        md = (f"# {title}\n\n{text}" + self.spread_note() + self.interval_note()
+        md = (f"# {title}\n\n{text}" + self.spread_note() + self.whitening_note(rows) + self.interval_note()
               + md_table([first, "What", "Unsup. STS ρ", "95% CI", "(report)"] + extra, md_rows,
                          "llrrr" + "r" * len(extra))
               + note + self.footer())
