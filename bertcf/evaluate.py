@@ -20,6 +20,7 @@ from .evaluation.senteval import (
     parse_tasks,
     split_lexical,
 )
+from .models.encoder import POOLINGS
 from .utils import environment, progress
 from .utils.files import write_json_atomic
 from .utils.precision import resolve_device, resolve_precision
@@ -31,6 +32,10 @@ def build_parser() -> ArgumentParser:
                                             "sentence encoder.")
     p.add_argument("--encoder", required=True, help="checkpoint, run directory or Hugging Face BERT name/directory")
     p.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
+    p.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="the sentence vector (default: the checkpoint's, mean for a plain BERT): mean, cls, or "
+                        "first-last-avg, the average of the first and the last layer's token means (BERT-flow's, "
+                        "BERT-whitening's)")
     p.add_argument("--senteval-dir", default="data/SentEval",
                    help="SentEval's data/downstream/ layout (see data/README.md)")
     p.add_argument("--tasks", default="sts",
@@ -69,7 +74,7 @@ def main(argv=None) -> dict:
     if lexical:
         word_similarity_evaluators(args.lexical_dir)
     device = resolve_device(args.device)
-    encoder = SentenceEncoder.from_pretrained(args.encoder, vocab=args.vocab).to(device)
+    encoder = SentenceEncoder.from_pretrained(args.encoder, pooling=args.pooling, vocab=args.vocab).to(device)
     encoder.precision = resolve_precision(args.precision, device)
     result = evaluate(encoder, args.senteval_dir, args.tasks, args.mode, args.batch_size, args.max_length,
                       show_progress_bar=not args.no_progress and progress.resolve("auto") == "bar",

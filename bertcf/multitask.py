@@ -30,7 +30,7 @@ from .data.download import fetch_missing
 from .data.tasks import READERS, SPLITS, task_file
 from .errors import DataError, UsageError
 from .evaluation.multitask import METRICS, SELECTION_METRIC, mean_dev, task_interval, task_metric
-from .models.encoder import SentenceEncoder
+from .models.encoder import POOLINGS, SentenceEncoder
 from .models.multitask import (
     TASKS,
     MultitaskLoss,
@@ -288,7 +288,9 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--freeze-flow", action="store_true",
                    help="with a flow or a linear head (whitening): keep them fixed, train the encoder")
     g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
-    g.add_argument("--pooling", choices=("mean", "cls"), default=None, help="default: the checkpoint's (mean)")
+    g.add_argument("--pooling", choices=POOLINGS, default=None,
+                   help="default: the checkpoint's (mean); first-last-avg: the average of the first and the last "
+                        "layer's token means")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     g.add_argument("--proj-dim", type=cli.AT_LEAST_1, default=768, help="output width of the QQP and STS heads")
     g.add_argument("--sst-dropout", type=cli.PROBABILITY, default=0.3, help="dropout before the SST head")

@@ -10,6 +10,8 @@
 - ``--stage supervised``: the encoder trained on labelled data (``--train-file``) or by a teacher:
   ``--method sbert-softmax|sbert-cosine`` (Sentence-BERT), ``simcse-sup`` (supervised SimCSE),
   ``distill`` (knowledge distillation, ``--teacher``); the objective reads its examples.
+- ``--stage whiten``: BERT-whitening, a linear head fitted in closed form on the encoder's vectors
+  (``--whiten-on``, ``--whiten-dim``): no training loop (``bertcf.training.whiten``).
 
 Every stage evaluates unsupervised STS-dev Spearman on whole sentences (``--eval-max-length``)
 and keeps the best checkpoint. Every stage and method also runs data-parallel under
@@ -37,11 +39,13 @@ from .evaluation.metrics import STSDevEvaluator
 from .models.encoder import SentenceEncoder
 from .objectives import presets
 from .runs import resolve_encoder_path, run_settings
+from .training import whiten
 from .utils.distributed import dist_info, launch_world_size, run_distributed, wrap_ddp
 from .utils.files import recover_dir
 
-STAGES = tuple(objectives.METHODS)
-STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4, "supervised": 2e-5}
+STAGES = tuple(objectives.METHODS) + ("whiten",)
+METHODS = objectives.METHODS | {"whiten": (whiten.METHOD,)}
+STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4, "supervised": 2e-5}  # whiten has no optimiser
 #: --select-on -> the evaluation's metric that picks best/.
 SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy",
              "last": "last_step"}
@@ -57,11 +61,12 @@ def build_parser() -> cli.ArgumentParser:
     p.add_argument("--stage", choices=STAGES, default="mirror",
                    help="the report's stages: mirror pretrains the encoder (by --method), joint learns a flow "
                         "on it by BERT-CF's loss, flow a flow by L_flow alone; supervised trains the encoder on "
-                        "labelled pairs or by a teacher (not the report's)")
+                        "labelled pairs or by a teacher (not the report's); whiten fits BERT-whitening (Su et al. "
+                        "2021) in closed form, in seconds")
     p.add_argument("--method", default=None,
                    help="mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
                         "--stage mirror; flow for --stage flow; sbert-softmax (default), sbert-cosine, simcse-sup "
-                        "or distill for --stage supervised")
+                        "or distill for --stage supervised; whitening for --stage whiten")
     p.add_argument("--preset", choices=tuple(presets.PRESETS), default=None,
                    help="a method as its authors published it (loss variant, pooling, augmentation, temperature, "
                         "batch, lr, length, one epoch of the corpus); flags given here win; README lists what "
@@ -81,9 +86,11 @@ def build_parser() -> cli.ArgumentParser:
     g.add_argument("--max-sentences", type=int, default=None, help="use at most this many corpus sentences (or words)")
     g = p.add_argument_group("encoder")
     g.add_argument("--dropout", type=cli.PROBABILITY, default=0.1, help="encoder dropout (hidden and attention)")
-    g.add_argument("--pooling", choices=("mean", "cls", "cls-mlp"), default="mean",
+    g.add_argument("--pooling", choices=("mean", "cls", "cls-mlp", "first-last-avg"), default="mean",
                    help="the sentence vector: the mean of the last layer over tokens, or [CLS]'s; cls-mlp "
-                        "(SimCSE): an MLP over [CLS] in training, [CLS] without it in evaluation and the checkpoint")
+                        "(SimCSE): an MLP over [CLS] in training, [CLS] without it in evaluation and the "
+                        "checkpoint; first-last-avg (BERT-flow, BERT-whitening): the average of the first and "
+                        "the last transformer layer's token means")
     g.add_argument("--vocab", default=None, help="vocab.txt for a checkpoint directory without tokenizer files")
     g.add_argument("--eval-max-length", type=cli.checked(int, lambda v: v >= 2, "at least 2"), default=None,
                    help="tokens per sentence in the STS-dev evaluation (default: the model's "
@@ -95,6 +102,13 @@ def build_parser() -> cli.ArgumentParser:
                         "learns, or last: the last evaluation (the run's end, as Mirror-BERT's released code keeps)")
     g.add_argument("--senteval-dir", default=None, help="SentEval's data (default DATA_DIR/SentEval; data/README.md)")
     objectives.add_args(p)
+    g = p.add_argument_group("whitening (--stage whiten)")
+    g.add_argument("--whiten-on", choices=tuple(whiten.WHITEN_ON), default="corpus",
+                   help="the sentences whose vectors the whitening is fitted on: " + "; ".join(
+                       f"{k}, {v}" for k, v in whiten.WHITEN_ON.items()))
+    g.add_argument("--whiten-dim", type=cli.AT_LEAST_1, default=None,
+                   help="keep the first k whitened directions, those of largest variance (default: all; at most "
+                        "the covariance's rank)")
     stage_lr = ", ".join(f"{lr:g} {stage}" for stage, lr in STAGE_LR.items())
     cli.add_common_args(p, lr=None, steps=10_000, batch_size=16, eval_every=250, max_length=32,
                         helps={"lr": f"AdamW's learning rate (default, by --stage: {stage_lr})"})
@@ -106,7 +120,7 @@ def check_args(args) -> None:
     if args.batch_size % world:  # every rank stops here, before any data is read or collective run
         raise UsageError(f"--batch-size {args.batch_size} (the global batch) is not divisible by the {world} "
                          f"processes")
-    methods = objectives.METHODS[args.stage]
+    methods = METHODS[args.stage]
     args.method = args.method or methods[0]
     if args.method not in methods:
         raise UsageError(f"--method {args.method!r} is not a method of --stage {args.stage} "
@@ -114,11 +128,17 @@ def check_args(args) -> None:
     if args.method == "simcse":
         args.span_cap = 0
     if args.lr is None:
-        args.lr = STAGE_LR[args.stage]
+        args.lr = STAGE_LR.get(args.stage)
     if args.batch_size < 2:
         raise UsageError(f"--batch-size must be at least 2 for contrastive learning, not {args.batch_size}")
     if args.select_on == "mlm-heldout" and args.method != "mlm":
         raise UsageError("--select-on mlm-heldout is for --method mlm")
+    if args.stage != "whiten" and (args.whiten_dim is not None or args.whiten_on != "corpus"):
+        raise UsageError("--whiten-on and --whiten-dim are for --stage whiten")
+    if args.stage == "whiten":
+        if args.select_on == "last":
+            raise UsageError("--select-on last is for training stages: --stage whiten has one evaluation")
+        args.steps = 0  # config.json says what ran: no optimiser step
     objectives.check_args(args)
     if args.out_dir is None:
         args.out_dir = runs.default_out_dir(args.stage, args.method)
@@ -248,8 +268,27 @@ def main(argv=None) -> dict:
     args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)
     with runs.hold(args.out_dir):  # one run per directory, from before anything is written
-        fetch_data(args)
-        return run_distributed(train, args)
+        if args.stage != "whiten" or args.whiten_on == "corpus":  # the other fitting sets are read as they are
+            fetch_data(args)
+        return run_distributed(train_whiten if args.stage == "whiten" else train, args)
+
+
+def dev_pairs(args):
+    """The pairs of the evaluation that picks best/ (--select-on)."""
+    return (read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"])
+            if args.select_on == "stsb-dev" else read_sts(task_file(args.data_dir, "sts", "dev")))
+
+
+def train_whiten(args, device) -> dict:
+    """--stage whiten on ``device``, in one process (``bertcf.training.whiten``: no training loop)."""
+    if dist_info()[0] != 0:  # under torchrun, rank 0 fits alone
+        return {}
+    sentences = load_corpus(args) if args.whiten_on == "corpus" else whiten.target_sentences(
+        args.whiten_on, args.data_dir, args.senteval_dir or Path(args.data_dir) / "SentEval")
+    evaluator = STSDevEvaluator(dev_pairs(args))
+    summary = whiten.run(args, load_encoder(args).to(device), sentences, evaluator, SELECTION[args.select_on])
+    print(whiten.final_line(summary, args.out_dir, SELECTION_LABEL[args.select_on]))
+    return summary
 
 
 def train(args, device) -> dict:
@@ -264,9 +303,8 @@ def train(args, device) -> dict:
         args.out_dir = out_dir[0]
     training.set_seed(args.seed)
     examples = load_examples(args, rank)
-    dev_pairs = (read_stsb(Path(args.senteval_dir or Path(args.data_dir) / "SentEval") / STSB_FILES["dev"])
-                 if args.select_on == "stsb-dev" else read_sts(task_file(args.data_dir, "sts", "dev")))
-    evaluator = STSDevEvaluator(dev_pairs)
+    pairs = dev_pairs(args)
+    evaluator = STSDevEvaluator(pairs)
     encoder = load_encoder(args)
     generator = torch.Generator().manual_seed(args.seed)  # every random choice of the objective
     objective = objectives.build_objective(args.stage, args.method, encoder, args, generator, examples).to(device)
@@ -296,7 +334,7 @@ def train(args, device) -> dict:
 
     # Held-out sentences for the objective's own metrics (MLM's accuracy): the dev pairs' first
     # sentences, which no training corpus here holds.
-    heldout = batch(tokenizer([p.sentence1 for p in dev_pairs[:HELDOUT_SENTENCES]], truncation=True,
+    heldout = batch(tokenizer([p.sentence1 for p in pairs[:HELDOUT_SENTENCES]], truncation=True,
                               max_length=args.max_length)["input_ids"])
 
     def evaluate(step):  # rank 0 only (the Trainer); the other ranks wait at a barrier

@@ -361,11 +361,13 @@ class BertModel(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
-                num_tokens: int | None = None, unpad: bool = True):
+                num_tokens: int | None = None, unpad: bool = True, output_first_layer: bool = False):
         """input_ids, attention_mask, token_type_ids: [b, t] (mask 1 = real token, 0 = padding).
 
         Returns {'last_hidden_state': [b, t, D], 'pooler_output': [b, D]} and, when
-        ``output_hidden_states``, 'hidden_states': the embeddings' output and every layer's.
+        ``output_hidden_states``, 'hidden_states': the embeddings' output and every layer's; when
+        ``output_first_layer``, 'first_layer_hidden_state' [b, t, D]: the first layer's output
+        alone (transformers' hidden_states[1], which first-last-avg pooling reads).
 
         A batch with padding runs unpadded (see :class:`Packing`): the same values at the
         real tokens, and zeros at the padding (where a padded forward computes values
@@ -388,17 +390,22 @@ class BertModel(nn.Module):
         else:  # [b, 1, 1, t] boolean: every query may attend to the real tokens of its sentence
             attn = attention_mask.bool()[:, None, None, :]
         x = self.embeddings(input_ids, token_type_ids, packing)
-        hidden_states = [x]
-        for layer in self.encoder.layer:
+        hidden_states, first = [x], None
+        for i, layer in enumerate(self.encoder.layer):
             x = layer(x, attn)
             if output_hidden_states:  # else hold no reference, so inference can free each layer's output
                 hidden_states.append(x)
+            if i == 0 and output_first_layer:
+                first = x
         if packing is not None:
             x = packing.pad(x)
             hidden_states = [packing.pad(h) for h in hidden_states] if output_hidden_states else hidden_states
+            first = packing.pad(first) if output_first_layer else None
         out = {"last_hidden_state": x, "pooler_output": self.pooler(x)}
         if output_hidden_states:
             out["hidden_states"] = tuple(hidden_states)
+        if output_first_layer:
+            out["first_layer_hidden_state"] = first
         return out
 
     def _flash_attention_runs(self, device: torch.device) -> bool:

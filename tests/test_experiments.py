@@ -19,7 +19,9 @@ from bertcf.data.tasks import PairExample
 from bertcf.evaluation import multitask as multitask_metrics
 from bertcf.evaluation.metrics import alignment, uniformity
 
-BEST_DIRS = ["simcse", "mirror", "flow", "bertcf", "simcse-joint", "minbert-joint", "mirror-flow"]
+BEST_DIRS = ["simcse", "mirror", "flow", "minbert-whitening", "bertcf", "simcse-joint", "minbert-joint", "mirror-flow",
+             "mirror-whitening"]
+WHITENING = ("minbert-whitening", "mirror-whitening")  # closed form: no steps
 OBJECTIVES = ["bsl", "ct", "tsdae", "mlm"]
 
 
@@ -92,7 +94,7 @@ def suite_argv(command, bert, data, out, *more) -> list[str]:
 
 @pytest.fixture(scope="module")
 def suite(tiny_bert_dir, suite_data, tmp_path_factory):
-    """`all --no-finetune` once: 7 stages of 2 steps, 8 encoders evaluated."""
+    """`all --no-finetune` once: 7 stages of 2 steps and 2 whitenings, 10 encoders evaluated."""
     out = tmp_path_factory.mktemp("exp") / "out"
     summary = experiments.main(suite_argv("all", tiny_bert_dir, suite_data, out, "--no-finetune"))
     return out, summary
@@ -129,28 +131,32 @@ def test_suite_writes_every_output(suite):
 
     table1 = json.loads((out / "table1.json").read_text())
     assert [r["name"] for r in table1["rows"]] == ["MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow",
-                                                    "BERT-CF"]
+                                                    "MinBERT-whitening", "BERT-CF"]
     for row in table1["rows"]:
         sts = row["ours"]["sts_spearman"]
         assert -1 <= sts["mean"] <= 1 and sts["n"] == 1 and sts["sd"] is None and sts["per_seed"] == {"3": sts["mean"]}
         assert row["ours"]["sst_accuracy"]["n"] == 0  # --no-finetune
-        assert row["report"] == experiments.REPORT_TABLE1[row["name"]]
+        assert row["report"] == experiments.REPORT_TABLE1.get(row["name"], dict.fromkeys(
+            experiments.REPORT_TABLE1["MinBERT"]))  # the report has no whitening row
     assert table1["rows"][0]["encoder"] == table1["settings"]["model"]
-    assert table1["rows"][4]["encoder"].endswith(os.path.join("stages", "bertcf", "best"))
+    assert table1["rows"][-1]["encoder"].endswith(os.path.join("stages", "bertcf", "best"))
     md = (out / "table1.md").read_text()
     assert "| BERT-CF |" in md and "0.760" in md and "0.841" in md  # the report's numbers beside ours
+    assert "| MinBERT-whitening |" in md and "no randomness of its own" in md
 
     ablations = json.loads((out / "ablations.json").read_text())
-    assert [r["name"] for r in ablations["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow"]
+    assert [r["name"] for r in ablations["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow",
+                                                      "Mirror-whitening"]
     assert all(-1 <= r["ours"]["sts_spearman"]["mean"] <= 1 for r in ablations["rows"])
     assert "0.629" in (out / "ablations.md").read_text()
+    assert "Mirror-whitening: BERT-whitening" in (out / "ablations.md").read_text()
 
     analysis = json.loads((out / "analysis.json").read_text())
     assert analysis["sample"]["pairs"] == 24 and analysis["sample"]["positives"] == 12
     for row in analysis["rows"]:
         assert 0 <= row["ours"]["alignment"]["mean"] <= 4
         assert -4 <= row["ours"]["uniformity"]["mean"] <= 0
-        assert row["report"] == experiments.REPORT_ANALYSIS[row["name"]]
+        assert row["report"] == experiments.REPORT_ANALYSIS.get(row["name"], {"alignment": None, "uniformity": None})
     qualitative = (out / "qualitative.md").read_text()
     assert qualitative.count("\n| ") >= 11  # header + 10 sampled STS pairs
 
@@ -164,9 +170,13 @@ def test_suite_writes_every_output(suite):
     # Each stage ran once, from the right checkpoint, and is marked finished.
     for name in BEST_DIRS:
         marker = json.loads((out / "stages" / name / experiments.MARKER).read_text())
-        assert marker["status"] == "done" and marker["summary"]["step"] == 2
+        assert marker["status"] == "done" and marker["summary"]["step"] == (0 if name in WHITENING else 2)
     config = json.loads((out / "stages" / "bertcf" / "config.json").read_text())
     assert config["stage"] == "joint" and config["init"].endswith(os.path.join("stages", "mirror", "best"))
+    whitened = json.loads((out / "stages" / "mirror-whitening" / "config.json").read_text())
+    assert (whitened["stage"], whitened["whiten_on"]) == ("whiten", "corpus")
+    assert whitened["init"].endswith(os.path.join("stages", "mirror", "best")) and whitened["whitening"]["dim"] >= 1
+    assert json.loads((out / "stages" / "minbert-whitening" / "config.json").read_text())["init"] is None
     assert json.loads((out / "stages" / "minbert-joint" / "config.json").read_text())["unfreeze_encoder"] is True
 
 
@@ -181,8 +191,8 @@ def test_second_invocation_reruns_nothing(suite, tiny_bert_dir, suite_data, monk
     assert calls == []
     assert mtimes(out) == before
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("[1/7] MinBERT-SimCSE: mirror stage --method simcse from --model")
-    assert sum("finished earlier, reused" in line for line in lines) == 7
+    assert lines[0].startswith("[1/9] MinBERT-SimCSE: mirror stage --method simcse from --model")
+    assert sum("finished earlier, reused" in line for line in lines) == 9
 
 
 @pytest.mark.slow
@@ -213,6 +223,7 @@ def test_several_seeds(suite, tmp_path, monkeypatch, capsys):
         assert sts["mean"] == pytest.approx(sum(values) / 2)
         assert sts["sd"] == pytest.approx(abs(values[0] - values[1]) / math.sqrt(2))
     assert table1["MinBERT"]["sts_spearman"]["sd"] == 0  # --model itself: the same encoder for both seeds
+    assert table1["MinBERT-whitening"]["sts_spearman"]["sd"] == 0  # no randomness of its own, on --model
     assert " ± " in (out / "table1.md").read_text() and "over the 2 seeds 3, 4" in (out / "table1.md").read_text()
     ablations = json.loads((out / "ablations.json").read_text())
     assert all(r["ours"]["sts_spearman"]["n"] == 2 for r in ablations["rows"])
@@ -220,7 +231,11 @@ def test_several_seeds(suite, tmp_path, monkeypatch, capsys):
     claims = json.loads((out / "claims.json").read_text())["claims"]
     pairs = {(c["a"], c["b"]) for c in claims}
     assert pairs == {("BERT-CF", "Mirror-flow"), ("BERT-CF", "MinBERT-joint"), ("MinBERT-Mirror", "MinBERT"),
-                     ("MinBERT-Mirror", "MinBERT-SimCSE"), ("MinBERT-flow", "MinBERT"), ("BERT-CF", "MinBERT-Mirror")}
+                     ("MinBERT-Mirror", "MinBERT-SimCSE"), ("MinBERT-flow", "MinBERT"), ("BERT-CF", "MinBERT-Mirror"),
+                     ("MinBERT-flow", "MinBERT-whitening"), ("Mirror-flow", "Mirror-whitening"),
+                     ("BERT-CF", "Mirror-whitening")}
+    assert {(c["a"], c["b"]) for c in claims if not c["report_claim"]} == {
+        ("MinBERT-flow", "MinBERT-whitening"), ("Mirror-flow", "Mirror-whitening"), ("BERT-CF", "Mirror-whitening")}
     everything = {r["name"]: r["ours"] for r in ablations["rows"]} | table1
     for c in claims:
         assert c["metric"] == "sts_spearman" and c["seeds"] == [3, 4]
@@ -233,7 +248,7 @@ def test_several_seeds(suite, tmp_path, monkeypatch, capsys):
     calls.clear()
     experiments.main(["all", "--out-dir", str(out), "--no-finetune"])  # the seeds come from suite.json
     assert calls == []
-    assert capsys.readouterr().out.count("finished earlier, reused") == 14
+    assert capsys.readouterr().out.count("finished earlier, reused") == 18
 
 
 @pytest.mark.slow
@@ -326,9 +341,10 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, t
     experiments.main(suite_argv("ablations", tiny_bert_dir, suite_data, out, "--dry-run"))
     lines = capsys.readouterr().out.splitlines()
     heads = [l for l in lines if l.startswith("[")]
-    assert [h.split(":")[0] for h in heads] == ["[1/5] MinBERT-SimCSE (for SimCSE-joint)",
-                                                "[2/5] SimCSE-joint", "[3/5] MinBERT-joint",
-                                                "[4/5] MinBERT-Mirror (for Mirror-flow)", "[5/5] Mirror-flow"]
+    assert [h.split(":")[0] for h in heads] == ["[1/6] MinBERT-SimCSE (for SimCSE-joint)",
+                                                "[2/6] SimCSE-joint", "[3/6] MinBERT-joint",
+                                                "[4/6] MinBERT-Mirror (for Mirror-flow)", "[5/6] Mirror-flow",
+                                                "[6/6] Mirror-whitening"]
     assert any(l.strip().startswith("python run_pretrain.py --stage joint --method simcse --init") for l in lines)
     assert not out.exists()
 
@@ -339,7 +355,12 @@ def test_dry_run_on_a_fresh_clone_lists_what_is_missing(tmp_path, capsys):
                               "--dry-run"])
     assert status == 0
     printed = capsys.readouterr().out
-    assert "[7/12] Mirror-flow" in printed and "[12/12] BERT-CF: multitask" in printed and "then: evaluate MinBERT" in printed
+    assert "[8/15] Mirror-flow" in printed and "[15/15] BERT-CF: multitask" in printed and "then: evaluate MinBERT" in printed
+    # the whitening rows: the closed-form stage, on the encoder below, with no training length
+    whiten = [line.strip() for line in printed.splitlines() if "--stage whiten" in line]
+    assert len(whiten) == 2 and all("--steps" not in line and "--max-length" not in line for line in whiten)
+    assert "--init " + str(tmp_path / "out" / "stages" / "mirror" / "best") in whiten[1] and "--init" not in whiten[0]
+    assert "[9/15] Mirror-whitening: whiten stage from stages/mirror -> stages/mirror-whitening, closed form" in printed
     assert "missing before this can run:\n  - --data-dir " in printed
     (tmp_path / "data").mkdir()
     experiments.cli(["all", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--dry-run"])
@@ -364,7 +385,7 @@ def test_an_output_directory_from_before_the_renames_is_reused(suite, tmp_path, 
     experiments.main(["all", "--out-dir", str(out), "--no-finetune", "--stage-args", "--batch-size 4 --log-every 1"])
     assert calls == []
     captured = capsys.readouterr()
-    assert sum("finished earlier, reused" in line for line in captured.out.splitlines()) == 14
+    assert sum("finished earlier, reused" in line for line in captured.out.splitlines()) == 18
     assert "note: --stage-args is now --pretrain-args" in captured.err
 
 
@@ -560,9 +581,13 @@ def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypa
     mirror = json.loads((out / "stages" / "mirror" / "config.json").read_text())
     assert mirror["model"] == str((base / "best").resolve())
     names = [r["name"] for r in summary["table1"]["rows"]]
-    assert names == ["Random weights", "MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow", "BERT-CF"]
+    assert names == ["Random weights", "MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror", "MinBERT-flow",
+                     "MinBERT-whitening", "BERT-CF"]
     assert all(r["ours"]["sts_spearman"]["n"] == 1 for r in summary["table1"]["rows"])
-    assert [r["name"] for r in summary["ablations"]["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow"]
+    assert [r["name"] for r in summary["ablations"]["rows"]] == ["SimCSE-joint", "MinBERT-joint", "Mirror-flow",
+                                                                 "Mirror-whitening"]
+    whitened = json.loads((out / "stages" / "minbert-whitening" / "config.json").read_text())
+    assert whitened["model"] == str((base / "best").resolve())  # whitening of the MLM base
     assert "Random weights" in (out / "table1.md").read_text() and "mlm-base: MinBERT is the MLM base" in (
         out / "table1.md").read_text()
     calls = []
@@ -570,4 +595,4 @@ def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypa
     capsys.readouterr()
     experiments.main(["mlm-base", "--out-dir", str(out), "--no-finetune"])
     assert calls == []
-    assert capsys.readouterr().out.count("finished earlier, reused") == 8
+    assert capsys.readouterr().out.count("finished earlier, reused") == 10

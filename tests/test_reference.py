@@ -156,9 +156,9 @@ def test_contrastive_tension_is_sentence_transformers_loss(tiny_bert_dir, monkey
 
     enc = load(tiny_bert_dir)
     objective = ContrastiveTension(enc, args(), torch.Generator().manual_seed(0))
-    kept, second = Captured(objective.embed), Captured(ct.pool)
+    kept, second = Captured(objective.embed), Captured(ct.pooled)  # pooled: the second encoder's vectors
     objective.embed = kept
-    monkeypatch.setattr(ct, "pool", second)
+    monkeypatch.setattr(ct, "pooled", second)
     ids, mask, special = batch(enc)
     partner, labels = objective.pairs(ids.shape[0])
     objective.generator.manual_seed(0)  # the same pairs again, inside the loss

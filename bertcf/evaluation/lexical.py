@@ -65,13 +65,15 @@ def word_similarity_evaluators(lexical_dir, pooling: str | None = None) -> list[
 
 
 def check_pooling(encoder, pooling: str | None) -> str:
-    """The pooling the word vectors get: ``pooling``, or the encoder's. A flow was fitted to the
-    encoder's own pooling, so another one is refused there."""
+    """The pooling the word vectors get: ``pooling``, or the encoder's. A flow or a linear head (a
+    whitening) was fitted to the encoder's own pooling, so another one is refused there."""
     if pooling not in (None, *POOLINGS):
         raise UsageError(f"--lexical-pooling must be one of {', '.join(POOLINGS)}, not {pooling!r}")
     chosen = pooling or encoder.pooling
-    if getattr(encoder, "flow", None) is not None and chosen != encoder.pooling:
-        raise UsageError(f"--lexical-pooling {chosen}: this encoder's flow was fitted to its {encoder.pooling} "
+    fitted = [name for name in ("flow", "dense") if getattr(encoder, name, None) is not None]
+    if fitted and chosen != encoder.pooling:
+        what = "flow" if fitted[0] == "flow" else "linear head"
+        raise UsageError(f"--lexical-pooling {chosen}: this encoder's {what} was fitted to its {encoder.pooling} "
                          f"pooling; score it with that pooling")
     return chosen
 

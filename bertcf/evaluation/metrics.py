@@ -54,9 +54,9 @@ class STSDevEvaluator:
     both sides once (whole sentences up to the encoder's ``max_length``) and returns
     :func:`sts_scores` (with ``cosines`` for a histogram) and ``sts_spearman_ci95`` ([lo, hi]: the
     95% percentile bootstrap interval of the Spearman correlation over ``resamples`` resamples of
-    the pairs, a fixed seed; :mod:`bertcf.evaluation.bootstrap`), plus, when the encoder has a flow, the
-    latents' ``latent_mean_norm`` and ``latent_log10_eig_ratio``. The main metric, which picks a
-    pretraining run's best checkpoint, is the Spearman correlation."""
+    the pairs, a fixed seed; :mod:`bertcf.evaluation.bootstrap`), plus, when the encoder has a flow
+    or a linear head (a whitening), its vectors' ``latent_mean_norm`` and ``latent_log10_eig_ratio``.
+    The main metric, which picks a pretraining run's best checkpoint, is the Spearman correlation."""
 
     primary_metric = "sts_spearman"
 
@@ -68,7 +68,7 @@ class STSDevEvaluator:
         result = sts_scores(x, y, self.pairs)
         result["sts_spearman_ci95"] = interval(result["cosines"], [p.label for p in self.pairs], "spearman",
                                                self.resamples, self.seed)
-        if encoder.flow is not None:  # x holds latents F(x) then
+        if encoder.flow is not None or getattr(encoder, "dense", None) is not None:  # latents F(x), whitened vectors
             stats = latent_stats(x)
             result |= {"latent_mean_norm": stats["mean_norm"], "latent_log10_eig_ratio": stats["log10_eig_ratio"]}
         return result

@@ -1,7 +1,8 @@
 """The report's comparative claims, each tested on this output directory's rows: ``claims.json`` and
 ``claims.md``; beside them, each method at its paper's settings against the report's variant of it
-(``objectives --preset published``) and the distilled student against the MLM base (``distill``),
-tested the same way.
+(``objectives --preset published``), the distilled student against the MLM base (``distill``),
+and the flow against BERT-whitening, the closed-form control its critics proposed, tested the same
+way.
 
 A claim says that row ``a`` scores higher than row ``b`` on a metric (``CLAIMS``). It is tested on
 every metric both rows have: the CS224N STS dev Spearman, each SentEval STS set that ran (Spearman
@@ -45,6 +46,13 @@ CLAIMS = (
           "(Mirror-BERT's Table 1)", report=False),
     Claim("Distilled student", "MinBERT", "distillation beats MLM: the student taught by --teacher against the MLM "
           "base of the same size, corpus and steps (MinBERT under `distill`)", report=False),
+    # The control BERT-flow's critics proposed (BERT-whitening, Su et al. 2021): is it the flow, or its whitening?
+    Claim("MinBERT-flow", "MinBERT-whitening", "the flow beats closed-form whitening of the same base encoder",
+          report=False),
+    Claim("Mirror-flow", "Mirror-whitening", "the flow beats closed-form whitening of the same Mirror encoder",
+          report=False),
+    Claim("BERT-CF", "Mirror-whitening", "BERT-CF beats closed-form whitening of the Mirror encoder it starts from",
+          report=False),
 )
 ROWS = {r.name: r for r in TABLE1_ROWS + ABLATION_ROWS + PUBLISHED_ROWS + LEXICAL_ROWS + DISTILL_ROWS}
 
@@ -114,11 +122,13 @@ def claims_md(claims: list[dict], footer: str) -> str:
             "for a and b. **supported**: the interval lies above 0; **contradicted**: "
             "below 0; **inconclusive**: it contains 0 (the difference is within the noise of this many seeds "
             "and pairs). *(report)*: the report's a − b on that metric (bert-base-uncased), where it has one. "
-            "The two published ones compare each method at its paper's settings with the report's variant, where "
-            "`objectives --preset published` ran in the same output directory; the lexical one compares "
-            "Mirror-BERT's word encoder with its base, where `lexical` ran there (word-similarity metrics: "
-            "`--lexical-dir`); the last compares the distilled student with the MLM base, where `distill` ran "
-            "there.\n\n"
+            "Marked *ours*: comparisons the report does not make. The two published ones compare each method at "
+            "its paper's settings with the report's variant, where `objectives --preset published` ran in the same "
+            "output directory; the lexical one compares Mirror-BERT's word encoder with its base, where `lexical` "
+            "ran there (word-similarity metrics: `--lexical-dir`); the distillation one compares the distilled "
+            "student with the MLM base, where `distill` ran there; three set the flow against BERT-whitening (Su "
+            "et al. 2021), a linear map fitted in closed form on the same encoder's vectors: whitening has no "
+            "randomness of its own, so its seeds are those of the encoder below it.\n\n"
             + claims_text + "\n"
             + (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict", "(report)"], rows, "lllrrrlr")
                if rows else "No claim has both of its rows in this output directory yet.\n")

@@ -148,8 +148,10 @@ class Plan:
         model = a.config if is_base or spec.from_config else a.model
         if is_base or spec.from_config:  # the MLM base's length: the distilled student is its rival
             steps = a.mlm_steps
-        else:  # a preset sets its own (its epochs)
-            steps = None if spec.preset else steps_for(spec.stage, a.steps_scale)
+        elif spec.preset or spec.stage == "whiten":  # a preset sets its own (its epochs); whitening has none
+            steps = None
+        else:
+            steps = steps_for(spec.stage, a.steps_scale)
         flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags) + self.data_flags(spec, steps)
         argv = ["--stage", spec.stage, "--method", spec.method]
         if spec.init:
@@ -159,6 +161,8 @@ class Plan:
         if spec.preset:  # the preset sets the length (its epochs of the data) and the max length
             argv += ["--preset", spec.preset]
             steps = None
+        elif spec.stage == "whiten":  # a closed-form fit: no steps, no training length
+            pass
         else:
             argv += ["--steps", str(steps), "--max-length", str(a.max_length)]
         corpus = spec.reads_corpus  # not a lexical encoder's word list, nor labelled pairs (--train-file)
@@ -173,7 +177,8 @@ class Plan:
         argv += flags + a.pretrain_args_list
         settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
                     "model": abs_if_path(model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
-                    "eval_every": a.eval_every, "seed": seed, "max_length": a.max_length,
+                    "eval_every": a.eval_every, "seed": seed,
+                    "max_length": None if spec.stage == "whiten" else a.max_length,
                     "eval_max_length": a.eval_max_length, "corpus": abs_if_path(a.corpus) if corpus else None,
                     "corpus_from_tasks": a.corpus_from_tasks and corpus,
                     "max_sentences": a.max_sentences if corpus else None, "flags": flags,
@@ -182,12 +187,12 @@ class Plan:
             settings |= {"preset": spec.preset, "max_length": None}
         start = (self.rel(self.pretraining_dir(spec.init, seed)) if spec.init else "--config"
                  if is_base or spec.from_config else "--model")
-        method = f" --method {spec.method}" if spec.stage != "flow" else ""
+        method = f" --method {spec.method}" if spec.stage not in ("flow", "whiten") else ""
         shown = f" {' '.join(spec.flags)}" if spec.flags else ""
         epochs = PRESETS[spec.preset].epochs if spec.preset else None
         length = (f"--preset {spec.preset} ({epochs:g} epochs of its word list)" if spec.words
                   else f"--preset {spec.preset} ({epochs:g} epoch{'s' if epochs != 1 else ''})" if spec.preset
-                  else f"{steps} steps")
+                  else "closed form, no steps" if spec.stage == "whiten" else f"{steps} steps")
         description = f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, {length} ({spec.what})"
         return PlannedRun("pretraining", label, out, argv, settings, description, seed=seed, spec=spec)
 

@@ -14,7 +14,7 @@ from .options import SUITE_KEYS
 from .plan import Plan
 from .published import PAPER_LEXICAL, REPORT_ABLATIONS, REPORT_TABLE1
 from .results import FINETUNE_METRICS, FINETUNED, ItemScores
-from .rows import PRETRAININGS, RANDOM_ROW, TABLE1_ROWS, TEACHER_ROW, Row, steps_for
+from .rows import PRETRAININGS, RANDOM_ROW, TABLE1_ROWS, TEACHER_ROW, Row, is_whitening, steps_for
 from .tables import cell, fmt, interval_cell, md_table, row_summary
 
 #: The table 1 rows shown beside the ablations (BERT-CF) and the objectives (MinBERT and the report's
@@ -101,6 +101,26 @@ def lexical_claims_md(tested: list[dict]) -> str:
     return (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict"], rows, "lllrrrl")
             + "\nThe verdict as in claims.md: a paired, hierarchical bootstrap over the seeds and the pairs; "
             "**supported** when the interval lies above 0.\n")
+
+
+LEXICAL_TEXT = ("Mirror-BERT's word-level recipe (`run_pretrain.py --preset mirror-bert-lexical`: the 10k most "
+                "frequent English words, dropout only, NT-Xent at τ 0.2, [CLS], 2 epochs of batch 200, lr 2e-5, 25 "
+                "tokens, the run's end kept) from --model, the first row. Each word is encoded alone; ρ×100 is the "
+                "Spearman correlation of the cosines with the human scores, with [CLS] and with the mean of the "
+                "word's tokens. *(paper)*: Mirror-BERT's Table 1 (Liu et al. 2021), ρ×100 of bert-base-uncased on "
+                "Multi-SimLex English, [CLS] / mean: another base model, word list and evaluation set.\n\n")
+
+
+def whitening_note(rows: list[Row]) -> str:
+    """What a whitening row's seeds are, under a table that has one."""
+    names = [r.name for r in rows if is_whitening(r)]
+    if not names:
+        return ""
+    return (f"{' and '.join(names)}: BERT-whitening (Su et al. 2021, `run_pretrain.py --stage whiten`), a linear "
+            "map fitted in closed form on the encoder's vectors of the pretraining corpus; no training and no "
+            "randomness of its own, so a seed's whitening row is the whitening of that seed's encoder below it "
+            "(of --model, the same for every seed, for MinBERT-whitening: its spread is 0).\n\n"
+)
 
 
 class Report:
@@ -225,7 +245,8 @@ class Report:
               "Unsupervised STS ρ: Spearman of cos(f(x1), f(x2)) with the STS dev scores, before fine-tuning. "
               "SST-5 / QQP accuracy and STS Pearson r: after multitask fine-tuning of each encoder. "
               "(report) = the report's number (bert-base-uncased).\n\n"
-              + self.spread_note() + self.interval_note() + md_table(header, md_rows) + self.footer())
+              + self.spread_note() + whitening_note(rows) + self.interval_note() + md_table(header, md_rows)
+              + self.footer())
         if not self.settings_json["finetune"] and all(not r["ours"]["sst_accuracy"]["n"] for r in rows_json):
             md += "\nFine-tuning was not run (--no-finetune): the supervised columns are empty.\n"
         obj = {"rows": rows_json, "settings": self.settings_json, "command": self.command}
@@ -294,7 +315,7 @@ class Report:
         absent = [r.name for r in references if r not in present]
         note = (f"\n{', '.join(absent)} (reference): not trained in this --out-dir yet (`table1` or `all` "
                 f"with the same --out-dir trains it).\n" if absent else "")
-        md = (f"# {title}\n\n{text}" + self.spread_note() + self.interval_note()
+        md = (f"# {title}\n\n{text}" + self.spread_note() + whitening_note(rows) + self.interval_note()
               + md_table([first, "What", "Unsup. STS ρ", "95% CI", "(report)"] + extra, md_rows,
                          "llrrr" + "r" * len(extra))
               + note + self.footer())
@@ -327,14 +348,7 @@ class Report:
                                                          "lexical": lexical},
                               "paper_multisimlex_en": paper} | self.row_info(results, row))
         tested = [c for c in claims if c["a"] in {r.name for r in rows} and c["b"] in {r.name for r in shown}]
-        md = ("# Mirror-BERT's lexical encoder: word similarity\n\n"
-              "Mirror-BERT's word-level recipe (`run_pretrain.py --preset mirror-bert-lexical`: the 10k most "
-              "frequent English words, dropout only, NT-Xent at τ 0.2, [CLS], 2 epochs of batch 200, lr 2e-5, 25 "
-              "tokens, the run's end kept) from --model, the first row. Each word is encoded alone; ρ×100 is the "
-              "Spearman correlation of the cosines with the human scores, with [CLS] and with the mean of the "
-              "word's tokens. *(paper)*: Mirror-BERT's Table 1 (Liu et al. 2021), ρ×100 of bert-base-uncased on "
-              "Multi-SimLex English, [CLS] / mean: another base model, word list and evaluation set.\n\n"
-              + self.spread_note() + "95% CI: the percentile interval of a bootstrap over the seeds and the word "
+        md = ("# Mirror-BERT's lexical encoder: word similarity\n\n" + LEXICAL_TEXT + self.spread_note() + "95% CI: the percentile interval of a bootstrap over the seeds and the word "
               "pairs.\n\n" + md_table(header, md_rows)
               + "\n## The claim: the lexical encoder beats its base\n\n" + lexical_claims_md(tested)
               + self.footer())

@@ -1,5 +1,6 @@
 """What the experiments train: the report's rows (table 1, the ablations, the other objectives)
-and the pretraining runs behind them, with their steps."""
+and the pretraining runs behind them, with their steps. Beside the report's rows: BERT-whitening
+(``--stage whiten``) of the base and of the Mirror encoder, the closed-form control for the flow."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,12 +11,11 @@ LABELLED_METHODS = ("sbert-softmax", "sbert-cosine", "simcse-sup")
 REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 5000}
 
 
-
 @dataclass(frozen=True)
 class Pretraining:
     """One run of ``run_pretrain.py`` (stage 1 or 2 of the report) in OUT/stages/<name>."""
     name: str
-    stage: str              # its --stage: mirror | joint | flow | supervised
+    stage: str              # its --stage: mirror | joint | flow | supervised | whiten
     method: str
     init: str | None        # another Pretraining's name, or None for --model
     flags: tuple = ()
@@ -40,6 +40,11 @@ PRETRAININGS = {s.name: s for s in (
     Pretraining("minbert-joint", "joint", "mirror", None, ("--unfreeze-encoder",),
                 what="joint flow + 0.3 L_mirror, encoder unfrozen"),
     Pretraining("mirror-flow", "flow", "flow", "mirror", what="flow on L_flow alone (no regulariser)"),
+    # BERT-whitening (Su et al. 2021), the closed-form control for the flow: no training, no randomness
+    Pretraining("minbert-whitening", "whiten", "whitening", None,
+                what="BERT-whitening of --model, fitted in closed form on the corpus"),
+    Pretraining("mirror-whitening", "whiten", "whitening", "mirror",
+                what="BERT-whitening of the Mirror encoder, fitted in closed form on the corpus"),
     Pretraining("bsl", "mirror", "bsl", None, what="BSL: BYOL-style bootstrapping to an EMA target, no negatives"),
     Pretraining("ct", "mirror", "ct", None, what="Contrastive Tension: two encoder copies, pair dot products, BCE"),
     Pretraining("tsdae", "mirror", "tsdae", None,
@@ -76,10 +81,12 @@ class Row:
 
 TABLE1_ROWS = (Row("MinBERT", "minbert", None), Row("MinBERT-SimCSE", "simcse", "simcse"),
                Row("MinBERT-Mirror", "mirror", "mirror"), Row("MinBERT-flow", "flow", "flow"),
+               Row("MinBERT-whitening", "minbert-whitening", "minbert-whitening"),
                Row("BERT-CF", "bertcf", "bertcf"))
 ABLATION_ROWS = (Row("SimCSE-joint", "simcse-joint", "simcse-joint"),
                  Row("MinBERT-joint", "minbert-joint", "minbert-joint"),
-                 Row("Mirror-flow", "mirror-flow", "mirror-flow"))
+                 Row("Mirror-flow", "mirror-flow", "mirror-flow"),
+                 Row("Mirror-whitening", "mirror-whitening", "mirror-whitening"))
 OBJECTIVE_ROWS = (Row("MinBERT-BSL", "bsl", "bsl"), Row("MinBERT-CT", "ct", "ct"),
                   Row("MinBERT-TSDAE", "tsdae", "tsdae"), Row("MinBERT-MLM", "mlm", "mlm"))
 #: objectives --preset published: every method at its paper's settings (MLM has no preset).
@@ -121,3 +128,8 @@ def distill_flags(steps: int) -> list[str]:
 
 def steps_for(stage: str, scale: float) -> int:
     return max(1, round(REPORT_STEPS[stage] * scale))
+
+
+def is_whitening(row: Row) -> bool:
+    """A row fitted in closed form (``--stage whiten``): no steps, no randomness of its own."""
+    return row.pretraining is not None and PRETRAININGS[row.pretraining].stage == "whiten"

@@ -28,15 +28,23 @@ def hub_base(config: dict, depth: int = 0) -> str | None:
 
 
 def model_card(config: dict, metric: str, score: float, step: int, flow: bool = False,
-               software: dict | None = None) -> str:
+               whitening: dict | None = None, software: dict | None = None) -> str:
     """The card of a checkpoint chosen at ``step`` by ``metric`` = ``score``, from the run's ``config``
     (its config.json: every setting, and ``command``, the command line); ``flow``: whether the
-    checkpoint has a flow (its sentence-transformers module is then custom code); ``software``: an
-    environment record whose versions the card names (default: this process's)."""
+    checkpoint's sentence-transformers modules include its own code (a flow, first-last-avg
+    pooling); ``whitening``: what ``--stage whiten`` fitted ({"fitted_on", "sentences", "dim",
+    "rank", "width"}), named in the card; ``software``: an environment record whose versions the
+    card names (default: this process's)."""
     base = config.get("init") or config.get("encoder") or config.get("model")
     hub = hub_base(config)
     what = (f"stage `{config['stage']}`, method `{config['method']}`" if "stage" in config
             else "multitask fine-tuning (SST-5, QQP, STS)")
+    if whitening:
+        what += (f": BERT-whitening (Su et al. 2021, arXiv:2103.15316), a linear map fitted in closed form on "
+                 f"the `{config.get('pooling')}`-pooled vectors of {whitening['sentences']} sentences "
+                 f"({whitening['fitted_on']}): y = (x - mu) W, W = U Lambda^(-1/2) of their covariance, "
+                 f"the first {whitening['dim']} of {whitening['width']} directions (covariance rank "
+                 f"{whitening['rank']})")
     corpus = config.get("corpus") or ("the task train files' sentences" if config.get("corpus_from_tasks") else None)
     evaluation = ([f"- SentEval STS-B dev Spearman ×100: {100 * score:.2f} at step {step} (`--select-on "
                    "stsb-dev`)", ""] if config.get("select_on") == "stsb-dev" else [])
@@ -51,16 +59,18 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
              f"- Base model: `{base}`",
              f"- What: {what}",
              f"- Data: `{config.get('data_dir')}`" + (f"; pretraining corpus: {corpus}" if corpus else ""),
-             f"- Steps: {config.get('steps')} (batch {config.get('batch_size')}, lr {config.get('lr')}, "
-             f"seed {config.get('seed')})",
+             ("- Steps: none, no training (a closed-form fit)" if whitening else
+              f"- Steps: {config.get('steps')} (batch {config.get('batch_size')}, lr {config.get('lr')}, "
+              f"seed {config.get('seed')})"),
              f"- Best dev metric: {metric} = {score:.4f} at step {step}",
              f"- Software: {environment.summary(software or environment.versions())} (the whole record, device "
              f"and CPU included: `environment.json` in the run directory)", ""]
     lines += (["## Evaluation", ""] + evaluation) if evaluation else []
-    remote = ("This checkpoint has a normalising flow on top of the pooled vector. Its code ships in this "
-              "directory (`bertcf_st.py`, `flow.py`; torch, safetensors and sentence-transformers are all it "
-              "imports), so loading it runs that code: pass `trust_remote_code=True`." if flow else
-              "No custom code: a plain Transformer and Pooling model.")
+    remote = ("This checkpoint has modules of its own (a normalising flow on top of the pooled vector, or "
+              "first-last-avg pooling). Their code ships in this directory (`bertcf_st.py`, `flow.py`; torch, "
+              "safetensors and sentence-transformers are all it imports), so loading it runs that code: pass "
+              "`trust_remote_code=True`." if flow else
+              "No custom code: a plain Transformer and Pooling model (and a Dense module for a linear head).")
     lines += ["## Usage", "",
               "With sentence-transformers alone (`pip install sentence-transformers`; BERT-CF is not needed). "
               + remote, "",
@@ -73,12 +83,13 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
     return "\n".join(lines)
 
 
-def write_model_card(directory, config: dict, metric: str, score: float, step: int) -> None:
+def write_model_card(directory, config: dict, metric: str, score: float, step: int,
+                     whitening: dict | None = None) -> None:
     """The card of the checkpoint written in ``directory``."""
     from ..models import st_format
 
-    flow = (st_format.read(directory) or {}).get("flow") is not None
-    write_text_atomic(Path(directory) / CARD_FILE, model_card(config, metric, score, step, flow))
+    remote = st_format.needs_remote_code(directory)
+    write_text_atomic(Path(directory) / CARD_FILE, model_card(config, metric, score, step, remote, whitening))
 
 
 def add_experiment_row(directory, row: str, command: str) -> None:

@@ -1,8 +1,9 @@
 """SentenceEncoder: minBERT + pooling (+ the Glow flow and a linear head when a checkpoint has them).
 
-f(x) is the mean of the last layer over valid tokens (the report's choice) or the [CLS]
-vector; with a flow, the encoder's output is the flow's latent F(x) = g^{-1}(f(x)); with a
-linear head (``dense``: a whitening map, a projection), that head applied last, W F(x) + b.
+f(x) is the mean of the last layer over valid tokens (the report's choice), the [CLS] vector,
+or first-last-avg, the mean of the first and the last layer's token means (``pool``); with a
+flow, the encoder's output is the flow's latent F(x) = g^{-1}(f(x)); with a linear head
+(``dense``: a whitening map, a projection), that head applied last, W F(x) + b.
 """
 from __future__ import annotations
 
@@ -23,15 +24,44 @@ from . import st_format
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
 FLOW_FILE = "flow.safetensors"
-POOLINGS = ("mean", "cls")
+FIRST_LAST_AVG = "first-last-avg"
+POOLINGS = ("mean", "cls", FIRST_LAST_AVG)
 
 
-def pool(last_hidden_state, attention_mask, pooling: str = "mean"):
-    """[b, t, D], [b, t] -> [b, D] in float32: mean over real tokens, or the [CLS] vector."""
+def pool(last_hidden_state, attention_mask, pooling: str = "mean", first_hidden_state=None):
+    """[b, t, D], [b, t] -> [b, D] in float32: the mean over the real tokens, the [CLS] vector, or
+    first-last-avg, the average of the token means of ``first_hidden_state`` (the first
+    transformer layer's output) and of the last layer.
+
+    first-last-avg as BERT-whitening computes it (bojone/BERT-whitening, eng/utils.py: the outputs
+    of bert4keras's 'Transformer-0-FeedForward-Norm' and of the last layer, each averaged over the
+    real tokens, [CLS] and [SEP] included, then averaged): the *first transformer layer*, which is
+    transformers' hidden_states[1], not the embeddings' output hidden_states[0]. BERT-flow's
+    "avg-last-2" reads the same two layers (its all_encoder_layers[0] and [-1]); SimCSE's
+    "avg_first_last" read hidden_states[0] until it was corrected to [1] (princeton-nlp/SimCSE
+    issue 133)."""
+    mask = attention_mask.unsqueeze(-1).to(torch.float32)
+
+    def mean(hidden):
+        return (hidden.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
     if pooling == "cls":
         return last_hidden_state[:, 0].float()
-    mask = attention_mask.unsqueeze(-1).to(torch.float32)
-    return (last_hidden_state.float() * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+    if pooling == FIRST_LAST_AVG:
+        if first_hidden_state is None:
+            raise ValueError("first-last-avg pooling needs the first layer's output too (see pooled)")
+        return (mean(first_hidden_state) + mean(last_hidden_state)) / 2
+    return mean(last_hidden_state)
+
+
+def pooled(bert, input_ids, attention_mask, pooling: str = "mean", token_type_ids=None,
+           num_tokens: int | None = None) -> torch.Tensor:
+    """``bert`` (a minbert.BertModel) run on a batch and pooled: [b, D] float32. first-last-avg asks
+    it for its first layer's output as well (only then: other callers of this shape, such as the
+    bench's transformers wrapper, need not know the flag)."""
+    extra = {"output_first_layer": True} if pooling == FIRST_LAST_AVG else {}
+    out = bert(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens, **extra)
+    return pool(out["last_hidden_state"], attention_mask, pooling, out.get("first_layer_hidden_state"))
 
 
 class SentenceEncoder(nn.Module):
@@ -68,8 +98,7 @@ class SentenceEncoder(nn.Module):
     def embed(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
         """f(x): the pooled encoder output [b, D], float32, before any flow. ``num_tokens``:
         the mask's sum, when known on the host (it spares the unpadded encoder a GPU sync)."""
-        out = self.bert(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens)
-        return pool(out["last_hidden_state"], attention_mask, self.pooling)
+        return pooled(self.bert, input_ids, attention_mask, self.pooling, token_type_ids, num_tokens)
 
     def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
         """The sentence vector [b, output_dim]: f(x), then the flow's F(x) when there is one, then the
@@ -141,8 +170,8 @@ class SentenceEncoder(nn.Module):
         """A Hugging Face BERT directory (config.json, model.safetensors, tokenizer files)
         plus ``sentence_encoder.json``, with a flow ``flow.safetensors``, and the
         sentence-transformers layout (``bertcf.st_format``; the linear head is its standard Dense
-        module, kept there only), so that ``SentenceTransformer(dir)`` returns the vectors of :meth:`encode`. ``link_weights_from``: see
-        :meth:`minbert.BertModel.save_pretrained`."""
+        module, kept there only), so that ``SentenceTransformer(dir)`` returns the vectors of
+        :meth:`encode`. ``link_weights_from``: see :meth:`minbert.BertModel.save_pretrained`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.bert.save_pretrained(directory, link_weights_from)

@@ -1,9 +1,12 @@
 """The sentence-transformers layout of a checkpoint directory, written beside the Hugging Face
 files and read back: ``modules.json`` (Transformer, Pooling, then the flow, the linear head and
 Normalize when there are), ``sentence_bert_config.json`` (max_seq_length), ``1_Pooling/config.json``
-(mean or [CLS]); with a flow, ``2_Flow/`` (its weights) and the flow module's code: ``bertcf_st.py``
-and ``flow.py``, copies of ``bertcf/models/st_flow.py`` and ``bertcf/models/flow.py``, which sentence-transformers
-loads from the directory itself with ``trust_remote_code=True`` (module ``bertcf_st.Flow``), so
+(mean or [CLS]; first-last-avg, which sentence-transformers' Pooling cannot express, is the module
+``bertcf_st.FirstLastAvgPooling`` of the checkpoint's own code below, fed every layer's output by
+``config_args`` in sentence_bert_config.json); with a flow, ``2_Flow/`` (its weights); with either,
+the modules' code: ``bertcf_st.py`` and ``flow.py``, copies of ``bertcf/models/st_flow.py`` and
+``bertcf/models/flow.py``, which sentence-transformers loads from the directory itself with
+``trust_remote_code=True`` (modules ``bertcf_st.Flow``, ``bertcf_st.FirstLastAvgPooling``), so
 a shared checkpoint works without BERT-CF installed; with a linear head (``SentenceEncoder.dense``),
 sentence-transformers' own Dense module with the identity activation (``N_Dense/``: config.json and
 model.safetensors with ``linear.weight`` [out, in] and ``linear.bias`` [out]), which needs no
@@ -30,6 +33,9 @@ OLD_FLOW_MODULE = "bertcf.st.Flow"    # checkpoints written before 2026-11-24: B
 #: The flow module's code a checkpoint carries: its name there -> the file beside this one.
 FLOW_CODE = {"bertcf_st.py": "st_flow.py", "flow.py": "flow.py"}
 POOLING_MODES = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
+#: first-last-avg, which sentence-transformers' Pooling cannot express: a module of the checkpoint's own
+#: code (bertcf_st.py), which reads every layer's output (the Transformer's config_args ask for them).
+FIRST_LAST_AVG_MODULE = "bertcf_st.FirstLastAvgPooling"
 DENSE_MODULE = "sentence_transformers.models.Dense"
 #: The names of the identity activation a Dense config may give (what sentence-transformers writes for
 #: nn.Identity, and the public name); any other activation is not a linear head.
@@ -46,11 +52,21 @@ def write(directory, dim: int, pooling: str, max_length: int, flow_file=None, no
     flow module's weights; ``dense``: the encoder's linear head (an ``nn.Linear``), written as a
     Dense module after the flow."""
     directory = Path(directory)
-    modules = [("", "sentence_transformers.models.Transformer"), ("1_Pooling", "sentence_transformers.models.Pooling")]
-    pooling_config = {"word_embedding_dimension": dim, "include_prompt": True}
-    pooling_config |= {key: mode == pooling for mode, key in POOLING_MODES.items()} | dict.fromkeys(_OTHER_POOLING_MODES,
-                                                                                                    False)
+    custom_pooling = pooling not in POOLING_MODES
+    modules = [("", "sentence_transformers.models.Transformer"),
+               ("1_Pooling", FIRST_LAST_AVG_MODULE if custom_pooling else "sentence_transformers.models.Pooling")]
+    if custom_pooling:
+        pooling_config = {"embedding_dimension": dim}
+    else:
+        pooling_config = {"word_embedding_dimension": dim, "include_prompt": True}
+        pooling_config |= {key: mode == pooling for mode, key in POOLING_MODES.items()} | dict.fromkeys(
+            _OTHER_POOLING_MODES, False)
     write_json_atomic(directory / "1_Pooling" / "config.json", pooling_config)
+    if flow_file is not None or custom_pooling:
+        write_flow_code(directory)
+    else:
+        for name in FLOW_CODE:
+            (directory / name).unlink(missing_ok=True)
     if flow_file is not None:
         flow_dir = directory / f"{len(modules)}_Flow"
         flow_dir.mkdir(exist_ok=True)
@@ -60,11 +76,7 @@ def write(directory, dim: int, pooling: str, max_length: int, flow_file=None, no
             os.link(flow_file, target)
         except OSError:
             shutil.copyfile(flow_file, target)
-        write_flow_code(directory)
         modules.append((flow_dir.name, FLOW_MODULE))
-    else:
-        for name in FLOW_CODE:
-            (directory / name).unlink(missing_ok=True)
     if dense is not None:
         dense_dir = f"{len(modules)}_Dense"
         write_dense(directory / dense_dir, dense)
@@ -76,7 +88,18 @@ def write(directory, dim: int, pooling: str, max_length: int, flow_file=None, no
         modules.append((normalize_dir, "sentence_transformers.models.Normalize"))
     write_json_atomic(directory / MODULES_FILE, [{"idx": i, "name": str(i), "path": path, "type": kind}
                                                  for i, (path, kind) in enumerate(modules)])
-    write_json_atomic(directory / ST_CONFIG_FILE, {"max_seq_length": max_length, "do_lower_case": False})
+    st_config = {"max_seq_length": max_length, "do_lower_case": False}
+    if custom_pooling:  # the pooling module reads every layer (config_args: the name every release reads)
+        st_config["config_args"] = {"output_hidden_states": True}
+    write_json_atomic(directory / ST_CONFIG_FILE, st_config)
+
+
+def needs_remote_code(directory) -> bool:
+    """Whether a checkpoint's sentence-transformers modules include its own code (bertcf_st.*: the
+    flow, first-last-avg pooling), so that loading it needs ``trust_remote_code=True``."""
+    path = Path(directory) / MODULES_FILE
+    return path.is_file() and any(str(m.get("type", "")).startswith(("bertcf_st.", "bertcf.st."))
+                                  for m in _read_json(path))
 
 
 def write_dense(directory, linear) -> None:
@@ -210,12 +233,15 @@ def read(directory) -> dict | None:
                                       f"itself, not {module.get('path')!r}")
         elif kind.startswith("sentence_transformers.") and name == "Pooling":
             out["pooling"] = _pooling(path / "config.json")
+        elif kind == FIRST_LAST_AVG_MODULE:
+            out["pooling"] = "first-last-avg"
         elif kind.startswith("sentence_transformers.") and name == "Normalize":
             out["normalize"] = True
         else:
             raise CheckpointError(f"{directory / MODULES_FILE}: module {kind!r} ({module.get('path')}) cannot be "
                                   f"represented by a SentenceEncoder (Transformer, mean or [CLS] Pooling, "
-                                  f"bertcf's flow, a Dense without activation and Normalize can)")
+                                  f"bertcf's first-last-avg pooling and flow, a Dense without activation and "
+                                  f"Normalize can)")
     out["max_length"] = _max_length(directory)
     return out
 

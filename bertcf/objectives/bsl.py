@@ -7,7 +7,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..models.encoder import pool
+from ..models.encoder import pooled
 from ..utils.distributed import dist_info, gather_with_grad, local_rows
 from .base import Objective, setting
 from .contrastive import span_mask
@@ -72,7 +72,7 @@ class BSL(Objective):
 
     def target_embed(self, ids, mask, num_tokens) -> torch.Tensor:
         """f_xi(x) [b, D], the target encoder's vectors (device tensors)."""
-        return pool(self.target(ids, mask, num_tokens=num_tokens)["last_hidden_state"], mask, self.encoder.pooling)
+        return pooled(self.target, ids, mask, self.encoder.pooling, num_tokens=num_tokens)
 
     @staticmethod
     def regression(prediction, target) -> torch.Tensor:

@@ -6,7 +6,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from ..models.encoder import pool
+from ..models.encoder import pooled
 from ..utils.distributed import local_rows
 from .base import Objective, setting
 
@@ -50,7 +50,7 @@ class ContrastiveTension(Objective):
 
     def second_embed(self, ids, mask, num_tokens) -> torch.Tensor:
         """f2(x) [b, D], the second encoder's vectors (device tensors)."""
-        return pool(self.second(ids, mask, num_tokens=num_tokens)["last_hidden_state"], mask, self.encoder.pooling)
+        return pooled(self.second, ids, mask, self.encoder.pooling, num_tokens=num_tokens)
 
     def loss(self, ids, mask, special, rank=0, world=1):
         partner, labels = self.pairs(ids.shape[0])  # over the global batch: B_i may be another rank's row
