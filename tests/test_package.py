@@ -88,6 +88,7 @@ DOCUMENTED = {
     "python -m bertcf.experiments": [sys.executable, "-m", "bertcf.experiments"],
     "python -m bertcf.bench": [sys.executable, "-m", "bertcf.bench"],
     "python -m bertcf.data download": [sys.executable, "-m", "bertcf.data", "download"],
+    "python -m bertcf.data beir-quora": [sys.executable, "-m", "bertcf.data", "beir-quora"],
     "python -m bertcf.st_format": [sys.executable, "-m", "bertcf.st_format"],
 }
 
