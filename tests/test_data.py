@@ -15,6 +15,7 @@ import pytest
 
 from bertcf.data import download
 from bertcf.data import tasks as data
+from bertcf.data.commands import main as data_main
 from bertcf.data.download import Source
 from bertcf.data.tasks import PairExample, SentenceExample
 from bertcf.errors import DataError
@@ -456,7 +457,7 @@ def _refused_port() -> int:
 def test_main_without_network_prints_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("no_proxy", "*")
     out = tmp_path / "data"
-    rc = download.main(["download", "--out", str(out), "--only", "cs224n", "--timeout", "5",
+    rc = data_main(["download", "--out", str(out), "--only", "cs224n", "--timeout", "5",
                     "--base-url", f"http://127.0.0.1:{_refused_port()}/"])
     captured = capsys.readouterr()
     assert rc == 1
@@ -475,11 +476,11 @@ def test_main_with_real_checksums(server, tmp_path, capsys):
         shutil.copy(path, root / path.name)
     out = tmp_path / "data"
     argv = ["download", "--out", str(out), "--only", "cs224n", "--base-url", base, "--no-progress"]
-    assert download.main(argv) == 1  # quora-train.csv and quora-test-student.csv are not served
+    assert data_main(argv) == 1  # quora-train.csv and quora-test-student.csv are not served
     captured = capsys.readouterr()
     assert "2 of 9 files failed: quora-train.csv, quora-test-student.csv" in captured.err
     assert _files(out) == {p.name for p in SHARED.glob("*.csv")}
-    assert download.main(argv) == 1
+    assert data_main(argv) == 1
     assert captured.out.count("downloaded (sha256 ok)") == 7
     assert capsys.readouterr().out.count("ok (already present)") == 7
 
@@ -517,13 +518,13 @@ def test_download_senteval_unpacks_and_records_sha256(server, tmp_path, capsys):
     archive = _senteval_tar(root / "senteval.tar")
     out = tmp_path / "data"
     argv = ["download", "--senteval", "--out", str(out), "--base-url", base, "--no-progress"]
-    assert download.main(argv) == 0
+    assert data_main(argv) == 0
     assert (out / "SentEval" / "STS" / "STSBenchmark" / "sts-test.csv").read_text().startswith("g\tf")
     assert (out / "SentEval" / "CR" / "custrev.pos").is_file()
     sha256 = hashlib.sha256(archive.read_bytes()).hexdigest()
     assert (out / "senteval.tar.sha256").read_text() == f"{sha256}  senteval.tar\n"
     assert not list(out.glob(".SentEval*"))  # no staging folder left
-    assert download.main(argv) == 0
+    assert data_main(argv) == 0
     assert "already unpacked" in capsys.readouterr().out
 
 
@@ -534,11 +535,11 @@ def test_download_senteval_rejects_a_changed_or_broken_archive(server, tmp_path,
     (out / "senteval.tar.sha256").write_text("0" * 64 + "  senteval.tar\n")
     _senteval_tar(root / "senteval.tar")
     argv = ["download", "--senteval", "--out", str(out), "--base-url", base, "--no-progress"]
-    assert download.main(argv) == 1  # differs from the recorded sha256
+    assert data_main(argv) == 1  # differs from the recorded sha256
     assert "differs from the one recorded" in capsys.readouterr().err
     (out / "senteval.tar.sha256").unlink()
     (root / "senteval.tar").write_bytes(b"not a tar at all" * 100)
-    assert download.main(argv) == 1
+    assert data_main(argv) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a valid tar archive" in err[0]
     assert not (out / "SentEval").exists() and not list(out.glob(".SentEval*"))
@@ -547,7 +548,7 @@ def test_download_senteval_rejects_a_changed_or_broken_archive(server, tmp_path,
 def test_download_senteval_offline_says_where_to_put_the_files(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("no_proxy", "*")
     out = tmp_path / "data"
-    rc = download.main(["download", "--senteval", "--out", str(out), "--timeout", "5",
+    rc = data_main(["download", "--senteval", "--out", str(out), "--timeout", "5",
                     "--base-url", f"http://127.0.0.1:{_refused_port()}/"])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 1 and len(err) == 1

@@ -29,8 +29,12 @@ def wheel(tmp_path_factory) -> Path:
     pytest.importorskip("setuptools", minversion="70.1")  # pip install -e ".[test]" brings it
     tmp = tmp_path_factory.mktemp("package")
     source = tmp / "src"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", "runs", "data", "__pycache__", "*.egg-info",
-                                                                "build", "dist", ".gpu"))
+    anywhere = shutil.ignore_patterns(".git", "__pycache__", "*.egg-info")
+
+    def ignore(directory, names):  # runs/, data/ ... at the top only: bertcf/data/ is a package
+        top = {"runs", "data", "build", "dist", ".gpu"} if Path(directory) == REPO else set()
+        return anywhere(directory, names) | (top & set(names))
+    shutil.copytree(REPO, source, ignore=ignore)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                            str(tmp / "dist"), str(source)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -59,7 +63,8 @@ def test_the_wheel_lists_the_dependencies_and_the_commands(wheel):
         assert f"{command} = " in entry_points, command
     with zipfile.ZipFile(wheel) as z:
         files = set(z.namelist())
-    assert {"bertcf/objectives/mirror.py", "bertcf/experiments/suite.py", "minbert/model.py", "bertcf/st.py"} <= files
+    assert {"bertcf/objectives/mirror.py", "bertcf/experiments/suite.py", "minbert/model.py", "bertcf/st.py",
+            "bertcf/data/tasks.py"} <= files
 
 
 @pytest.mark.slow
@@ -89,6 +94,7 @@ DOCUMENTED = {
     "python -m bertcf.experiments": [sys.executable, "-m", "bertcf.experiments"],
     "python -m bertcf.bench": [sys.executable, "-m", "bertcf.bench"],
     "python -m bertcf.data download": [sys.executable, "-m", "bertcf.data", "download"],
+    "python -m bertcf.data beir-quora": [sys.executable, "-m", "bertcf.data", "beir-quora"],
     "python -m bertcf.st_format": [sys.executable, "-m", "bertcf.st_format"],
     "bertcf-export onnx": [sys.executable, "-m", "bertcf.export", "onnx"],
     "bertcf-encode": [sys.executable, "-m", "bertcf.encode"],

@@ -5,6 +5,7 @@ import json
 import logging
 import shutil
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from bertcf.evaluation.evaluators import (
     TrainTestClassificationEvaluator,
     best_c,
 )
+from bertcf.evaluation.probe import FASTTEST
 from bertcf.evaluation.senteval import evaluate, format_table, parse_tasks
 
 SHARED_SENTEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "senteval"
@@ -204,13 +206,16 @@ def _separable(n: int = 40, dim: int = 6, seed: int = 0):
 
 
 @pytest.mark.parametrize("features", ["senteval", "full"])
-@pytest.mark.parametrize("settings", [ProbeSettings(folds=5), ProbeSettings(folds=4, c_grid=(0.25, 1.0, 4.0))])
+@pytest.mark.parametrize("settings", [ProbeSettings(folds=5), ProbeSettings(folds=4, c_grid=(0.25, 1.0, 4.0)),
+                                      replace(FASTTEST, folds=4, max_epoch=20)])
 def test_probes_on_separable_vectors(settings, features):
     vectors, names, labels = _separable()
     embed = lambda batch: torch.stack([vectors[s] for s in batch])  # noqa: E731
     assert CVClassificationEvaluator("toy", names, labels, settings)(embed)["accuracy"] == 100.0
     split = {"train": (names[:20], labels[:20]), "dev": (names[20:30], labels[20:30]), "test": (names[30:], labels[30:])}
-    assert SplitClassificationEvaluator("toy", split, settings)(embed) == {"accuracy": 100.0, "n": 10}
+    result = SplitClassificationEvaluator("toy", split, settings)(embed)
+    assert result["accuracy"] == 100.0 and result["n"] == 10
+    assert result["devacc"] == (None if settings == ProbeSettings(folds=5) else 100.0)  # no grid, no validation
     assert TrainTestClassificationEvaluator("toy", (names[:28], labels[:28]), (names[28:], labels[28:]),
                                             settings)(embed)["accuracy"] == 100.0
     # Pairs: label 1 iff both sentences are on the same side; both feature sets make it linear (u*v).
@@ -218,7 +223,10 @@ def test_probes_on_separable_vectors(settings, features):
     pair_labels = [int(labels[int(p.id)] == labels[names.index(p.sentence2)]) for p in pairs]
     result = TrainTestClassificationEvaluator("pairs", (pairs[:30], pair_labels[:30]), (pairs[30:], pair_labels[30:]),
                                               settings, pairs=features)(embed)
-    assert result["accuracy"] == 100.0 and result["f1"] == 100.0 and result["features"] == features
+    if isinstance(settings, ProbeSettings):
+        assert result["accuracy"] == 100.0 and result["f1"] == 100.0 and result["features"] == features
+    else:  # 30 training pairs: SentEval's probe stops early on the one pair 5% holds out, a little short of 100
+        assert result["accuracy"] >= 80.0 and result["features"] == features
 
 
 def test_probe_is_at_chance_on_random_labels():
@@ -371,7 +379,7 @@ def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, capsys):
     root = write_senteval(tmp_path / "SentEval")
     out = tmp_path / "out" / "result.json"
     assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--tasks", "sts,transfer",
-                "--mode", "fasttest", "--json", str(out), "--no-progress", "--device", "cpu"]) == 0
+                "--mode", "fasttest", "--json", str(out), "--no-progress", "--device", "cpu", "--threads", "1"]) == 0
     printed = capsys.readouterr().out
     header = [c.strip() for c in printed.splitlines()[1].split("|")[1:-1]]
     assert header == ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness", "Avg."]
@@ -393,6 +401,8 @@ def test_cli_end_to_end_on_tiny_model(tmp_path, tiny_bert_dir, capsys):
     assert result["transfer_avg_tasks"] == list(se.TRANSFER_TASKS)
     transfer_header = [c.strip() for c in printed.splitlines()[7].split("|")[1:-1]]  # under the STS table and its intervals
     assert transfer_header == [*se.TRANSFER_TASKS, "Avg."] and "Avg. of" not in printed
+    assert result["probe"] == "senteval" and all(r["devacc"] is not None for r in result["transfer"].values())
+    assert f"CR {result['transfer']['CR']['devacc']:.2f}" in printed  # devacc printed beside acc, as SentEval
 
 
 def test_transfer_average_says_which_tasks_it_covers(tmp_path, tiny_bert_dir, capsys):
@@ -404,7 +414,8 @@ def test_transfer_average_says_which_tasks_it_covers(tmp_path, tiny_bert_dir, ca
             (root / relative).unlink()
     out = tmp_path / "result.json"
     assert cli(["--encoder", str(tiny_bert_dir), "--senteval-dir", str(root), "--tasks", "transfer", "--mode",
-                "fasttest", "--mrpc-features", "full", "--json", str(out), "--no-progress", "--device", "cpu"]) == 0
+                "fasttest", "--mrpc-features", "full", "--json", str(out), "--no-progress", "--device", "cpu",
+                "--probe", "sklearn", "--threads", "1"]) == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())
     covered = ["CR", "MPQA", "SST2", "TREC", "MRPC"]
@@ -417,6 +428,7 @@ def test_transfer_average_says_which_tasks_it_covers(tmp_path, tiny_bert_dir, ca
     assert "Avg. of 5: CR, MPQA, SST2, TREC, MRPC (not run: MR, SUBJ)" in lines
     assert f"MRPC F1: {result['transfer']['MRPC']['f1']:.2f} (features full: [u, v, |u-v|, u*v])" in lines
     assert format_table(result) == printed.rstrip("\n")
+    assert result["probe"] == "sklearn" and result["transfer"]["CR"]["devacc"] is None  # a fixed C: nothing chosen
 
 
 def test_cli_vocab_for_a_checkpoint_without_tokenizer_files(tmp_path, tiny_bert_dir, vocab_path, capsys):

@@ -1,6 +1,6 @@
-"""``python -m bertcf.data download ...``: the downloader's command line."""
+"""``python -m bertcf.data COMMAND ...``: the data tools' command line (``bertcf.data.commands``)."""
 import sys
 
-from .download import main
+from .commands import main
 
 sys.exit(main())

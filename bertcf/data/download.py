@@ -14,7 +14,6 @@ test's local server) is named by ``BERTCF_DATA_URL`` (every file from ``URL/<nam
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import http.client
 import os
@@ -377,11 +376,8 @@ def download_senteval(out_dir: str | os.PathLike, *, timeout: float = 60.0, base
     return target
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m bertcf.data download --out DIR [--only ...]``."""
-    parser = argparse.ArgumentParser(prog="python -m bertcf.data",
-                                     description="BERT-CF data tools (see data/README.md).")
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_command(commands) -> None:
+    """``download``: the subcommand of ``python -m bertcf.data``."""
     get = commands.add_parser(
         "download", help="download and verify the CS224N task files and Wiki1M",
         description="Download the CS224N task files and/or Wiki1M into --out, verifying "
@@ -395,11 +391,15 @@ def main(argv: list[str] | None = None) -> int:
     get.add_argument("--base-url", default=data_url(),
                      help=f"fetch every file from BASE_URL/<name> (a mirror; default: ${DATA_URL_ENV} when set)")
     get.add_argument("--no-progress", action="store_true", help="no progress bars")
-    args = parser.parse_args(argv)
+    get.set_defaults(run=run)
 
+
+def run(args) -> int:
+    """The ``download`` subcommand: 0 when every requested file is valid, 1 otherwise."""
     if args.senteval:
         if args.only:
-            parser.error("--senteval and --only exclude each other")
+            print("python -m bertcf.data download: error: --senteval and --only exclude each other", file=sys.stderr)
+            return 2
         try:
             download_senteval(args.out, timeout=args.timeout, base_url=args.base_url, progress=not args.no_progress)
         except DataError as error:
@@ -424,5 +424,3 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())

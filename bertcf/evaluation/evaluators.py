@@ -1,10 +1,15 @@
 """SentEval's tasks as evaluator objects: STS by the cosine of raw vectors, transfer tasks by a
-logistic-regression probe on frozen vectors (scikit-learn, as SentEval's ``usepytorch=False``).
+linear probe on frozen vectors: SentEval's own PyTorch probe (``usepytorch=True``,
+:mod:`bertcf.evaluation.probe`) or scikit-learn's logistic regression (SentEval's
+``usepytorch=False``, :class:`ProbeSettings`).
 
 Every evaluator has ``name``, ``main_metric``, ``sentences()`` (what it needs encoded) and
 ``__call__(embed) -> dict``, where ``embed(list of n sentences) -> [n, D]`` looks the vectors
 up, so that :func:`bertcf.evaluation.senteval.evaluate` encodes each distinct sentence once for all tasks.
-Scores are ×100, as SentEval and SimCSE print them.
+Scores are ×100, as SentEval and SimCSE print them. A probe is an object with SentEval's three
+validations: ``cross_validate(x, y)``, ``train_test(x, y, xt, yt)`` and ``split(x, y, xd, yd, xt,
+yt)``, each returning ``accuracy`` and ``devacc`` (the validation score that chose its
+regularisation; None where nothing was chosen) and ``train_test`` also ``predicted``.
 """
 from __future__ import annotations
 
@@ -14,12 +19,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from joblib import Parallel, delayed
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
-from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_score
+from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_validate
 
 from . import bootstrap
 from .metrics import spearman
+from .probe import percent
 
 SEED = 1111  # SentEval's seed for the folds and the probe
 
@@ -72,19 +79,23 @@ class STSEvaluator:
 
 @dataclass
 class ProbeSettings:
-    """How a probe is trained. ``c_grid`` None: the fixed ``c`` (fasttest); else the L2 strength
-    (sklearn's C = 1/λ) is picked from SentEval's grid by an inner validation.
+    """The scikit-learn probe (``--probe sklearn``) and how it is trained. ``c_grid`` None: the fixed
+    ``c`` (fasttest); else the L2 strength (sklearn's C = 1/λ) is picked from SentEval's grid by an
+    inner validation. ``n_jobs``: processes for the fits of a grid search (joblib; None: one).
 
     The probe is scikit-learn's LogisticRegression, the model of SentEval's ``usepytorch=False``
     branch, with the installed scikit-learn's defaults (lbfgs; multinomial for TREC's 6 classes)
-    except ``max_iter``: 1000, not 100, to give lbfgs room to converge. SimCSE's evaluation script
-    uses SentEval's PyTorch probe (``usepytorch=True``: the same linear model trained by Adam with
-    early stopping, with its own L2 grid), so its figures and ours need not agree to the decimal."""
+    except ``max_iter``: 1000, not 100, to give lbfgs room to converge. SentEval's own examples and
+    SimCSE's evaluation use its PyTorch probe instead (``--probe senteval``,
+    :mod:`bertcf.evaluation.probe`: the same linear model trained by Adam with early stopping, with
+    its own L2 grid); this one's figures and those need not agree to the decimal."""
 
     folds: int = 10
     c_grid: tuple[float, ...] | None = None
     c: float = 1.0
     max_iter: int = 1000
+    n_jobs: int | None = None
+    name = "sklearn"
 
     def probe(self, c: float | None = None) -> LogisticRegression:
         return LogisticRegression(C=self.c if c is None else c, max_iter=self.max_iter, random_state=SEED)
@@ -92,12 +103,38 @@ class ProbeSettings:
     def kfold(self) -> StratifiedKFold:
         return StratifiedKFold(n_splits=self.folds, shuffle=True, random_state=SEED)
 
-    def tuned(self):
+    def tuned(self, n_jobs: int | None = None):
         """The probe, wrapped in a k-fold grid search over C when there is a grid (SentEval's
         KFoldClassifier and the inner loop of its InnerKFoldClassifier)."""
         if self.c_grid is None:
             return self.probe()
-        return GridSearchCV(self.probe(), {"C": list(self.c_grid)}, cv=self.kfold(), refit=best_c)
+        return GridSearchCV(self.probe(), {"C": list(self.c_grid)}, cv=self.kfold(), refit=best_c, n_jobs=n_jobs)
+
+    def cross_validate(self, x, y) -> dict:
+        """SentEval's InnerKFoldClassifier: the mean of the k folds' rounded test accuracies; in each
+        fold an inner k-fold grid search picks C (its best rounded score: ``devacc``, averaged)."""
+        runs = cross_validate(self.tuned(), _features(x), np.asarray(y), cv=self.kfold(), n_jobs=self.n_jobs,
+                              return_estimator=self.c_grid is not None)
+        devacc = (float(np.mean([_best_score(e) for e in runs["estimator"]])) if self.c_grid is not None else None)
+        return {"accuracy": float(percent(runs["test_score"]).mean()), "devacc": devacc}
+
+    def train_test(self, x, y, xt, yt) -> dict:
+        """SentEval's KFoldClassifier: C by k-fold on train, the probe refitted on train, scored on test."""
+        probe = self.tuned(self.n_jobs).fit(_features(x), np.asarray(y))
+        predicted = probe.predict(_features(xt))
+        devacc = _best_score(probe) if self.c_grid is not None else None
+        return {"accuracy": 100 * float((predicted == np.asarray(yt)).mean()), "devacc": devacc,
+                "predicted": predicted}
+
+    def split(self, x, y, xd, yd, xt, yt) -> dict:
+        """SentEval's SplitClassifier: C picked on dev (the first best rounded score), scored on test."""
+        (x, y), (xd, yd), (xt, yt) = [(_features(a), np.asarray(b)) for a, b in ((x, y), (xd, yd), (xt, yt))]
+        c, devacc = None, None
+        if self.c_grid is not None:
+            fit = delayed(lambda c: self.probe(c).fit(x, y).score(xd, yd))
+            dev = percent(Parallel(n_jobs=self.n_jobs)(fit(c) for c in self.c_grid))
+            c, devacc = self.c_grid[int(np.argmax(dev))], float(dev.max())
+        return {"accuracy": 100 * self.probe(c).fit(x, y).score(xt, yt), "devacc": devacc}
 
 
 #: SentEval's C grids (validation.py, scikit-learn branch).
@@ -105,9 +142,9 @@ INNER_KFOLD_GRID = tuple(2.0 ** t for t in range(-2, 4))  # MR/CR/SUBJ/MPQA, SST
 KFOLD_GRID = tuple(2.0 ** t for t in range(-1, 6))        # TREC, MRPC
 
 
-def percent(accuracy):
-    """Accuracy ×100 rounded to 2 decimals, as SentEval rounds every score it compares or averages."""
-    return np.round(100 * np.asarray(accuracy, dtype=np.float64), 2)
+def _best_score(search: GridSearchCV) -> float:
+    """The rounded mean validation accuracy of the C a grid search chose (SentEval's ``devacc``)."""
+    return float(percent(search.cv_results_["mean_test_score"][search.best_index_]))
 
 
 def best_c(cv_results: dict) -> int:
@@ -143,18 +180,20 @@ def pair_features(u: torch.Tensor, v: torch.Tensor, kind: str = "senteval") -> t
     return torch.cat([u, v, *both] if kind == "full" else both, dim=-1)
 
 
-def _features(x: torch.Tensor) -> np.ndarray:
-    return x.double().numpy()
+def _features(x) -> np.ndarray:
+    """The scikit-learn probe's input: float64, as SentEval's numpy arrays are."""
+    return x.double().numpy() if torch.is_tensor(x) else np.asarray(x, dtype=np.float64)
 
 
 class CVClassificationEvaluator:
     """MR, CR, SUBJ, MPQA (SentEval's InnerKFoldClassifier): accuracy ×100 of k-fold
     cross-validation over all sentences, the mean of the folds' rounded accuracies; in each outer
-    fold, an inner k-fold on the training part picks C (``settings.c_grid``)."""
+    fold, an inner k-fold on the training part picks the probe's L2 strength (``probe``: a
+    :class:`ProbeSettings` or a :class:`~bertcf.evaluation.probe.SentEvalProbe`)."""
 
     main_metric = "accuracy"
 
-    def __init__(self, name: str, sentences: list[str], labels: list[int], settings: ProbeSettings):
+    def __init__(self, name: str, sentences: list[str], labels: list[int], settings):
         self._sentences, labels = senteval_order(sentences, labels)
         self.name, self.labels, self.settings = name, np.array(labels), settings
 
@@ -162,41 +201,38 @@ class CVClassificationEvaluator:
         return self._sentences
 
     def __call__(self, embed) -> dict:
-        x = _features(embed(self._sentences))
-        scores = cross_val_score(self.settings.tuned(), x, self.labels, cv=self.settings.kfold())
-        return {"accuracy": float(percent(scores).mean()), "n": len(self.labels)}
+        scores = self.settings.cross_validate(embed(self._sentences), self.labels)
+        return {"accuracy": scores["accuracy"], "devacc": scores["devacc"], "n": len(self.labels)}
 
 
 class SplitClassificationEvaluator:
-    """SST2: C picked on the dev split (SentEval's SplitClassifier), accuracy ×100 on test."""
+    """SST2: the L2 strength picked on the dev split (SentEval's SplitClassifier), accuracy ×100 on
+    test. Each split is in SentEval's order (sst.py sorts them), which its probe's data order follows."""
 
     main_metric = "accuracy"
 
-    def __init__(self, name: str, splits: dict, settings: ProbeSettings):
-        self.name, self.splits, self.settings = name, splits, settings  # splits: {train|dev|test: (sents, labels)}
+    def __init__(self, name: str, splits: dict, settings):
+        # splits: {train|dev|test: (sentences, labels)}
+        self.name, self.settings = name, settings
+        self.splits = {k: senteval_order(*v) for k, v in splits.items()}
 
     def sentences(self) -> list[str]:
         return [s for sentences, _ in self.splits.values() for s in sentences]
 
     def __call__(self, embed) -> dict:
-        (x, y), (xd, yd), (xt, yt) = [(_features(embed(s)), np.array(l)) for s, l in
-                                      (self.splits[k] for k in ("train", "dev", "test"))]
-        c = None
-        if self.settings.c_grid is not None:
-            dev = [self.settings.probe(c).fit(x, y).score(xd, yd) for c in self.settings.c_grid]
-            c = self.settings.c_grid[int(np.argmax(percent(dev)))]
-        probe = self.settings.probe(c).fit(x, y)
-        return {"accuracy": 100 * probe.score(xt, yt), "n": len(yt)}
+        parts = [(embed(s), np.array(y)) for s, y in (self.splits[k] for k in ("train", "dev", "test"))]
+        scores = self.settings.split(*(item for part in parts for item in part))
+        return {"accuracy": scores["accuracy"], "devacc": scores["devacc"], "n": len(parts[2][1])}
 
 
 class TrainTestClassificationEvaluator:
-    """TREC and MRPC: C picked by k-fold on train (SentEval's KFoldClassifier), accuracy ×100 on
-    test. With ``pairs`` (MRPC: "senteval" or "full") the items are PairExamples, the probe sees
-    :func:`pair_features` of that kind of their vectors, and F1 ×100 is reported too."""
+    """TREC and MRPC: the L2 strength picked by k-fold on train (SentEval's KFoldClassifier),
+    accuracy ×100 on test. With ``pairs`` (MRPC: "senteval" or "full") the items are PairExamples,
+    the probe sees :func:`pair_features` of that kind of their vectors, and F1 ×100 is reported too."""
 
     main_metric = "accuracy"
 
-    def __init__(self, name: str, train: tuple, test: tuple, settings: ProbeSettings, pairs: str | None = None):
+    def __init__(self, name: str, train: tuple, test: tuple, settings, pairs: str | None = None):
         self.name, self.settings, self.pairs = name, settings, pairs
         self.train, self.test = senteval_order(*train), senteval_order(*test)
 
@@ -205,20 +241,19 @@ class TrainTestClassificationEvaluator:
             return [s for items, _ in (self.train, self.test) for p in items for s in (p.sentence1, p.sentence2)]
         return list(self.train[0]) + list(self.test[0])
 
-    def features(self, items, embed) -> np.ndarray:
+    def features(self, items, embed) -> torch.Tensor:
         """The probe's input for ``items``: their vectors, or the pair features of their pairs."""
         if not self.pairs:
-            return _features(embed(items))
-        u, v = embed([p.sentence1 for p in items]), embed([p.sentence2 for p in items])
-        return _features(pair_features(u, v, self.pairs))
+            return embed(items)
+        return pair_features(embed([p.sentence1 for p in items]), embed([p.sentence2 for p in items]), self.pairs)
 
     def __call__(self, embed) -> dict:
-        x, y = self.features(self.train[0], embed), np.array(self.train[1])
-        xt, yt = self.features(self.test[0], embed), np.array(self.test[1])
-        probe = self.settings.tuned().fit(x, y)
-        predicted = probe.predict(xt)
-        result = {"accuracy": 100 * float((predicted == yt).mean()), "n": len(yt)}
+        yt = np.array(self.test[1])
+        scores = self.settings.train_test(self.features(self.train[0], embed), np.array(self.train[1]),
+                                          self.features(self.test[0], embed), yt)
+        result = {"accuracy": scores["accuracy"], "devacc": scores["devacc"], "n": len(yt)}
         if self.pairs:
-            result["f1"] = 100 * float(f1_score(yt, predicted))
+            f1 = 100 * float(f1_score(yt, scores["predicted"]))
+            result["f1"] = float(np.round(f1, 2)) if self.settings.name == "senteval" else f1  # SentEval rounds it
             result["features"] = self.pairs
         return result

@@ -8,6 +8,7 @@ import random
 from functools import cached_property
 from pathlib import Path
 
+from ..data.senteval import TRANSFER_TASKS
 from ..data.tasks import read_qqp, read_sst, read_sts, task_file
 from ..data.words import word_similarity_files
 from ..evaluation import bootstrap
@@ -17,6 +18,8 @@ from ..utils.files import write_json_atomic
 from .plan import Plan
 from .planned import abs_if_path, read_json
 from .rows import Row
+
+PROBE = "senteval"  # the transfer tasks' probe (bertcf.evaluate's default): SentEval's own
 
 #: Our key -> its name in run_multitask.py's metrics.json (evaluation.multitask.METRICS and
 #: evaluation.multitask.SELECTION_METRIC).
@@ -166,7 +169,7 @@ class Evaluation:
     def senteval_tasks(self) -> list[str]:
         """The SentEval tasks whose files are there: STS (test sets), + transfer with --transfer
         (looked up once, not for every row)."""
-        from ..data.senteval import STS_TASKS, TRANSFER_TASKS
+        from ..data.senteval import STS_TASKS
         from ..evaluation.senteval import present_tasks
         sts = present_tasks(self.senteval_dir, STS_TASKS)
         return sts + present_tasks(self.senteval_dir, TRANSFER_TASKS) if sts and self.args.transfer else sts
@@ -211,7 +214,7 @@ class Evaluation:
         """SentEval's tasks, with each STS set's per-pair cosines (``sts_pairs``, for the claims)."""
         from ..evaluation.senteval import evaluate
         mode = "fasttest" if self.args.transfer else "test"  # STS is the same in both modes
-        return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode, pair_scores=True)
+        return evaluate(encoder, self.senteval_dir, self.senteval_tasks, mode, pair_scores=True, probe=PROBE)
 
     def _analysis_pairs(self):
         pairs = read_qqp(task_file(self.plan.data_dir, "qqp", "train"))
@@ -257,6 +260,8 @@ class Evaluation:
                 if self.senteval_tasks:
                     key = self._stamp(row, seed) | {"senteval_dir": abs_if_path(self.senteval_dir),
                                                     "tasks": self.senteval_tasks, "pair_scores": True}
+                    if set(self.senteval_tasks) & set(TRANSFER_TASKS):  # scores cached with another probe are stale
+                        key["probe"] = PROBE
                     out["senteval"] = self._cached(cache / f"{row.key}-senteval.json", key,
                                                    lambda: self._senteval(load()))
                 if getattr(a, "lexical_dir", None):

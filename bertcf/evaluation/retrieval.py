@@ -1,0 +1,203 @@
+"""Dense retrieval on a BEIR-layout set (``bertcf.data.beir``): exact search over the whole corpus,
+scored as BEIR and sentence-transformers score it.
+
+Search. The queries are encoded once; the corpus is encoded a chunk at a time, each chunk scored
+against every query in blocks of queries (a block's scores are [queries, chunk]) and its best hits
+merged into each query's running top k. Memory holds the query vectors, one chunk's vectors and
+one block of scores, never the corpus's vectors or the full score matrix, so a corpus of 500k
+passages fits in a few hundred MB. Scores are the cosine of the vectors (``cos``) or their dot
+product (``dot``); for an encoder that normalises its vectors the two are the same.
+
+Ties. Documents with the same score are ranked by their ids, in ascending string order, as
+sentence-transformers' InformationRetrievalEvaluator ranks them: the corpus is searched in id
+order and every merge keeps, among equal scores, the lower position first.
+
+Identical ids. As BEIR's evaluation does (``ignore_identical_ids``, on by default), a document
+whose id is the query's is never retrieved for it; BEIR's Quora gives each query the id of its own
+copy in the corpus. sentence-transformers' evaluator does not skip them.
+
+Metrics, mean over the queries with at least one relevant document (qrels score > 0), with the
+ranked list cut at k:
+
+* nDCG@k: DCG = sum of gain / log2(rank + 1) over the retrieved documents, gain = the qrels score
+  (trec_eval's and BEIR's graded gain; sentence-transformers counts every relevant document as 1,
+  which is the same for the usual binary qrels), over the DCG of the ideal ranking of the query's
+  judged documents;
+* MRR@k: 1 / the rank of the first relevant document (0 if none in the top k);
+* Recall@k: relevant documents retrieved / the query's relevant documents (those not in the corpus
+  included);
+* MAP@k: the sum of the precision at the rank of each relevant document retrieved, over
+  min(k, relevant documents): sentence-transformers' definition (trec_eval's map_cut divides by
+  the number of relevant documents; the two differ only for a query with more than k of them).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..runs import resolve_encoder_path
+
+SCORES = ("cos", "dot")
+ENCODE_SLICE = 4096  # texts encoded at once (each call sorts its texts by length), between progress updates
+
+
+def model_score(path) -> str:
+    """The score a sentence-transformers checkpoint asks for: ``similarity_fn_name`` in its
+    config_sentence_transformers.json ("cosine" -> cos, "dot" -> dot), else cos (what
+    sentence-transformers uses when a model names none). ``path``: a checkpoint or run directory."""
+    config = Path(resolve_encoder_path(path)) / "config_sentence_transformers.json"
+    try:
+        name = json.loads(config.read_text()).get("similarity_fn_name") if config.is_file() else None
+    except (ValueError, OSError, AttributeError):
+        name = None
+    return {"dot": "dot", "dot_product": "dot"}.get(name, "cos")
+
+
+class TopK:
+    """Each query's best ``k`` documents so far, ranked by score, then by position (the corpus is
+    searched in id order, so a lower position is a lower id). ``values``/``indices``: [queries, k];
+    unfilled places hold -inf and -1."""
+
+    def __init__(self, queries: int, k: int):
+        self.k = k
+        self.values = torch.full((queries, k), -math.inf)
+        self.indices = torch.full((queries, k), -1, dtype=torch.long)
+
+    def _chunk_best(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k best of each row of ``scores`` [q, c], ties at the k-th score resolved toward lower
+        columns (torch.topk picks among them arbitrarily)."""
+        k = min(self.k, scores.shape[1])
+        values, indices = torch.topk(scores, k, dim=1)
+        tied = (scores >= values[:, -1:]).sum(1) > k
+        if tied.any():
+            exact_values, exact = torch.sort(scores[tied], dim=1, descending=True, stable=True)
+            values[tied], indices[tied] = exact_values[:, :k], exact[:, :k]
+        return values, indices
+
+    def update(self, first: int, scores: torch.Tensor, offset: int) -> None:
+        """Merge the scores [q, c] of queries ``first``.. against the documents at ``offset``.."""
+        values, indices = self._chunk_best(scores)
+        rows = slice(first, first + scores.shape[0])
+        values = torch.cat([self.values[rows], values], dim=1)
+        indices = torch.cat([self.indices[rows], indices + offset], dim=1)
+        # by position first, then stably by score: equal scores keep the lower position first
+        by_position = torch.argsort(torch.where(indices < 0, torch.iinfo(torch.long).max, indices), dim=1, stable=True)
+        values, indices = values.gather(1, by_position), indices.gather(1, by_position)
+        by_score = torch.argsort(values, dim=1, descending=True, stable=True)[:, :self.k]
+        self.values[rows], self.indices[rows] = values.gather(1, by_score), indices.gather(1, by_score)
+
+
+def ranking_metrics(ranked: list[list[str]], qrels: list[dict[str, int]], ndcg_at=(10,), mrr_at=(10,),
+                    recall_at=(100,), map_at=(100,)) -> dict:
+    """The mean nDCG, MRR, Recall and MAP at each cut-off (see the module's docstring) of the
+    ranked document ids of each query against its judgements {id: score}; {"ndcg@10": ..., ...}."""
+    per_query = {f"{name}@{k}": [] for name, ks in (("ndcg", ndcg_at), ("mrr", mrr_at), ("recall", recall_at),
+                                                    ("map", map_at)) for k in ks}
+    for docs, judged in zip(ranked, qrels):
+        relevant = {d: s for d, s in judged.items() if s > 0}
+        gains = np.array([relevant.get(d, 0) for d in docs], dtype=np.float64)
+        hit = gains > 0
+        discount = 1.0 / np.log2(np.arange(2, len(docs) + 2))
+        ideal = np.sort(np.array(list(relevant.values()), dtype=np.float64))[::-1]
+        for k in ndcg_at:
+            best = (ideal[:k] / np.log2(np.arange(2, min(k, len(ideal)) + 2))).sum()
+            per_query[f"ndcg@{k}"].append((gains[:k] * discount[:k]).sum() / best)
+        for k in mrr_at:
+            first = np.flatnonzero(hit[:k])
+            per_query[f"mrr@{k}"].append(1.0 / (first[0] + 1) if len(first) else 0.0)
+        for k in recall_at:
+            per_query[f"recall@{k}"].append(hit[:k].sum() / len(relevant))
+        for k in map_at:
+            precision = np.cumsum(hit[:k]) / np.arange(1, len(hit[:k]) + 1)
+            per_query[f"map@{k}"].append((precision * hit[:k]).sum() / min(k, len(relevant)))
+    return {name: float(np.mean(values)) for name, values in per_query.items()}
+
+
+class RetrievalEvaluator:
+    """nDCG@10 (the main metric), MRR@10, Recall@100 and MAP@100 of exact dense retrieval on a
+    BEIR-layout set (``data``: a :class:`bertcf.data.beir.RetrievalSet`). ``score``: "cos" or "dot";
+    ``corpus_chunk`` documents encoded and scored at a time, against ``query_block`` queries at a
+    time. ``__call__(encode)``: ``encode(list of n texts) -> [n, D]`` float32."""
+
+    main_metric = "ndcg@10"
+
+    def __init__(self, name: str, data, score: str = "cos", ndcg_at=(10,), mrr_at=(10,), recall_at=(100,),
+                 map_at=(100,), corpus_chunk: int = 50_000, query_block: int = 256, ignore_identical_ids: bool = True):
+        if score not in SCORES:
+            raise ValueError(f"score must be one of {', '.join(SCORES)}, not {score!r}")
+        self.name, self.score = name, score
+        self.cutoffs = {"ndcg_at": tuple(ndcg_at), "mrr_at": tuple(mrr_at), "recall_at": tuple(recall_at),
+                        "map_at": tuple(map_at)}
+        self.corpus_ids = sorted(data.corpus)  # id order: ties go to the lower id
+        self.corpus = [data.corpus[i] for i in self.corpus_ids]
+        self.query_ids = list(data.queries)
+        self.queries = [data.queries[q] for q in self.query_ids]
+        self.qrels = [data.qrels[q] for q in self.query_ids]
+        self.corpus_chunk, self.query_block = corpus_chunk, query_block
+        self.ignore_identical_ids = ignore_identical_ids
+
+    def _vectors(self, encode, texts, bar) -> torch.Tensor:
+        """The vectors of ``texts``, encoded a slice at a time so that the bar moves."""
+        parts = []
+        for start in range(0, len(texts), ENCODE_SLICE):
+            parts.append(encode(texts[start:start + ENCODE_SLICE]).float())
+            bar.update(len(parts[-1]))
+        vectors = torch.cat(parts)
+        return F.normalize(vectors, dim=-1) if self.score == "cos" else vectors
+
+    def search(self, encode, show_progress_bar: bool = False) -> TopK:
+        """Each query's top k (k: the largest cut-off) over the whole corpus."""
+        k = max(max(ks) for ks in self.cutoffs.values())
+        position = {d: i for i, d in enumerate(self.corpus_ids)} if self.ignore_identical_ids else {}
+        own = torch.tensor([position.get(q, -1) for q in self.query_ids], dtype=torch.long)
+        top = TopK(len(self.queries), k)
+        bar = tqdm(total=len(self.queries) + len(self.corpus), desc=f"{self.name}: queries + corpus encoded",
+                   unit="text", disable=not show_progress_bar)
+        with bar:
+            queries = self._vectors(encode, self.queries, bar)
+            for start in range(0, len(self.corpus), self.corpus_chunk):
+                docs = self._vectors(encode, self.corpus[start:start + self.corpus_chunk], bar)
+                for first in range(0, len(queries), self.query_block):
+                    scores = queries[first:first + self.query_block] @ docs.T
+                    mine = own[first:first + self.query_block] - start
+                    inside = (mine >= 0) & (mine < len(docs))
+                    scores[inside.nonzero()[:, 0], mine[inside]] = -math.inf  # BEIR: never the query itself
+                    top.update(first, scores, start)
+        return top
+
+    def __call__(self, encode, show_progress_bar: bool = False) -> dict:
+        top = self.search(encode, show_progress_bar)
+        ranked = [[self.corpus_ids[i] for i, v in zip(row_i, row_v) if v > -math.inf]
+                  for row_i, row_v in zip(top.indices.tolist(), top.values.tolist())]
+        scores = ranking_metrics(ranked, self.qrels, **self.cutoffs)
+        return scores | {"score": self.score, "queries": len(self.queries), "corpus": len(self.corpus),
+                         "ignore_identical_ids": self.ignore_identical_ids}
+
+
+def evaluate_retrieval(encoder, data, name: str, score: str, batch_size: int = 64,
+                       show_progress_bar: bool = False, **settings) -> dict:
+    """:class:`RetrievalEvaluator` on a SentenceEncoder (texts up to its own ``max_length``, as
+    sentence-transformers encodes them); the scores with ``name`` (the set), ``score`` and
+    ``normalized`` (whether the encoder returns unit vectors: then cos and dot are the same)."""
+    evaluator = RetrievalEvaluator(name, data, score=score, **settings)
+    result = evaluator(lambda texts: encoder.encode(texts, batch_size=batch_size), show_progress_bar)
+    return {"dir": name} | result | {"normalized": bool(encoder.normalize)}
+
+
+def format_retrieval(result: dict) -> str:
+    """One table: the set, its size, the score and the four metrics (×100, as BEIR's tables)."""
+    names = [n for n in result if "@" in n]
+    heads = ["set", "queries", "corpus", "score"] + [n.replace("ndcg", "nDCG").replace("mrr", "MRR").replace(
+        "recall", "Recall").replace("map", "MAP") for n in names]
+    cells = [str(result["dir"]), str(result["queries"]), str(result["corpus"]), result["score"]] + [
+        f"{100 * result[n]:.2f}" for n in names]
+    widths = [max(len(h), len(c)) for h, c in zip(heads, cells)]
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+    line = lambda items: "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths)) + " |"  # noqa: E731
+    return "\n".join([rule, line(heads), rule, line(cells), rule])
