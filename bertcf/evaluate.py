@@ -3,8 +3,9 @@ lexical``) and retrieval on a BEIR-layout set, on a sentence encoder; a table on
 scores as JSON (the tasks and how they are scored: ``bertcf.evaluation.senteval``,
 ``bertcf.evaluation.lexical`` and ``bertcf.evaluation.retrieval``).
 
-    python -m bertcf.evaluate --encoder runs/<run> --senteval-dir data/SentEval [--tasks sts,transfer,lexical]
-                              [--mode test|dev|fasttest] [--probe senteval|sklearn] [--lexical-dir DIR] [--json FILE]
+    python -m bertcf.evaluate --encoder runs/<run> [--pooling P] --senteval-dir data/SentEval [--tasks sts,transfer,lexical]
+                              [--mode test|dev|fasttest] [--probe senteval|sklearn] [--threads N] [--lexical-dir DIR]
+                              [--lexical-pooling cls|mean] [--json FILE]
     python -m bertcf.evaluate --encoder runs/<run> --tasks retrieval --retrieval-dir DIR [--retrieval-score cos|dot]
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
 from .evaluation.lexical import word_similarity_evaluators
 from .evaluation.probe import usable_cores
 from .evaluation.retrieval import SCORES, evaluate_retrieval, format_retrieval, model_score
-from .evaluation.senteval import MODES, PROBES, evaluate, format_table, parse_tasks, split_lexical
+from .evaluation.senteval import MODES, PROBES, evaluate, format_table, parse_tasks, split_keyword, split_lexical
 from .models.encoder import POOLINGS
 from .utils import environment, progress
 from .utils.files import write_json_atomic
@@ -53,7 +54,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--probe", choices=PROBES, default="senteval",
                    help="the transfer tasks' classifier: senteval = SentEval's PyTorch probe (usepytorch=True, as the "
                         "published tables); sklearn = scikit-learn's logistic regression (usepytorch=False)")
-    p.add_argument("--threads", type=AT_LEAST_1, default=usable_cores(),
+    p.add_argument("--threads", type=AT_LEAST_1, default=None,
                    help="torch threads (set explicitly) and the processes that train the transfer tasks' probes "
                         "(default: the cores this process may use)")
     p.add_argument("--mrpc-features", choices=PAIR_FEATURES, default="senteval",
@@ -77,22 +78,15 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def split_tasks(text: str) -> tuple[str, bool]:
-    """--tasks -> (the SentEval tasks, as text; whether retrieval is asked for)."""
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    rest = [t for t in items if t.lower() != "retrieval"]
-    return ",".join(rest), len(rest) < len(items)
-
-
 def main(argv=None) -> dict:
     import torch
 
     from .models.encoder import SentenceEncoder
 
     args = build_parser().parse_args(argv)
-    senteval_tasks, retrieval = split_tasks(args.tasks)  # bad flags and data before the model loads
+    senteval_tasks, retrieval = split_keyword(args.tasks, "retrieval")  # bad flags and data before the model loads
     rest, lexical = split_lexical(senteval_tasks)
-    tasks = senteval_tasks if rest or lexical or not retrieval else ""
+    tasks = senteval_tasks if rest or lexical or not retrieval else []
     if rest or not (lexical or retrieval):
         parse_tasks(rest)
     if lexical:
@@ -100,6 +94,9 @@ def main(argv=None) -> dict:
     if retrieval and not args.retrieval_dir:
         raise UsageError("--tasks retrieval needs --retrieval-dir DIR (a set in BEIR's layout)")
     retrieval_set = beir.load(args.retrieval_dir) if retrieval else None
+    if lexical and args.mode == "dev":
+        raise UsageError("--mode dev: the word-similarity sets have no dev split; score lexical in --mode test")
+    args.threads = args.threads or usable_cores()
     torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     encoder = SentenceEncoder.from_pretrained(args.encoder, pooling=args.pooling, vocab=args.vocab).to(device)

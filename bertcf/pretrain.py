@@ -62,7 +62,7 @@ def build_parser() -> cli.ArgumentParser:
                    help="the report's stages: mirror pretrains the encoder (by --method), joint learns a flow "
                         "on it by BERT-CF's loss, flow a flow by L_flow alone; supervised trains the encoder on "
                         "labelled pairs or by a teacher (not the report's); whiten fits BERT-whitening (Su et al. "
-                        "2021) in closed form, in seconds")
+                        "2021) in closed form, without training")
     p.add_argument("--method", default=None,
                    help="mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
                         "--stage mirror; flow for --stage flow; sbert-softmax (default), sbert-cosine, simcse-sup "
@@ -138,6 +138,8 @@ def check_args(args) -> None:
     if args.stage == "whiten":
         if args.select_on == "last":
             raise UsageError("--select-on last is for training stages: --stage whiten has one evaluation")
+        if args.mini_batch_size:
+            raise UsageError("--mini-batch-size is for the training stages: --stage whiten has no batches")
         args.steps = 0  # config.json says what ran: no optimiser step
     objectives.check_args(args)
     if args.out_dir is None:
@@ -161,9 +163,10 @@ def fetch_data(args) -> None:
     on), downloaded when missing; when that fails, the line a missing file has always given, with
     why it was not downloaded."""
     data = Path(args.data_dir)
-    default_corpus = objectives.reads_corpus(args) and not any(getattr(args, f, None) for f in presets.CORPUS_FLAGS)
+    reads = args.whiten_on == "corpus" if args.stage == "whiten" else objectives.reads_corpus(args)
+    default_corpus = reads and not any(getattr(args, f, None) for f in presets.CORPUS_FLAGS)
     names = ([WIKI1M_NAME] if default_corpus else []) \
-        + ([TASK_FILES[t, "train"] for t in TASKS] if args.corpus_from_tasks else []) \
+        + ([TASK_FILES[t, "train"] for t in TASKS] if args.corpus_from_tasks and reads else []) \
         + ([TASK_FILES["sts", "dev"]] if args.select_on == "cs224n-sts" else [])
     why = fetch_missing(data, names)
     if why is None:
@@ -268,8 +271,7 @@ def main(argv=None) -> dict:
     args.command = cli.command_line("run_pretrain.py", argv)
     check_args(args)
     with runs.hold(args.out_dir):  # one run per directory, from before anything is written
-        if args.stage != "whiten" or args.whiten_on == "corpus":  # the other fitting sets are read as they are
-            fetch_data(args)
+        fetch_data(args)
         return run_distributed(train_whiten if args.stage == "whiten" else train, args)
 
 

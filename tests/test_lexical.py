@@ -251,6 +251,31 @@ def test_bad_lexical_input_is_one_line_and_status_2(tmp_path, tiny_bert_dir, cap
     assert not out.exists()
 
 
+def test_lexical_in_dev_mode_is_refused_before_the_model_loads(tmp_path, capsys):
+    lexical = tmp_path / "lexical"
+    lexical.mkdir()
+    (lexical / "ok.txt").write_text("cat\tdog\t7\n")
+    argv = ["--encoder", str(tmp_path / "no-such-model"), "--tasks", "lexical", "--lexical-dir", str(lexical),
+            "--mode", "dev", "--no-progress"]
+    assert evaluate_cli(argv) == 2
+    assert "--mode dev: the word-similarity sets have no dev split" in capsys.readouterr().err
+
+
+def test_the_suite_scores_a_linear_head_with_its_own_pooling_only(tiny_bert_dir, tmp_path):
+    """A whitening (a linear head) was fitted to the encoder's pooling, as a flow: the experiments'
+    word scoring asks for that one alone rather than stopping at the other."""
+    from bertcf.experiments.results import word_similarity
+
+    lexical = tmp_path / "lexical"
+    lexical.mkdir()
+    (lexical / "ok.txt").write_text("cat\tdog\t7\ncar\tbus\t6\nred\tblue\t5\n")
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    assert set(word_similarity(encoder, lexical)) == {"pooling", "cls", "mean"}
+    encoder.dense = torch.nn.Linear(encoder.dim, 8)
+    scored = word_similarity(encoder, lexical)
+    assert scored["pooling"] == "mean" and set(scored) == {"pooling", "mean"}
+
+
 # ---- pretraining on words --------------------------------------------------------------------------------
 WORD_LIST = ["dog", "cat", "ice cream", "guitar", "river", "happy", "slowly", "new york", "music", "table"]
 

@@ -258,6 +258,7 @@ def test_whiten_on_the_target_sentences_and_k_dimensions(tiny_bert_dir, tiny_dat
     (["--whiten-dim", "1000"], "more than the encoder's 32"),
     (["--stage", "mirror", "--whiten-dim", "4"], "are for --stage whiten"),
     (["--whiten-on", "stsb", "--senteval-dir", "nowhere"], "nowhere"),
+    (["--mini-batch-size", "4"], "--mini-batch-size is for the training stages"),
 ])
 def test_whiten_stage_bad_input_is_one_line(tiny_bert_dir, tiny_data_dir, tmp_path, capsys, argv, message):
     from bertcf import pretrain

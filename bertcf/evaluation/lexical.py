@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..data.words import read_word_pairs, word_similarity_files
 from ..errors import UsageError
+from ..models.encoder import POOLINGS as ENCODER_POOLINGS
 from . import bootstrap
 from .metrics import spearman
 
@@ -37,8 +38,8 @@ class WordSimilarityEvaluator:
     main_metric = "spearman"
 
     def __init__(self, name: str, pairs: list, pooling: str | None = None, resamples: int = 1000):
-        if pooling not in (None, *POOLINGS):
-            raise ValueError(f"pooling must be one of {POOLINGS} or None, not {pooling!r}")
+        if pooling not in (None, *ENCODER_POOLINGS):
+            raise ValueError(f"pooling must be one of {ENCODER_POOLINGS} or None, not {pooling!r}")
         self.name, self.pairs, self.pooling, self.resamples = name, pairs, pooling, resamples
         self.seed = zlib.crc32(name.encode())
 

@@ -4,8 +4,7 @@ scored as BEIR and sentence-transformers score it.
 Search. The queries are encoded once; the corpus is encoded a chunk at a time, each chunk scored
 against every query in blocks of queries (a block's scores are [queries, chunk]) and its best hits
 merged into each query's running top k. Memory holds the query vectors, one chunk's vectors and
-one block of scores, never the corpus's vectors or the full score matrix, so a corpus of 500k
-passages fits in a few hundred MB. Scores are the cosine of the vectors (``cos``) or their dot
+one block of scores, never the corpus's vectors or the full score matrix. Scores are the cosine of the vectors (``cos``) or their dot
 product (``dot``); for an encoder that normalises its vectors the two are the same.
 
 Ties. Documents with the same score are ranked by their ids, in ascending string order, as

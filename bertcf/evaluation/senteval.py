@@ -49,11 +49,16 @@ TASK_GROUPS = {"sts": se.STS_TASKS, "transfer": se.TRANSFER_TASKS}
 LEXICAL = "lexical"  # word similarity: the files of --lexical-dir, not SentEval's
 
 
+def split_keyword(text: str | list | tuple, keyword: str) -> tuple[list[str], bool]:
+    """(--tasks without ``keyword``, whether ``keyword`` was among them)."""
+    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text)]
+    rest = [t for t in items if t and t.lower() != keyword]
+    return rest, any(t.lower() == keyword for t in items)
+
+
 def split_lexical(text: str | list | tuple) -> tuple[list[str], bool]:
     """(--tasks without ``lexical``, whether ``lexical`` was among them)."""
-    items = [t.strip() for t in (text.split(",") if isinstance(text, str) else text)]
-    rest = [t for t in items if t and t.lower() != LEXICAL]
-    return rest, any(t.lower() == LEXICAL for t in items)
+    return split_keyword(text, LEXICAL)
 
 
 def parse_tasks(text: str | list | tuple) -> list[str]:
@@ -200,7 +205,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
         return vectors[[row[s] for s in batch]]
 
     result = _empty_result(mode, pair_scores, probe)
-    result["seconds"] = {"encode": time.perf_counter() - started}
+    result["seconds"]["encode"] = time.perf_counter() - started
     with torch_threads(threads):
         _score(evaluators, embed, result, pair_scores, show_progress_bar)
     return result
@@ -232,7 +237,8 @@ def _score(evaluators, embed, result: dict, pair_scores: bool, show_progress_bar
 
 def _empty_result(mode: str, pair_scores: bool, probe: str) -> dict:
     return {"mode": mode, "probe": probe, "sts": {}, "sts_avg": None, "sts_avg_ci95": None, "sts_detail": {},
-            "transfer": {}, "transfer_avg": None, "transfer_avg_tasks": []} | ({"sts_pairs": {}} if pair_scores else {})
+            "transfer": {}, "transfer_avg": None, "transfer_avg_tasks": [], "seconds": {}} | (
+                {"sts_pairs": {}} if pair_scores else {})
 
 
 def format_table(result: dict) -> str:

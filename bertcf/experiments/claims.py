@@ -25,7 +25,7 @@ from .tables import fmt, md_table
 
 @dataclass(frozen=True)
 class Claim:
-    a: str      # row names (plan.TABLE1_ROWS, plan.ABLATION_ROWS, plan.PUBLISHED_ROWS)
+    a: str      # row names (rows.py: any row of ROWS)
     b: str
     what: str   # the claim in words
     report: bool = True  # a claim of the report; False: a comparison of ours

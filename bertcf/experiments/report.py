@@ -22,7 +22,7 @@ from .tables import cell, fmt, interval_cell, md_table, row_summary
 ABLATION_REFERENCES = [TABLE1_ROWS[-1]]
 OBJECTIVE_REFERENCES = list(TABLE1_ROWS[:3])
 LEXICAL_REFERENCES = [TABLE1_ROWS[0]]  # the lexical encoder's base: --model itself
-POOLING_NAMES = {"cls": "[CLS]", "mean": "mean"}
+POOLING_NAMES = {"cls": "[CLS]", "mean": "mean", "first-last-avg": "first-last-avg"}
 #: Beside the distilled student: its random initialisation, the MLM base of the same size (MinBERT
 #: under distill) and the teacher.
 DISTILL_REFERENCES = [RANDOM_ROW, TABLE1_ROWS[0], TEACHER_ROW]
@@ -119,7 +119,7 @@ def whitening_note(rows: list[Row]) -> str:
     return (f"{' and '.join(names)}: BERT-whitening (Su et al. 2021, `run_pretrain.py --stage whiten`), a linear "
             "map fitted in closed form on the encoder's vectors of the pretraining corpus; no training and no "
             "randomness of its own, so a seed's whitening row is the whitening of that seed's encoder below it "
-            "(of --model, the same for every seed, for MinBERT-whitening: its spread is 0).\n\n"
+            "(of --model, the same for every seed, for MinBERT-whitening: its unsupervised ρ has spread 0).\n\n"
 )
 
 

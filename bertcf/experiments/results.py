@@ -12,6 +12,7 @@ from ..data.senteval import TRANSFER_TASKS
 from ..data.tasks import read_qqp, read_sst, read_sts, task_file
 from ..data.words import word_similarity_files
 from ..evaluation import bootstrap
+from ..evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
 from ..models.multitask import renamed_from_para
 from ..multitask import prediction_file
 from ..utils.files import write_json_atomic
@@ -55,7 +56,6 @@ BOOTSTRAP_SEED = 0
 FINETUNED = {"sst_accuracy": ("sst", "accuracy"), "qqp_accuracy": ("qqp", "accuracy"),
              "sts_pearson": ("sts", "pearson")}
 READERS = {"sst": read_sst, "qqp": read_qqp, "sts": read_sts}
-LEXICAL_POOLINGS = ("cls", "mean")  # every encoder's words are scored with both (evaluation.lexical)
 
 
 class ItemScores:
@@ -122,11 +122,12 @@ def lexical_metrics(r: dict) -> list[str]:
 
 
 def word_similarity(encoder, lexical_dir) -> dict:
-    """Every word-similarity task of ``lexical_dir`` with each pooling, [CLS] and mean (with a flow,
-    its own pooling only: the flow was fitted to it), with the pairs' cosines (for the claims):
+    """Every word-similarity task of ``lexical_dir`` with each pooling, [CLS] and mean (with a flow or
+    a linear head, its own pooling only: they were fitted to it), with the pairs' cosines (for the claims):
     {"pooling": the encoder's own, "cls": evaluate_words' dict, "mean": ...}."""
     from ..evaluation.lexical import evaluate_words
-    poolings = [encoder.pooling] if encoder.flow is not None else list(LEXICAL_POOLINGS)
+    fitted = encoder.flow is not None or encoder.dense is not None
+    poolings = [encoder.pooling] if fitted else list(LEXICAL_POOLINGS)
     return {"pooling": encoder.pooling} | {p: evaluate_words(encoder, lexical_dir, p, pair_scores=True)
                                            for p in poolings}
 

@@ -13,7 +13,7 @@ REPORT_STEPS = {"mirror": 10_000, "joint": 10_000, "flow": 10_000, "multitask": 
 
 @dataclass(frozen=True)
 class Pretraining:
-    """One run of ``run_pretrain.py`` (stage 1 or 2 of the report) in OUT/stages/<name>."""
+    """One run of ``run_pretrain.py`` (any --stage) in OUT/stages/<name>."""
     name: str
     stage: str              # its --stage: mirror | joint | flow | supervised | whiten
     method: str

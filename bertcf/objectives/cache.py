@@ -37,9 +37,8 @@ graph from the loss to the parameters stays whole: the Trainer's step is unchang
 and clipping see the whole batch's gradient), and DistributedDataParallel sees which parameters
 take part and reduces each gradient once, after the last chunk.
 
-What it costs: one more forward pass of the encoder a step, less the last chunk's (on a GPU a
-backward pass costs about two forwards, so about a third more time; on the CPU, where the forward
-costs about as much as the backward, up to a half more); what it holds: one chunk's activations
+What it costs: one more forward pass of the encoder a step, less the last chunk's (measured:
+docs/BENCHMARKS.md, "the gradient cache"); what it holds: one chunk's activations
 (an objective that embeds through two encoders, CT, one chunk of each), the [b, D] vectors and
 the loss's own [b, b] scores.
 """

@@ -96,7 +96,7 @@ def run(args, encoder, sentences: list[str], evaluator, metric: str) -> dict:
     names) before and after, written into ``args.out_dir``. Returns the summary of a training run
     (step 0, "first": the unwhitened score, "best": the whitened one)."""
     if args.resume:
-        raise UsageError("--stage whiten has nothing to resume: it runs in seconds; run it again with a new --out-dir")
+        raise UsageError("--stage whiten has nothing to resume (one closed-form fit): run it again with a new --out-dir")
     if args.whiten_dim is not None and args.whiten_dim > encoder.dim:
         raise UsageError(f"--whiten-dim {args.whiten_dim} is more than the encoder's {encoder.dim} dimensions")
     started = time.perf_counter()
