@@ -84,9 +84,8 @@ def main(argv=None) -> dict:
     from .models.encoder import SentenceEncoder
 
     args = build_parser().parse_args(argv)
-    senteval_tasks, retrieval = split_keyword(args.tasks, "retrieval")  # bad flags and data before the model loads
-    rest, lexical = split_lexical(senteval_tasks)
-    tasks = senteval_tasks if rest or lexical or not retrieval else []
+    tasks, retrieval = split_keyword(args.tasks, "retrieval")  # bad flags and data before the model loads
+    rest, lexical = split_lexical(tasks)
     if rest or not (lexical or retrieval):
         parse_tasks(rest)
     if lexical:
