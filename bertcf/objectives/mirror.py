@@ -11,6 +11,18 @@ from .base import Objective, pair_scalars, setting
 from .contrastive import InfoNCE, char_span_mask, span_mask
 
 
+def simcse_mlp(encoder, pooling: str):
+    """SimCSE's training head for ``pooling`` "cls-mlp": a [D, D] linear layer and tanh over [CLS]
+    (BERT's pooler initialisation), the encoder switched to [CLS]; None for any other pooling."""
+    if pooling != "cls-mlp":
+        return None
+    encoder.pooling = "cls"
+    d, std = encoder.dim, encoder.bert.config.initializer_range
+    mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
+    nn.init.normal_(mlp[0].weight, std=std)
+    nn.init.zeros_(mlp[0].bias)
+    return mlp
+
 class Mirror(Objective):
     """Mirror-BERT (Liu et al. 2021, "Fast, Effective, and Self-Supervised: Transforming Masked
     Language Models into Universal Lexical and Sentence Encoders", EMNLP).
@@ -42,13 +54,7 @@ class Mirror(Objective):
         self.span_unit, self.span_chars = setting(args, "span_unit"), int(setting(args, "span_chars"))
         self.max_length = int(setting(args, "max_length"))
         self.info_nce = InfoNCE(temperature=setting(args, "temperature"), negatives=setting(args, "negatives"))
-        self.mlp = None
-        if setting(args, "pooling") == "cls-mlp":
-            encoder.pooling = "cls"
-            d, std = encoder.dim, encoder.bert.config.initializer_range
-            self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
-            nn.init.normal_(self.mlp[0].weight, std=std)
-            nn.init.zeros_(self.mlp[0].bias)
+        self.mlp = simcse_mlp(encoder, setting(args, "pooling"))
 
     @property
     def needs_text(self) -> bool:

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import torch
-import torch.nn as nn
 
 from ..data.nli import nli_triples, read_nli
 from ..data.pairs import pair_kind
 from ..errors import DataError, UsageError
 from .base import Examples, pair_scalars, setting
 from .contrastive import InfoNCE
+from .mirror import simcse_mlp
 from .supervised import Supervised, train_files
 
 
@@ -38,13 +38,7 @@ class SupervisedSimCSE(Supervised):
     def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
         super().__init__(encoder, args, generator, examples)
         self.info_nce = InfoNCE(temperature=setting(args, "temperature"), negatives=setting(args, "negatives"))
-        self.mlp = None
-        if setting(args, "pooling") == "cls-mlp":
-            encoder.pooling = "cls"
-            d, std = encoder.dim, encoder.bert.config.initializer_range
-            self.mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
-            nn.init.normal_(self.mlp[0].weight, std=std)
-            nn.init.zeros_(self.mlp[0].bias)
+        self.mlp = simcse_mlp(encoder, setting(args, "pooling"))
 
     @classmethod
     def read_examples(cls, args, corpus) -> Examples:
