@@ -50,6 +50,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from .utils import environment
+
 WORKLOADS = ("mirror", "joint", "multitask", "encode")
 
 #: --tiny: small enough for a test on a laptop CPU.
@@ -193,15 +195,9 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
 
 
 def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip() + f" ({torch.get_num_threads()} threads)"
-    except OSError:
-        pass
-    return (platform.processor() or platform.machine()) + f" ({torch.get_num_threads()} threads)"
+    """The GPU's name, or the CPU's with the threads torch runs on."""
+    name = environment.device_name(device) or "unknown device"
+    return name if device.type == "cuda" else f"{name} ({torch.get_num_threads()} threads)"
 
 
 # ---- workloads ----------------------------------------------------------------------------------

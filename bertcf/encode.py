@@ -130,10 +130,9 @@ class Backend:
     def run(self, id_lists) -> np.ndarray:
         if self.onnx is not None:
             return self.onnx.run(id_lists, self.onnx.normalize)
+        from torch.nn.functional import normalize
         vectors = self.torch.encode_ids(id_lists, batch_size=len(id_lists))
-        if self.torch.normalize:
-            vectors = vectors / vectors.norm(dim=-1, keepdim=True).clamp(min=1e-12)  # = F.normalize
-        return vectors.numpy()
+        return (normalize(vectors, dim=-1) if self.torch.normalize else vectors).numpy()
 
 
 def write_vectors(backend: Backend, token_ids: list, output: Path, batch_size: int, mode: str) -> None:

@@ -75,11 +75,14 @@ def test_linear_init_is_nn_linear_after_the_seed_and_leaves_the_generator_alone(
 @pytest.mark.parametrize("settings", [SMALL_TEST, SMALL_FAST], ids=["adam", "rmsprop"])
 def test_probes_side_by_side_are_the_probes_trained_alone(settings):
     """Fits of different sizes (so different last minibatches and numbers of minibatches), given or
-    held-out validation rows, every L2 strength: each probe and its validation accuracy as alone."""
+    held-out validation rows, every L2 strength, alone or with others on the same rows (which share
+    one gather a step; with RMSprop, strengths 1.0 and 3.0 stop two epochs after the others of their
+    rows): each probe and its validation accuracy as alone."""
     x, y = _data(150, classes=3, seed=1)
     rows = np.random.default_rng(2).permutation(150)
     fits = [Fit(rows[:70], rows[120:], 1e-5), Fit(rows[:69], rows[120:], 1e-2), Fit(rows[:64], rows[100:130], 1e-3),
-            Fit(rows[:100], None, 1e-4), Fit(rows[:99], None, 1e-5), Fit(rows[:40], None, 1e-2)]
+            Fit(rows[:100], None, 1e-4), Fit(rows[:99], None, 1e-5), Fit(rows[:40], None, 1e-2),
+            Fit(rows[:70], rows[120:], 0.1), Fit(rows[:70], rows[120:], 1.0), Fit(rows[:100], None, 3.0)]
     trained = train_probes(x, y, fits, settings, classes=3)
     accuracies = []
     for fit, probe in zip(fits, trained):
@@ -89,6 +92,20 @@ def test_probes_side_by_side_are_the_probes_trained_alone(settings):
         torch.testing.assert_close(probe.bias, model.bias.detach(), atol=1e-5, rtol=1e-4)
         accuracies.append(best)
     assert len(set(accuracies)) > 1  # the probes differ: the comparison is not of six copies of one
+
+
+def test_a_probe_trains_on_after_another_on_its_rows_stops():
+    """Two probes on the same rows (one set, one gather a step): with tenacity 1, the weaker L2
+    stops at epoch 8 while the stronger finds its best at epoch 10, which it only reaches if the set
+    stays in the stack until its last probe stops."""
+    settings = replace(SMALL_FAST, tenacity=1, max_epoch=40)
+    x, y = _data(150, classes=3, seed=1)
+    rows = np.random.default_rng(2).permutation(150)
+    fits = [Fit(rows[:64], rows[100:130], 1e-5), Fit(rows[:64], rows[100:130], 1.0)]
+    for fit, probe in zip(fits, train_probes(x, y, fits, settings, classes=3)):
+        model, best = reference_fit(x, y, fit.train, fit.valid, fit.l2, settings, 3)
+        assert probe.valid_accuracy == best
+        torch.testing.assert_close(probe.weight, model.weight.detach(), atol=1e-5, rtol=1e-4)
 
 
 def test_a_stack_of_one_is_the_same():
@@ -103,9 +120,12 @@ def test_a_stack_of_one_is_the_same():
 
 
 @pytest.mark.slow  # starts worker processes
-def test_stacks_in_worker_processes_are_the_same():
+@pytest.mark.parametrize("held_out", [True, False], ids=["two-sets", "one-set-split"])
+def test_stacks_in_worker_processes_are_the_same(held_out):
+    """Two sets in two processes, or (SST2's case) one set of four probes split between them."""
     x, y = _data(120, seed=3)
-    fits = [Fit(np.arange(80), np.arange(80, 120), l2) for l2 in (1e-5, 1e-3, 1e-2)] + [Fit(np.arange(100), None, 1e-4)]
+    fits = [Fit(np.arange(80), np.arange(80, 120), l2) for l2 in (1e-5, 1e-3, 1e-2)]
+    fits += [Fit(np.arange(100), None, 1e-4)] if held_out else [Fit(np.arange(80), np.arange(80, 120), 1e-4)]
     here = train_probes(x, y, fits, SMALL_TEST, classes=2)
     there = train_probes(x, y, fits, replace(SMALL_TEST, jobs=2), classes=2)
     for a, b in zip(here, there):

@@ -577,6 +577,8 @@ def test_experiments_supervised(tiny_bert_dir, tiny_data_dir, tmp_path, monkeypa
     assert (nli["steps"], nli["train_file"]) == (3, [str(tmp_path / "nli.tsv")])  # 12 pairs, batch 4, one epoch
     text = (out / "supervised.md").read_text()
     assert "holds most of STS-B's test pairs" in text and "SimCSE-sup" in text
+    settings = text.split("## Settings", 1)[1]  # the presets' lengths, not the report's stages
+    assert "sbert-nli: 1 epoch, simcse-sup: 3, sbert-sts: 4" in settings and "mirror" not in settings
     calls = []
     monkeypatch.setattr(pretrain_module, "main", lambda a: calls.append(a))
     experiments.main(["supervised", "--out-dir", str(out)])
@@ -604,4 +606,7 @@ def test_experiments_distill_against_the_mlm_base(tiny_bert_dir, tiny_data_dir, 
     claims = [c for c in summary["claims"]["claims"] if (c["a"], c["b"]) == ("Distilled student", "MinBERT")]
     assert claims and all(c["seeds"] == [3, 4] and c["verdict"] in ("supported", "contradicted", "inconclusive")
                           for c in claims)
-    assert "Distilled student" in (out / "distill.md").read_text()
+    text = (out / "distill.md").read_text()
+    assert "Distilled student" in text
+    settings = text.split("## Settings", 1)[1]  # the student's steps (the MLM base's), not the report's stages
+    assert "the student 3, as the MLM base" in settings and "mirror" not in settings

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..errors import DataError, WriteError
 from ..utils.files import save_dir_atomic
+from .reading import open_text
 from .tasks import SPLITS, read_qqp, task_file
 
 logger = logging.getLogger("bertcf.data")
@@ -52,20 +53,9 @@ class RetrievalSet:
     qrels: dict[str, dict[str, int]]
 
 
-def _open(path: Path):
-    try:
-        return open(path, encoding="utf-8-sig", newline="")
-    except FileNotFoundError:
-        raise DataError(f"{path} not found (BEIR's layout: {CORPUS}, {QUERIES}, {qrels_file()})") from None
-    except IsADirectoryError:
-        raise DataError(f"{path} is a directory, not a file") from None
-    except OSError as error:
-        raise DataError(f"cannot read {path}: {error.strerror or error}") from None
-
-
 def _lines(path: Path):
     """(line number, line without its end) of a UTF-8 text file; DataError on bytes that are not UTF-8."""
-    with _open(path) as handle:
+    with open_text(path, hint=f"BEIR's layout: {CORPUS}, {QUERIES}, {qrels_file()}") as handle:
         number = 0
         try:
             for number, line in enumerate(handle, start=1):

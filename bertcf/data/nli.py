@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
-from .tasks import _open_text
+from .reading import not_text, open_text
 
 logger = logging.getLogger("bertcf.data")
 
@@ -99,11 +99,11 @@ def read_nli(path: str | os.PathLike) -> list[NLIExample]:
     """The labelled pairs of an NLI file in one of the module's formats (by its extension, .jsonl,
     or else by its header), in the file's order."""
     path = Path(path)
-    with _open_text(path, "NLI file", newline="\n") as handle:
+    with open_text(path, "NLI file", newline="\n") as handle:
         try:
             lines = [(n, line.rstrip("\r\n")) for n, line in enumerate(handle, start=1)]
-        except UnicodeDecodeError:
-            raise DataError(f"NLI file {path} is not valid UTF-8 text") from None
+        except UnicodeDecodeError as error:
+            raise not_text(path, error, "NLI file") from None
     if not any(line.strip() for _, line in lines):
         raise DataError(f"NLI file {path} is empty")
     if path.suffix == ".jsonl":

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ..errors import DataError
 from .nli import LABELS, read_nli
-from .tasks import _open_text, read_qqp, read_sts
+from .reading import not_text, open_text
+from .tasks import read_qqp, read_sts
 
 #: What a kind of pair file's labels are: NLI's three classes, QQP's two, STS's graded 0-5.
 CLASSES = {"nli": LABELS, "qqp": ("not duplicate", "duplicate"), "sts": ()}
@@ -46,11 +47,11 @@ def pair_kind(path: Path) -> str:
     """nli, qqp or sts: by the extension (.jsonl is NLI) or the header line."""
     if path.suffix == ".jsonl":
         return "nli"
-    with _open_text(path, "training file", newline="\n") as handle:
+    with open_text(path, "training file", newline="\n") as handle:
         try:
             header = [h.strip() for h in handle.readline().rstrip("\r\n").split("\t")]
-        except UnicodeDecodeError:
-            raise DataError(f"training file {path} is not valid UTF-8 text") from None
+        except UnicodeDecodeError as error:
+            raise not_text(path, error, "training file") from None
     if "gold_label" in header or header == ["premise", "hypothesis", "label"]:
         return "nli"
     if {"sentence1", "sentence2"} <= set(header):
@@ -90,7 +91,7 @@ def read_parallel(path: str | os.PathLike) -> tuple[list[str], list[str] | None]
     skipped; a line with a blank side is an error naming it."""
     path = Path(path)
     sources, targets, columns = [], [], None
-    with _open_text(path, "training file", newline="\n") as handle:
+    with open_text(path, "training file", newline="\n") as handle:
         try:
             for number, line in enumerate(handle, start=1):
                 line = line.rstrip("\r\n")
@@ -108,8 +109,8 @@ def read_parallel(path: str | os.PathLike) -> tuple[list[str], list[str] | None]
                 sources.append(fields[0])
                 if columns == 2:
                     targets.append(fields[1])
-        except UnicodeDecodeError:
-            raise DataError(f"training file {path} is not valid UTF-8 text") from None
+        except UnicodeDecodeError as error:
+            raise not_text(path, error, "training file") from None
     if not sources:
         raise DataError(f"training file {path} is empty")
     return sources, (targets if columns == 2 else None)

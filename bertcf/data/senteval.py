@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 
 from ..errors import DataError
+from .reading import read_lines
 from .tasks import PairExample
 
 #: SentEval's subsets of each STS year (STS13 without SMT, which is not distributed).
@@ -66,19 +67,6 @@ def _normalise(text: str) -> str:
     return " ".join(text.split())
 
 
-def _lines(path: Path, encoding: str = "utf-8") -> list[str]:
-    """The lines of a text file (no line ends), or DataError naming the file."""
-    try:
-        with open(path, encoding=encoding, newline="") as handle:
-            return handle.read().splitlines()
-    except FileNotFoundError:
-        raise DataError(f"{path} not found") from None
-    except UnicodeDecodeError as error:
-        raise DataError(f"{path}: not valid {encoding} text (byte {error.start})") from None
-    except OSError as error:
-        raise DataError(f"cannot read {path}: {error.strerror or error}") from None
-
-
 def _fields(path: Path, number: int, line: str, count: int) -> list[str]:
     fields = line.strip().split("\t")
     if len(fields) < count:
@@ -107,7 +95,7 @@ def read_sts_subset(input_path, gs_path) -> list[PairExample]:
     """One STS12-16 subset: ``STS.input`` (s1 tab s2) and ``STS.gs`` (a score 0..5 per line,
     empty where the pair has no gold score: such pairs are skipped, as SentEval does)."""
     input_path, gs_path = Path(input_path), Path(gs_path)
-    inputs, scores = _lines(input_path), _lines(gs_path)
+    inputs, scores = read_lines(input_path, encoding="utf-8"), read_lines(gs_path, encoding="utf-8")
     if len(inputs) != len(scores):
         raise DataError(f"{gs_path} has {len(scores)} lines but {input_path} has {len(inputs)}")
     pairs = []
@@ -134,7 +122,7 @@ def read_stsb(path) -> list[PairExample]:
     """SentEval's STS Benchmark file: no header, score in field 5, sentences in fields 6 and 7."""
     path = Path(path)
     pairs = []
-    for number, line in enumerate(_lines(path), start=1):
+    for number, line in enumerate(read_lines(path, encoding="utf-8"), start=1):
         if line.strip():
             f = _fields(path, number, line, 7)
             pairs.append(PairExample(f"{path.name}:{number}", _normalise(f[5]), _normalise(f[6]),
@@ -146,7 +134,7 @@ def read_sick(path) -> list[PairExample]:
     """A SICK file: a header line, then pair_ID, sentence_A, sentence_B, relatedness (1..5), ..."""
     path = Path(path)
     pairs = []
-    for number, line in enumerate(_lines(path)[1:], start=2):
+    for number, line in enumerate(read_lines(path, encoding="utf-8")[1:], start=2):
         if line.strip():
             f = _fields(path, number, line, 4)
             pairs.append(PairExample(f[0], _normalise(f[1]), _normalise(f[2]), _score(path, number, f[3], 1.0, 5.0)))
@@ -159,7 +147,7 @@ def read_binary(label1_path, label0_path) -> tuple[list[str], list[int]]:
     stay, as empty sentences (SentEval keeps them: CR's 3,775 sentences include 4)."""
     sentences, labels = [], []
     for path, label in ((Path(label1_path), 1), (Path(label0_path), 0)):
-        lines = _nonempty(path, [_normalise(line) for line in _lines(path, "latin-1")])
+        lines = _nonempty(path, [_normalise(line) for line in read_lines(path, encoding="latin-1")])
         sentences += lines
         labels += [label] * len(lines)
     return sentences, labels
@@ -169,7 +157,7 @@ def read_sst2(path) -> tuple[list[str], list[int]]:
     """SST-2 (SentEval's ``SST/binary``): sentence, tab, 0 or 1."""
     path = Path(path)
     sentences, labels = [], []
-    for number, line in enumerate(_lines(path), start=1):
+    for number, line in enumerate(read_lines(path, encoding="utf-8"), start=1):
         if line.strip():
             f = _fields(path, number, line, 2)
             sentences.append(_normalise(f[0]))
@@ -181,7 +169,7 @@ def read_trec(path) -> tuple[list[str], list[int]]:
     """TREC: ``COARSE:fine question words`` (latin-1); the label is the coarse class (6)."""
     path = Path(path)
     sentences, labels = [], []
-    for number, line in enumerate(_lines(path, "latin-1"), start=1):
+    for number, line in enumerate(read_lines(path, encoding="latin-1"), start=1):
         if not line.strip():
             continue
         target, colon, rest = line.strip().partition(":")
@@ -197,7 +185,7 @@ def read_mrpc(path) -> tuple[list[PairExample], list[int]]:
     """MRPC: a header line (after a byte-order mark), then label, id1, id2, sentence1, sentence2."""
     path = Path(path)
     pairs, labels = [], []
-    for number, line in enumerate(_lines(path, "utf-8-sig")[1:], start=2):
+    for number, line in enumerate(read_lines(path, encoding="utf-8-sig")[1:], start=2):
         if line.strip():
             f = _fields(path, number, line, 5)
             labels.append(_label(path, number, f[0], ("0", "1")))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
+from .reading import open_text
 
 logger = logging.getLogger("bertcf.data")
 
@@ -124,20 +125,6 @@ def _not_found_hint(data_dir: Path) -> str:
     return f"see data/README.md, or run: python -m bertcf.data download --out {data_dir}"
 
 
-def _open_text(path: Path, what: str = "", newline: str = ""):
-    """Open a UTF-8 text file (a BOM is dropped), turning OS errors into DataError."""
-    name = f"{what} {path}" if what else str(path)
-    try:
-        return open(path, encoding="utf-8-sig", newline=newline)
-    except FileNotFoundError:
-        hint = "" if what else f" ({_not_found_hint(path.parent)})"
-        raise DataError(f"{name} not found{hint}") from None
-    except IsADirectoryError:
-        raise DataError(f"{name} is a directory, not a file") from None
-    except OSError as error:
-        raise DataError(f"cannot read {name}: {error.strerror or error}") from None
-
-
 def _line_list(lines: list[int], limit: int = 5) -> str:
     shown = ", ".join(str(n) for n in lines[:limit])
     more = ", ..." if len(lines) > limit else ""
@@ -177,7 +164,7 @@ def _read_table(
     Rows with a blank text or an empty label are skipped and reported in one warning.
     """
     path = Path(path)
-    with _open_text(path) as handle:
+    with open_text(path, hint=_not_found_hint(path.parent)) as handle:
         reader = csv.reader(handle, delimiter="\t")
         try:
             header = next(reader, None)
@@ -288,7 +275,7 @@ def read_corpus(path: str | os.PathLike, min_words: int = 6) -> list[str]:
     path = Path(path)
     sentences: list[str] = []
     blank = short = line_no = 0
-    with _open_text(path, "corpus", newline="\n") as handle:  # split on \n only
+    with open_text(path, "corpus", newline="\n") as handle:  # split on \n only
         try:
             for line_no, line in enumerate(handle, start=1):
                 sentence = line.strip()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DataError
+from .reading import read_lines
 
 #: Header names (lower case) of the score column, in the order they are looked for.
 SCORE_COLUMNS = ("simlex999", "score", "similarity", "sim", "gold")
@@ -39,27 +40,12 @@ def top_words(n: int, lang: str = "en") -> tuple[list[str], str]:
     return words, f"wordfreq {version('wordfreq')} top_n_list({lang!r}, {n})"
 
 
-def _read_lines(path: Path, what: str) -> list[str]:
-    """The lines of a UTF-8 text file (a BOM dropped, no line ends), or a DataError naming it."""
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as handle:
-            return handle.read().splitlines()
-    except FileNotFoundError:
-        raise DataError(f"{what} {path} not found") from None
-    except IsADirectoryError:
-        raise DataError(f"{what} {path} is a directory, not a file") from None
-    except UnicodeDecodeError as error:
-        raise DataError(f"{what} {path} is not valid UTF-8 text (byte {error.start})") from None
-    except OSError as error:
-        raise DataError(f"cannot read {what} {path}: {error.strerror or error}") from None
-
-
 def read_word_list(path) -> list[str]:
     """A word list: one word or phrase per line, stripped, inner whitespace made single spaces;
     blank lines are skipped and a repeated entry is kept once (in a contrastive batch a duplicate
     would be a negative identical to the positive). DataError when it has no entry."""
     path = Path(path)
-    words = list(dict.fromkeys(" ".join(line.split()) for line in _read_lines(path, "word list")))
+    words = list(dict.fromkeys(" ".join(line.split()) for line in read_lines(path, "word list")))
     words = [w for w in words if w]
     if not words:
         raise DataError(f"word list {path} is empty (one word or phrase per line)")
@@ -91,7 +77,7 @@ def read_word_pairs(path) -> list[WordPair]:
     fields than the score's column, an empty word or a score that is not a finite number is a
     DataError naming the file and line; so is a file without pairs."""
     path = Path(path)
-    lines = _read_lines(path, "word-similarity file")
+    lines = read_lines(path, "word-similarity file")
     rows = [(i, _fields(line)) for i, line in enumerate(lines, start=1) if line.strip()]
     if not rows:
         raise DataError(f"word-similarity file {path} is empty")

@@ -25,12 +25,13 @@ description and its README's settings, it reproduces SentEval's procedure step f
   (SST2: SplitClassifier).
 
 The probes of one validation are independent, so they are trained side by side: one stacked
-``[M, classes, D]`` weight, one ``bmm`` per step and one optimiser over the stack (Adam and RMSprop
-work element by element, so each probe's update is the one it would get alone), each probe reading
-its own rows in its own order. Probes need the same number of minibatches per epoch to share steps;
-those that differ are trained in separate groups. A probe that has stopped is dropped from the
-stack. The result is the same probes SentEval trains one after the other, in a fraction of the time
-(``docs/BENCHMARKS.md``).
+weight, one ``bmm`` per step and one optimiser over the stack (Adam and RMSprop work element by
+element, so each probe's update is the one it would get alone), each probe reading its own rows in
+its own order. The probes of one fold at every L2 strength read the same rows in the same order, so
+a step gathers those rows once for all of them. Probes need the same number of minibatches per epoch
+to share steps; those that differ are trained in separate groups. A fold whose probes have all
+stopped is dropped from the stack. The result is the same probes SentEval trains one after the
+other, in a fraction of the time (``docs/BENCHMARKS.md``).
 """
 from __future__ import annotations
 
@@ -140,35 +141,40 @@ def linear_init(dim: int, classes: int, seed: int) -> tuple[torch.Tensor, torch.
 
 # ---- training probes side by side --------------------------------------------------------------------
 class _Stack:
-    """The probes of ``plans`` (each with ``steps`` minibatches an epoch) trained together as one
-    stacked linear layer; ``train()`` returns a :class:`Trained` for each plan, in order."""
+    """Probes trained together as one stacked linear layer. ``sets`` holds sets of ``k`` probes
+    each (the same ``k`` for all, ``steps`` minibatches an epoch for all); the probes of a set read
+    the same rows in the same order and are validated on the same rows (they differ in their L2
+    strength), so a step reads each set's minibatch once and scores all its probes with one
+    ``[k * classes, D]`` weight. ``train()`` returns a :class:`Trained` for each probe, set by set."""
 
-    def __init__(self, x, y, plans: list[_Plan], settings: "SentEvalProbe", classes: int):
-        self.x, self.y, self.plans, self.settings = x, y, plans, settings
-        batch, m = settings.batch_size, len(plans)
-        self.steps = math.ceil(len(plans[0].train) / batch)
+    def __init__(self, x, y, sets: list[list[_Plan]], settings: "SentEvalProbe", classes: int):
+        self.x, self.y, self.settings = x, y, settings
+        self.plans = [members[0] for members in sets]  # each set's rows and generator stream
+        batch, g, k = settings.batch_size, len(sets), len(sets[0])
+        self.steps = math.ceil(len(self.plans[0].train) / batch)
         # each probe's loss is the mean over its own minibatch: weights 1/size, 0 on the padding
-        self.share = torch.zeros(m, self.steps * batch)
-        for i, plan in enumerate(plans):
+        self.share = torch.zeros(g, self.steps * batch)
+        for i, plan in enumerate(self.plans):
             n = len(plan.train)
             last = n - (self.steps - 1) * batch
             self.share[i, :n] = 1.0 / batch
             self.share[i, (self.steps - 1) * batch:n] = 1.0 / last
         weight, bias = linear_init(x.shape[1], classes, settings.seed)
-        self.weight = weight.expand(m, -1, -1).clone().requires_grad_()
-        self.bias = bias.expand(m, -1).clone().requires_grad_()
-        self.l2 = torch.tensor([p.l2 for p in plans], dtype=x.dtype)
+        self.weight = weight.expand(g, k, -1, -1).clone().requires_grad_()  # [sets, k, classes, D]
+        self.bias = bias.expand(g, k, -1).clone().requires_grad_()  # [sets, k, classes]
+        self.l2 = torch.tensor([[p.l2 for p in members] for members in sets], dtype=x.dtype)
         self.optimizer = OPTIMIZERS[settings.optim]([self.weight, self.bias])
-        self.active = torch.arange(m)  # the plan of each row of the stack
+        self.active = torch.arange(g)  # the set of each row of the stack
         self.best_weight, self.best_bias = self.weight.detach().clone(), self.bias.detach().clone()
-        self.best = np.full(m, -1.0)
-        self.misses = np.zeros(m, dtype=int)
+        self.best = np.full((g, k), -1.0)
+        self.misses = np.zeros((g, k), dtype=int)
+        self.stopped = np.zeros((g, k), dtype=bool)  # a stopped probe trains on with its set, unread
         # one generator per stream, and the number of rows it permutes each epoch
-        self.streams = {p.stream: (_generator(*p.stream, settings.seed)[0], len(p.train)) for p in plans}
+        self.streams = {p.stream: (_generator(*p.stream, settings.seed)[0], len(p.train)) for p in self.plans}
 
     def _orders(self) -> torch.Tensor:
-        """[active, steps * batch]: the rows each active probe reads this epoch, in its order (one
-        permutation per stream, padded with row 0 where a probe has fewer rows)."""
+        """[active, steps * batch]: the rows each active set reads this epoch, in its order (one
+        permutation per stream, padded with row 0 where a set has fewer rows)."""
         drawn = {key: generator.permutation(rows) for key, (generator, rows) in self.streams.items()}
         order = torch.zeros(len(self.plans), self.share.shape[1], dtype=torch.long)
         for i in self.active.tolist():
@@ -178,29 +184,34 @@ class _Stack:
 
     def _epoch(self) -> None:
         order, share, batch = self._orders(), self.share[self.active], self.settings.batch_size
+        g, k, classes = self.weight.shape[:3]
         for step in range(self.steps):
             rows = order[:, step * batch:(step + 1) * batch]
-            logits = torch.baddbmm(self.bias.unsqueeze(1), self.x[rows], self.weight.transpose(1, 2))
-            losses = F.cross_entropy(logits.flatten(0, 1), self.y[rows].flatten(), reduction="none")
+            logits = torch.baddbmm(self.bias.flatten(1).unsqueeze(1), self.x[rows],
+                                   self.weight.flatten(1, 2).transpose(1, 2))  # [sets, batch, k * classes]
+            targets = self.y[rows].unsqueeze(-1).expand(-1, -1, k)
+            losses = F.cross_entropy(logits.reshape(-1, classes), targets.flatten(), reduction="none")
             self.optimizer.zero_grad(set_to_none=False)
-            (losses * share[:, step * batch:(step + 1) * batch].flatten()).sum().backward()
+            weights = share[:, step * batch:(step + 1) * batch].unsqueeze(-1).expand(-1, -1, k)
+            (losses * weights.flatten()).sum().backward()
             with torch.no_grad():  # SentEval's weight decay: Adam's and RMSprop's L2 term on the gradient
-                self.weight.grad.add_(self.weight * self.l2[:, None, None])
-                self.bias.grad.add_(self.bias * self.l2[:, None])
+                self.weight.grad.add_(self.weight * self.l2[:, :, None, None])
+                self.bias.grad.add_(self.bias * self.l2[:, :, None])
             self.optimizer.step()
 
     @torch.no_grad()
     def _validate(self) -> np.ndarray:
-        """Each active probe's accuracy on its validation rows."""
+        """[active, k]: each probe's accuracy on its set's validation rows."""
         scores = []
         for row, i in enumerate(self.active.tolist()):
             rows = torch.from_numpy(self.plans[i].valid)
-            logits = torch.addmm(self.bias[row], self.x[rows], self.weight[row].t())
-            scores.append((logits.argmax(-1) == self.y[rows]).sum().item() / len(rows))
-        return np.array(scores)
+            logits = torch.addmm(self.bias[row].flatten(), self.x[rows], self.weight[row].flatten(0, 1).t())
+            right = logits.unflatten(-1, self.weight.shape[1:3]).argmax(-1) == self.y[rows, None]
+            scores.append(right.sum(0).numpy() / len(rows))
+        return np.stack(scores)
 
     def _keep(self, keep: torch.Tensor) -> None:
-        """Drop the stopped probes from the stack, their optimiser state with them."""
+        """Drop the sets whose probes have all stopped from the stack, their optimiser state with them."""
         state = self.optimizer.state
         weight = self.weight.detach()[keep].clone().requires_grad_()
         bias = self.bias.detach()[keep].clone().requires_grad_()
@@ -217,46 +228,60 @@ class _Stack:
             for _ in range(s.epoch_size):
                 self._epoch()
             scores = self._validate()
-            members = self.active.numpy()
-            better = scores > self.best[members]
-            self.best[members[better]] = scores[better]
-            rows, improved = torch.from_numpy(better), torch.from_numpy(members[better])
-            self.best_weight[improved] = self.weight.detach()[rows]
-            self.best_bias[improved] = self.bias.detach()[rows]
-            worse = members[~better]
-            stop = self.misses[worse] >= s.tenacity
-            self.misses[worse] += 1
-            if stop.any():
-                stopped = set(worse[stop].tolist())
-                keep = torch.tensor([m not in stopped for m in members.tolist()])
-                if not keep.any():
-                    break
+            sets = self.active.numpy()
+            running = ~self.stopped[sets]
+            better = running & (scores > self.best[sets])
+            worse = running & ~better
+            row, probe = np.nonzero(better)
+            self.best[sets[row], probe] = scores[row, probe]
+            self.best_weight[sets[row], probe] = self.weight.detach()[row, probe]
+            self.best_bias[sets[row], probe] = self.bias.detach()[row, probe]
+            row, probe = np.nonzero(worse)
+            self.stopped[sets[row], probe] = self.misses[sets[row], probe] >= s.tenacity
+            self.misses[sets[row], probe] += 1
+            keep = torch.from_numpy(~self.stopped[sets].all(axis=1))
+            if not keep.any():
+                break
+            if not keep.all():
                 self._keep(keep)
-        return [Trained(self.best_weight[i], self.best_bias[i], float(self.best[i])) for i in range(len(self.plans))]
+        return [Trained(self.best_weight[i, j], self.best_bias[i, j], float(self.best[i, j]))
+                for i in range(len(self.plans)) for j in range(self.best.shape[1])]
 
 
-def _train_stack(x, y, plans: list[_Plan], settings: "SentEvalProbe", classes: int) -> list[Trained]:
+def _train_stack(x, y, sets: list[list[_Plan]], settings: "SentEvalProbe", classes: int) -> list[Trained]:
     """One stack, on one thread: its tensors are small, and on a busy machine a parallel region
     per small op waits for every thread it uses, so the cores go to separate stacks instead."""
     with torch_threads(1):
         x, y = torch.tensor(np.asarray(x)), torch.tensor(np.asarray(y))  # a copy: a memory map is read-only
-        return _Stack(x, y, plans, settings, classes).train()
+        return _Stack(x, y, sets, settings, classes).train()
 
 
 def train_probes(x: torch.Tensor, y: torch.Tensor, fits: list[Fit], settings: "SentEvalProbe",
                  classes: int) -> list[Trained]:
     """Train a probe for each of ``fits`` on the rows of ``x`` [N, D] (float32) and ``y`` [N]
     (class indices), as SentEval trains each one alone; the :class:`Trained` probes in order.
-    Probes with as many minibatches an epoch share a stack (at most ``settings.stack``, and
-    split so that ``settings.jobs`` processes each get one where there are enough)."""
+    Probes that read the same rows (the same training and validation rows: one fold at each L2
+    strength) form a set; sets of as many probes, with as many minibatches an epoch, share a stack
+    of at most ``settings.stack`` probes, split so that ``settings.jobs`` processes each get one
+    where there are enough (a set itself is split where there are fewer sets than processes)."""
     plans = [_resolve(fit, settings) for fit in fits]
-    groups = defaultdict(list)
+    same_rows = defaultdict(list)
     for i, plan in enumerate(plans):
-        groups[math.ceil(len(plan.train) / settings.batch_size)].append(i)
+        same_rows[plan.stream, plan.train.tobytes(), plan.valid.tobytes()].append(i)
     jobs = settings.jobs or 1
-    size = max(1, min(settings.stack, math.ceil(len(plans) / jobs)))
-    chunks = [members[start:start + size] for members in groups.values() for start in range(0, len(members), size)]
-    work = [[plans[i] for i in chunk] for chunk in chunks]
+    # fewer sets than processes (SST2's one set of every L2 strength): sets split between them
+    pieces = math.ceil(jobs / len(same_rows))
+    buckets = defaultdict(list)  # (minibatches an epoch, probes a set): the sets that can share a stack
+    for members in same_rows.values():
+        length = min(settings.stack, math.ceil(len(members) / pieces))
+        for start in range(0, len(members), length):
+            piece = members[start:start + length]
+            buckets[math.ceil(len(plans[piece[0]].train) / settings.batch_size), len(piece)].append(piece)
+    chunks = []
+    for (_, k), sets in buckets.items():
+        size = max(1, min(settings.stack // k, math.ceil(len(sets) / jobs)))
+        chunks += [sets[start:start + size] for start in range(0, len(sets), size)]
+    work = [[[plans[i] for i in members] for members in chunk] for chunk in chunks]
     if jobs > 1 and len(chunks) > 1:  # joblib hands x to the workers as a memory map, not a copy each
         stacks = Parallel(n_jobs=min(jobs, len(chunks)))(
             delayed(_train_stack)(x.numpy(), y.numpy(), w, settings, classes) for w in work)
@@ -264,7 +289,7 @@ def train_probes(x: torch.Tensor, y: torch.Tensor, fits: list[Fit], settings: "S
         stacks = [_train_stack(x, y, w, settings, classes) for w in work]
     trained = [None] * len(plans)
     for chunk, stack in zip(chunks, stacks):
-        for i, probe in zip(chunk, stack):
+        for i, probe in zip((i for members in chunk for i in members), stack):
             trained[i] = probe
     return trained
 
@@ -275,7 +300,7 @@ class SentEvalProbe:
     """SentEval's PyTorch probe and its validations; the defaults are SentEval's test settings
     (its README's "default config": 10 folds, Adam, batch 64, tenacity 5, epoch size 4), and
     :data:`FASTTEST` its prototyping ones. ``stack``: at most this many probes trained side by side
-    (memory: a step reads ``stack × batch_size`` rows); ``jobs``: processes that train stacks at
+    (memory: a step reads at most ``stack × batch_size`` rows); ``jobs``: processes that train stacks at
     the same time (None: one, this one). Every method returns ``accuracy`` and ``devacc`` (×100,
     rounded to 2 decimals, as SentEval reports them)."""
 
@@ -288,7 +313,7 @@ class SentEvalProbe:
     l2_grid: tuple[float, ...] = L2_GRID
     validation_split: float = 0.05
     seed: int = SEED
-    stack: int = 64
+    stack: int = 256
     jobs: int | None = None
     name: str = field(default="senteval", init=False)
 

@@ -63,6 +63,15 @@ def settings_md(plan: Plan) -> str:
         lines[1:3] = [f"- data: `{a.data_dir}` (CS224N STS dev, evaluated during each run); training words: the "
                       "preset's (wordfreq's 10,000 most frequent English words) unless --pretrain-args gives a list",
                       "- steps: 2 epochs of the word list (the preset)"]
+    if plan.commands == ["supervised"]:  # labelled data, each preset's epochs and max length
+        lines[1:3] = [f"- data: `{', '.join(a.nli_list)}` (SBERT-NLI, SimCSE-sup); CS224N STS train of "
+                      f"`{a.data_dir}` (SBERT-NLI then STS)",
+                      "- steps: each row's preset (sbert-nli: 1 epoch, simcse-sup: 3, sbert-sts: 4), with its "
+                      "batch, learning rate and max length (run_pretrain.py --preset NAME)"]
+        lines[3] = lines[3].replace(f"max length {a.max_length} in training", "max length: the preset's in training")
+    if plan.commands == ["distill"]:  # the student trains as the MLM base: its steps, not the report's
+        lines[2] = (f"- steps: the student {a.mlm_steps}, as the MLM base (batch 64, lr 5e-4, linear warm-up over the "
+                    f"first tenth and decay); teacher: `{a.teacher}`, its vectors of the corpus cached once")
     if plan.base:
         lines.append(f"- mlm-base: MinBERT is the MLM base, {a.mlm_steps} steps of masked language modelling from the "
                      f"random weights of `{a.config}` (stages/{plan.base}); Random weights is that encoder untrained")
