@@ -184,7 +184,7 @@ class _Stack:
 
     def _epoch(self) -> None:
         order, share, batch = self._orders(), self.share[self.active], self.settings.batch_size
-        g, k, classes = self.weight.shape[:3]
+        k, classes = self.weight.shape[1:3]
         for step in range(self.steps):
             rows = order[:, step * batch:(step + 1) * batch]
             logits = torch.baddbmm(self.bias.flatten(1).unsqueeze(1), self.x[rows],
