@@ -129,7 +129,9 @@ def test_stacks_in_worker_processes_are_the_same(held_out):
     here = train_probes(x, y, fits, SMALL_TEST, classes=2)
     there = train_probes(x, y, fits, replace(SMALL_TEST, jobs=2), classes=2)
     for a, b in zip(here, there):
-        assert a.valid_accuracy == b.valid_accuracy and torch.equal(a.weight, b.weight)
+        assert a.valid_accuracy == b.valid_accuracy
+        # a set split in two multiplies by narrower weights: other kernels, other last bits on some CPUs
+        torch.testing.assert_close(a.weight, b.weight, atol=1e-6, rtol=1e-5)
 
 
 # ---- the three validations against SentEval's loops ----------------------------------------------
