@@ -152,16 +152,20 @@ def test_a_run_records_its_environment_and_a_resume_on_another_warns(tiny_bert_d
     capsys.readouterr()
 
     # The run "was" on another torch and CPU: the resume says so in one line, and keeps both records.
-    faked = first | {"packages": first["packages"] | {"torch": "2.4.0"}, "cpu_capability": "AVX512",
+    # The faked values differ from this machine's whatever it is (its instruction set, its torch).
+    now = torch.backends.cpu.get_cpu_capability()
+    other_capability = "AVX2" if now != "AVX2" else "AVX512"
+    other_torch = "2.4.0" if torch.__version__ != "2.4.0" else "2.5.0"
+    faked = first | {"packages": first["packages"] | {"torch": other_torch}, "cpu_capability": other_capability,
                      "command": "python elsewhere"}
     (out / runs.ENVIRONMENT_FILE).write_text(json.dumps({"sessions": [faked]}))
     assert run_main(pretrain.main, ["--resume", "--out-dir", str(out), "--steps", "4"]) == 0
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
     warnings = [l for l in err if l.startswith("warning:")]
-    now = torch.backends.cpu.get_cpu_capability()
     assert len(warnings) == 1, err
-    assert warnings[0] == (f"warning: {out} ran with another environment until now: cpu_capability AVX512 -> {now}, "
-                           f"packages.torch 2.4.0 -> {torch.__version__} (both in environment.json)")
+    assert warnings[0] == (f"warning: {out} ran with another environment until now: cpu_capability "
+                           f"{other_capability} -> {now}, packages.torch {other_torch} -> {torch.__version__} "
+                           f"(both in environment.json)")
     sessions = json.loads((out / runs.ENVIRONMENT_FILE).read_text())["sessions"]
     assert [s["session"] for s in sessions] == ["start", "resume"] and sessions[0] == faked
     resumed = json.loads((out / "config.json").read_text())
