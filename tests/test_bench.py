@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertcf import bench
+from bertcf.bench import batches, models, timing
+from bertcf.bench.workloads import WORKLOADS
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,14 +27,14 @@ def test_bench_tiny_end_to_end(tmp_path):
     proc = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--threads", "1",
                      "--json", str(out))
     assert proc.returncode == 0, proc.stderr
-    for name in bench.WORKLOADS:
+    for name in WORKLOADS:
         assert f"{name:9s} speed-up minBERT/transformers:" in proc.stdout
         assert f"{name:9s} minbert" in proc.stdout and f"{name:9s} transformers" in proc.stdout
     assert "torch " + torch.__version__ in proc.stdout and "transformers " in proc.stdout
     assert "| workload |" in proc.stdout  # the table
     data = json.loads(out.read_text())
     assert data["info"]["device"] and data["info"]["torch"] == torch.__version__
-    assert set(data["results"]) == set(bench.WORKLOADS)
+    assert set(data["results"]) == set(WORKLOADS)
     for name, r in data["results"].items():
         for impl in ("minbert", "transformers"):
             assert r[impl]["ms_per_step"] > 0 and r[impl]["tokens_per_s"] > 0
@@ -65,16 +66,17 @@ def test_bench_rejects_unknown_workload():
 
 def test_config_only_dir_gives_identical_models(tmp_path):
     """A directory with only config.json: random weights, the same in minBERT and transformers."""
-    config = dict(bench.TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, model_type="bert")
+    config = dict(models.TINY_CONFIG, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, model_type="bert")
     (tmp_path / "config.json").write_text(json.dumps(config))
-    mb, hf, note = bench.load_models(str(tmp_path))
+    mb, hf, note = models.load_models(str(tmp_path))
     assert "random" in note and hf.config._attn_implementation == "sdpa"
     g = torch.Generator().manual_seed(0)
-    batch = bench.make_batch([7, 12, 5], mb.config.vocab_size, g, "cpu", bench.special_ids(mb.config.vocab_size)[:2])
+    batch = batches.make_batch([7, 12, 5], mb.config.vocab_size, g, "cpu",
+                               batches.special_ids(mb.config.vocab_size)[:2])
     mb.eval(), hf.eval()
     with torch.no_grad():
-        a = batch.hidden(bench.Encoder(mb))
-        b = batch.hidden(bench.Encoder(hf))
+        a = batch.hidden(models.Encoder(mb))
+        b = batch.hidden(models.Encoder(hf))
     real = batch.mask.bool()
     torch.testing.assert_close(a[real], b[real], rtol=1e-4, atol=1e-5)
     assert batch.tokens == 24 and batch.ids.shape == (3, 12)
@@ -89,7 +91,7 @@ def test_flops_match_torch_flop_counter_on_transformers(length):
     import transformers
     from torch.utils.flop_counter import FlopCounterMode
 
-    config = bench.load_models(None, tiny=True)[0].config
+    config = models.load_models(None, tiny=True)[0].config
     hf_config = transformers.BertConfig.from_dict(config.to_dict())
     hf_config._attn_implementation = "eager"
     model = transformers.BertModel(hf_config, add_pooling_layer=False)
@@ -98,12 +100,12 @@ def test_flops_match_torch_flop_counter_on_transformers(length):
         model.eval()(input_ids=ids)
     with FlopCounterMode(display=False) as training:
         model.train()(input_ids=ids).last_hidden_state.sum().backward()
-    assert bench.encoder_flops(config, [length], training=False) == inference.get_total_flops()
-    assert bench.encoder_flops(config, [length], training=True) == training.get_total_flops()
-    assert bench.encoder_flops(config, [length, length], training=True) == 2 * training.get_total_flops()
+    assert timing.encoder_flops(config, [length], training=False) == inference.get_total_flops()
+    assert timing.encoder_flops(config, [length], training=True) == training.get_total_flops()
+    assert timing.encoder_flops(config, [length, length], training=True) == 2 * training.get_total_flops()
 
 
 def test_peak_flops():
-    assert bench.peak_flops(torch.device("cpu"), "bf16") is None
-    names = dict(bench.PEAK_TFLOPS_16BIT)
+    assert timing.peak_flops(torch.device("cpu"), "bf16") is None
+    names = dict(timing.PEAK_TFLOPS_16BIT)
     assert names["H100"] == names["H200"] == 989.0 and names["A100"] == 312.0

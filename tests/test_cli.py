@@ -81,7 +81,7 @@ def test_resume_from_a_damaged_config_is_one_line(tmp_path, capsys):
     assert "\n" not in err and f"--resume: {tmp_path / 'config.json'} is not valid JSON" in err
 
 
-COMMANDS = ("pretrain", "multitask", "evaluate", "bench", "encode")
+COMMANDS = ("pretrain", "multitask", "evaluate", "commands.bench", "encode")
 
 
 def flag_helps(module: str) -> dict:
@@ -123,4 +123,4 @@ def test_readme_lists_every_bench_flag():
     section = readme[readme.index("### Benchmark"):]
     section = section[:section.index("\n### ", 1)]
     listed = set(re.findall(r"`(--[a-z-]+)", section))
-    assert set(flag_helps("bench")) <= listed, set(flag_helps("bench")) - listed
+    assert set(flag_helps("commands.bench")) <= listed, set(flag_helps("commands.bench")) - listed

@@ -9,7 +9,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("bertcf", "minbert")
 #: The layers, bottom up: a module may import its own layer or a lower one. A key is a module or a
-#: package of bertcf (its first name under bertcf), or minbert.
+#: package of bertcf (its first name under bertcf), or minbert. A ``__main__`` module (a package's
+#: ``python -m`` alias of a command) is in the top layer, whatever its package.
 LAYERS = {
     "minbert": 0, "errors": 0, "utils": 0,
     "runs": 1, "cli": 1, "data": 1,
@@ -18,7 +19,9 @@ LAYERS = {
     "objectives": 4, "training": 4,
     "pretrain": 5, "multitask": 5, "evaluate": 5, "bench": 5, "onnx": 5, "encode": 5, "st": 5, "flow": 5, "st_format": 5, "__init__": 5,
     "experiments": 6,
+    "commands": 7,
 }
+TOP_LAYER = max(LAYERS.values())
 MAX_FUNCTION_LINES = 80
 MAX_CLASS_LINES = 250
 
@@ -52,6 +55,8 @@ def imports(name: str, path: Path, known: dict) -> set[str]:
 
 def layer(module: str) -> int:
     parts = module.split(".")
+    if parts[-1] == "__main__":
+        return TOP_LAYER
     key = parts[0] if parts[0] == "minbert" else parts[1] if len(parts) > 1 else "__init__"
     return LAYERS[key]
 

@@ -322,7 +322,7 @@ def test_minilm_int8_keeps_stsb_within_half_a_point(minilm_export, shared_dir):
 @pytest.mark.slow
 def test_bench_compares_torch_and_onnxruntime_fp32_and_int8(flow_checkpoint, tmp_path):
     """``python -m bertcf.bench --onnx``: the three engines on an STS-B test file, their JSON."""
-    from bertcf import bench
+    from bertcf.commands import bench
 
     sts = tmp_path / "senteval" / "STS" / "STSBenchmark"
     sts.mkdir(parents=True)
@@ -331,8 +331,8 @@ def test_bench_compares_torch_and_onnxruntime_fp32_and_int8(flow_checkpoint, tmp
             for i, (a, b) in enumerate(zip(texts, texts[1:] + texts[:1]))]
     (sts / "sts-test.csv").write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "bench.json"
-    result = bench.main(["--onnx", str(flow_checkpoint / "onnx"), "--senteval-dir", str(tmp_path / "senteval"),
-                         "--steps", "2", "--warmup", "0", "--threads", "1", "--json", str(out)])
+    result = bench.run(["--onnx", str(flow_checkpoint / "onnx"), "--senteval-dir", str(tmp_path / "senteval"),
+                        "--steps", "2", "--warmup", "0", "--threads", "1", "--json", str(out)])
     engines = result["results"]["onnx_encode"]
     assert list(engines) == ["torch fp32", "onnxruntime fp32", "onnxruntime int8"]
     assert result["info"]["sentences"] == 2 * len(texts)
@@ -343,4 +343,4 @@ def test_bench_compares_torch_and_onnxruntime_fp32_and_int8(flow_checkpoint, tmp
     assert engines["onnxruntime fp32"]["stsb_test_spearman"] == pytest.approx(
         engines["torch fp32"]["stsb_test_spearman"], abs=1e-6)
     assert json.loads(out.read_text())["results"]["onnx_encode"].keys() == engines.keys()
-    assert bench.cli(["--onnx", str(tmp_path), "--senteval-dir", str(tmp_path / "senteval")]) == 2  # no export
+    assert bench.main(["--onnx", str(tmp_path), "--senteval-dir", str(tmp_path / "senteval")]) == 2  # no export

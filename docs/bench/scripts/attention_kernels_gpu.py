@@ -11,12 +11,12 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from bertcf import bench
+from bertcf.bench.workloads import Multitask
 from minbert import BertConfig
 
 aten = torch.ops.aten
 config = BertConfig()
-w = bench.Multitask("multitask", config, torch.device("cuda"), "bf16", 4, 11713)
+w = Multitask("multitask", config, torch.device("cuda"), "bf16", 4, 11713)
 heads, d, p = config.num_attention_heads, config.hidden_size // config.num_attention_heads, 0.1
 print(torch.cuda.get_device_name(), torch.__version__, "cuDNN", torch.backends.cudnn.version())
 

@@ -51,7 +51,8 @@ def child(config: dict) -> dict:
 
     import torch
 
-    from bertcf import bench, training
+    from bertcf import training
+    from bertcf.bench.batches import make_batch, sample_lengths, special_ids
     from bertcf.models.encoder import SentenceEncoder
     from bertcf.objectives import build_objective
 
@@ -69,11 +70,11 @@ def child(config: dict) -> dict:
     optimizer = training.make_optimizer(objective.parameter_groups(), 3e-5, 0.01, device)
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     vocab = encoder.bert.config.vocab_size
-    cls_id, sep_id, _ = bench.special_ids(vocab)
+    cls_id, sep_id, _ = special_ids(vocab)
     g = torch.Generator().manual_seed(11711)
     batches = []
     for _ in range(config["warmup"] + config["steps"]):
-        b = bench.make_batch(bench.sample_lengths(config["batch"], 24, 32, g), vocab, g, "cpu", (cls_id, sep_id))
+        b = make_batch(sample_lengths(config["batch"], 24, 32, g), vocab, g, "cpu", (cls_id, sep_id))
         batches.append((b.ids, b.mask, (b.ids == cls_id) | (b.ids == sep_id) | (b.mask == 0)))
     base = rss_mib("VmRSS")
     if device.type == "cuda":

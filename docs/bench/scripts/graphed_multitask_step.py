@@ -11,10 +11,12 @@ import statistics
 import torch
 
 import bertcf.training
-from bertcf import bench
+from bertcf.bench.models import Encoder, load_models
+from bertcf.bench.timing import peak_flops
+from bertcf.bench.workloads import Multitask
 
 device = torch.device("cuda")
-mb, _, note = bench.load_models("bert-base-uncased")
+mb, _, note = load_models("bert-base-uncased")
 mb.to(device)
 print(torch.cuda.get_device_name(), torch.__version__, note)
 
@@ -25,11 +27,11 @@ def capturable_adamw(params, lr, weight_decay, device):
 
 
 bertcf.training.make_optimizer = capturable_adamw
-w = bench.Multitask("multitask", mb.config, device, "bf16", 1, 11713)
+w = Multitask("multitask", mb.config, device, "bf16", 1, 11713)
 (batch,) = w.batches
-step = w.build(bench.Encoder(mb))
+step = w.build(Encoder(mb))
 flops = w.flops(batch)
-peak = bench.peak_flops(device, "bf16")
+peak = peak_flops(device, "bf16")
 
 
 def timed(fn, n=30):

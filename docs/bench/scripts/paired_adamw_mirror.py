@@ -9,10 +9,12 @@ import time
 
 import torch
 
-from bertcf import bench, training
+from bertcf import training
+from bertcf.bench.models import Encoder, load_models
+from bertcf.bench.workloads import Mirror
 
-mb, _, _ = bench.load_models(sys.argv[1])
-w = bench.Mirror("mirror", mb.config, torch.device("cpu"), "fp32", 4, 11711)
+mb, _, _ = load_models(sys.argv[1])
+w = Mirror("mirror", mb.config, torch.device("cpu"), "fp32", 4, 11711)
 make_optimizer = training.make_optimizer
 steps = {}
 for fused in (False, True):
@@ -23,7 +25,7 @@ for fused in (False, True):
         return torch.optim.AdamW([{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups],
                                  lr=lr, fused=False)
     training.make_optimizer = make
-    steps[fused] = w.build(bench.Encoder(mb))
+    steps[fused] = w.build(Encoder(mb))
 times = {False: [], True: []}
 for i in range(12):
     for fused in ((False, True) if i % 2 == 0 else (True, False)):

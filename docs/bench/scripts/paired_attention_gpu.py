@@ -15,7 +15,8 @@ import time
 import torch
 
 import minbert.model
-from bertcf import bench
+from bertcf.bench.models import Encoder, load_models
+from bertcf.bench.workloads import Mirror, Multitask
 
 flash, runs = minbert.model.flash_attention, minbert.model.flash_attention_runs
 
@@ -31,15 +32,15 @@ def never(*args):
 
 
 device = torch.device("cuda")
-mb, _, note = bench.load_models(sys.argv[1] if len(sys.argv) > 1 else "bert-base-uncased")
+mb, _, note = load_models(sys.argv[1] if len(sys.argv) > 1 else "bert-base-uncased")
 print(torch.cuda.get_device_name(), torch.__version__, note)
 mb.to(device)
 routes = {"varlen, memory-efficient": (efficient, runs, None), "varlen, flash": (flash, runs, None),
           "one padded group": (flash, never, False), "length groups": (flash, never, True)}
 names = list(routes)
-for workload in (bench.Multitask, bench.Mirror):
+for workload in (Multitask, Mirror):
     w = workload(workload.__name__.lower(), mb.config, device, "bf16", 4, 11713)
-    step = w.build(bench.Encoder(mb))
+    step = w.build(Encoder(mb))
     times = {name: [] for name in routes}
     for i in range(24):
         for name in names[i % 4:] + names[:i % 4]:

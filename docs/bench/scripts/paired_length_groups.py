@@ -11,22 +11,24 @@ import time
 
 import torch
 
-from bertcf import bench
+from bertcf.bench.models import Encoder, load_models
+from bertcf.bench.timing import _sync
+from bertcf.bench.workloads import Mirror, Multitask
 
 device = torch.device("cpu")
-mb, _, _ = bench.load_models(sys.argv[1])
+mb, _, _ = load_models(sys.argv[1])
 mb.to(device)
-for workload in (bench.Multitask, bench.Mirror):
+for workload in (Multitask, Mirror):
     w = workload(workload.__name__.lower(), mb.config, device, "fp32", 4, 11713)
-    step = w.build(bench.Encoder(mb))
+    step = w.build(Encoder(mb))
     times = {True: [], False: []}
     for i in range(10):
         for by_length in ((True, False) if i % 2 == 0 else (False, True)):
             mb.attend_by_length = by_length
-            bench._sync(device)
+            _sync(device)
             start = time.perf_counter()
             step(w.batches[i % 4])
-            bench._sync(device)
+            _sync(device)
             if i >= 2:
                 times[by_length].append(time.perf_counter() - start)
     print(w.name, {("length groups" if k else "one group"): round(1e3 * statistics.median(v), 1)

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 import minbert.model as M
-from bertcf import bench
+from bertcf.bench.models import Encoder, load_models
+from bertcf.bench.workloads import Multitask
 
 current = M.BertSelfAttention.forward
 
@@ -30,9 +31,9 @@ def variant(self, x, attn):
     return current(self, x, attn)
 
 
-mb, _, _ = bench.load_models(sys.argv[1])
-w = bench.Multitask("multitask", mb.config, torch.device("cpu"), "fp32", 4, 11713)
-step = w.build(bench.Encoder(mb))
+mb, _, _ = load_models(sys.argv[1])
+w = Multitask("multitask", mb.config, torch.device("cpu"), "fp32", 4, 11713)
+step = w.build(Encoder(mb))
 times = {"current": [], "variant": []}
 for i in range(8):
     for name in (("current", "variant") if i % 2 == 0 else ("variant", "current")):

@@ -11,13 +11,14 @@ import time
 
 import torch
 
-from bertcf import bench
+from bertcf.bench.models import Encoder, load_models
+from bertcf.bench.workloads import Multitask
 
 compile_ = "--compile" in sys.argv
-mb, hf, note = bench.load_models("bert-base-uncased")
+mb, hf, note = load_models("bert-base-uncased")
 dev = torch.device("cuda")
-enc = bench.Encoder(mb.to(dev), compile_)
-w = bench.Multitask("multitask", mb.config, dev, "bf16", 8, 11711)
+enc = Encoder(mb.to(dev), compile_)
+w = Multitask("multitask", mb.config, dev, "bf16", 8, 11711)
 step = w.build(enc)
 for i in range(6):
     step(w.batches[i % 8])

@@ -1,0 +1,44 @@
+"""Benchmark minBERT against ``transformers.BertModel`` (sdpa attention) on this project's workloads.
+
+    python -m bertcf.bench --model NAME_OR_DIR --device cpu|cuda [--precision bf16|fp16|fp32]
+                           [--steps N] [--warmup N] [--workloads mirror,joint,multitask,encode] [--json OUT]
+    python -m bertcf.bench --onnx EXPORT_DIR --senteval-dir DIR [--threads N] [--steps N] [--warmup N]
+
+One process, one run: both models get the same config, the same weights (minBERT's state dict
+loaded into the transformers model) and the same inputs, and their steps alternate so that a
+shared or throttling machine slows both alike. ``--model`` is a checkpoint directory, a
+directory (or file) with only a ``config.json`` (random weights: fine for timing), or a hub
+name; ``--tiny`` is a 2-layer, hidden-32 config for tests.
+
+Workloads (the report's settings):
+  mirror     the pretraining stage's objective (bertcf.objectives.Mirror): 16 sentences, their
+             span-masked views drawn on the host, one forward of 32, max length 32, mean
+             pooling, InfoNCE, backward, AdamW step at the stage's lr.
+  joint      bertcf.objectives.Joint: the encoder frozen (no_grad, dropout on as in the stage),
+             a 3-block Glow on both views, 0.3 * InfoNCE(F(x)) + L_flow, AdamW on the flow.
+  multitask  bertcf.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
+             pass, the heads (SST dropout 0.3 + linear D x 5; QQP linear D x 768; STS dropout
+             0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step.
+  encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
+             eval mode under torch.inference_mode.
+``--onnx EXPORT_DIR`` times something else, on the CPU: ``encode()`` of STS-B test's 2,758
+sentences (length-sorted batches of 64) by the exported checkpoint under torch fp32, and by the
+export under ONNX Runtime fp32 and int8 (``bertcf.onnx.OnnxEncoder``), one round of each in turn;
+it reports sentences/s, the ratio to torch fp32, each engine's STS-B test Spearman and its max
+abs difference from torch.
+Inputs are random token ids with realistic variable lengths (a log-normal around each task's
+typical length, clipped to its max length), [CLS] ... [SEP] and dynamic padding, fixed seed.
+minBERT runs unpadded (the real tokens only; ``--no-unpad`` turns that off), transformers
+padded, as each does in training. Time: median over --steps timed steps after --warmup untimed
+ones (torch.cuda.synchronize around each step on a GPU). tokens/s counts real (non-padding) tokens. speed-up is
+transformers' step time / minBERT's (> 1: minBERT is faster). On a GPU with a known peak,
+MFU = model FLOPs / time / peak, with FLOPs = 6 N t (training) or 2 N t (inference) over the
+real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus attention
+12 L d t^2 (training) or 4 L d t^2 (inference) per sentence.
+
+The modules: :mod:`.models` (the two implementations, same config and weights), :mod:`.batches`
+(the random inputs), :mod:`.workloads` (the four workloads), :mod:`.timing` (alternating steps,
+FLOPs, MFU, the profiler), :mod:`.onnx_encode` (``--onnx``); the command line is
+:mod:`bertcf.commands.bench` (``python -m bertcf.bench`` runs it). Importing this package imports
+nothing else (no torch).
+"""

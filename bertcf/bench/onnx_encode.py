@@ -1,0 +1,101 @@
+"""``--onnx EXPORT_DIR``: ``encode()`` of STS-B test's sentences by the exported checkpoint under
+torch fp32 and by the export under ONNX Runtime fp32 and int8, on the CPU."""
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from .timing import device_name
+
+def stsb_test_sentences(senteval_dir) -> tuple[list[str], list]:
+    """STS-B test's sentences, both of every pair in file order (duplicates kept: 2 x 1,379), and its pairs."""
+    from ..data.senteval import read_stsb
+    from ..errors import DataError
+
+    path = Path(senteval_dir) / "STS" / "STSBenchmark" / "sts-test.csv"
+    if not path.is_file():
+        raise DataError(f"--onnx times STS-B test's sentences: {path} not found (give --senteval-dir)")
+    pairs = read_stsb(path)
+    return [s for p in pairs for s in (p.sentence1, p.sentence2)], pairs
+
+
+def onnx_engines(export_dir, threads: int | None) -> dict:
+    """torch fp32 (SentenceEncoder on the exported checkpoint, on the CPU), ONNX Runtime fp32 and,
+    when the export has it, int8 (OnnxEncoder, CPU execution provider)."""
+    from minbert import CheckpointError
+
+    from ..models.encoder import SentenceEncoder
+    from ..onnx import OnnxEncoder, OnnxModelError
+
+    try:
+        fp32 = OnnxEncoder(export_dir, threads=threads, providers=["CPUExecutionProvider"])
+        int8 = (OnnxEncoder(export_dir, quantized=True, threads=threads, providers=["CPUExecutionProvider"])
+                if "int8" in fp32.config["graphs"] else None)
+    except OnnxModelError as e:
+        raise CheckpointError(str(e)) from None
+    torch_encoder = SentenceEncoder.from_pretrained(fp32.config["source"]).eval()
+    torch_encoder.precision = "fp32"
+    engines = {"torch fp32": torch_encoder, "onnxruntime fp32": fp32}
+    return engines | ({"onnxruntime int8": int8} if int8 is not None else {})
+
+
+def time_onnx_encode(engines: dict, sentences: list[str], pairs: list, steps: int, warmup: int,
+                     batch_size: int = 64) -> dict:
+    """Each engine's ``encode(sentences, batch_size)`` (tokenisation, length-sorted batches, rows
+    in input order), engines alternating, order flipped every round; the median round. With each
+    engine's STS-B test Spearman x 100 and its max abs difference from torch fp32."""
+    import numpy as np
+
+    from ..evaluation.metrics import spearman
+
+    names, times, vectors = list(engines), {name: [] for name in engines}, {}
+    for i in range(warmup + steps):
+        for name in (names if i % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            out = engines[name].encode(sentences, batch_size=batch_size)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - start)
+            vectors[name] = np.asarray(out, dtype=np.float64)
+    results = {}
+    for name in names:
+        v = vectors[name]
+        u, w = v[0::2], v[1::2]
+        cosines = (u * w).sum(1) / np.maximum(np.linalg.norm(u, axis=1) * np.linalg.norm(w, axis=1), 1e-12)
+        median = statistics.median(times[name])
+        results[name] = {"seconds": median, "sentences_per_s": len(sentences) / median,
+                         "vs_torch_fp32": statistics.median(times[names[0]]) / median,
+                         "stsb_test_spearman": 100 * spearman(torch.from_numpy(cosines), [p.label for p in pairs]),
+                         "max_abs_diff_vs_torch": float(np.abs(v - vectors[names[0]]).max()),
+                         "times_s": times[name]}
+    return results
+
+
+def run_onnx(args) -> dict:
+    """``--onnx DIR``: the encode comparison of torch fp32, ONNX Runtime fp32 and int8, in one run."""
+    import onnxruntime
+
+    sentences, pairs = stsb_test_sentences(args.senteval_dir)
+    engines = onnx_engines(args.onnx, args.threads)
+    info = {"export": str(args.onnx), "model": engines["onnxruntime fp32"].config["source"],
+            "device": device_name(torch.device("cpu")), "torch": torch.__version__,
+            "onnxruntime": onnxruntime.__version__, "python": platform.python_version(), "threads": args.threads,
+            "sentences": len(sentences), "batch_size": 64, "steps": args.steps, "warmup": args.warmup}
+    print(f"bench --onnx: {info['model']} and its export {info['export']}; STS-B test, {len(sentences)} sentences, "
+          f"length-sorted batches of 64; median of {args.steps} rounds after {args.warmup}, engines alternating")
+    print(f"device: {info['device']}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}", flush=True)
+    results = time_onnx_encode(engines, sentences, pairs, args.steps, args.warmup)
+    print("\n| engine | sentences/s | x torch fp32 | STS-B test Spearman x100 | max abs diff vs torch |")
+    print("|---|---|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {r['sentences_per_s']:,.0f} | {r['vs_torch_fp32']:.2f}x | {r['stsb_test_spearman']:.2f} | "
+              f"{r['max_abs_diff_vs_torch']:.1e} |")
+    out = {"info": info, "results": {"onnx_encode": results}}
+    if args.json:
+        from ..utils.files import write_json_atomic
+        write_json_atomic(args.json, out)
+        print(f"results written to {args.json}")
+    return out

@@ -1,0 +1,190 @@
+"""The workloads (see :mod:`bertcf.bench`): their inputs, shared by both implementations, and per
+implementation a ``step()`` closure plus the per-step counts (sentences, real tokens, FLOPs)."""
+from __future__ import annotations
+
+import torch
+
+from .batches import LENGTHS, make_batch, sample_lengths, special_ids
+from .timing import encoder_flops
+
+WORKLOADS = ("mirror", "joint", "multitask", "encode")
+
+
+class Workload:
+    """Inputs shared by both models, and per model a ``step()`` closure plus per-step counts."""
+
+    training = True
+
+    def __init__(self, name, config, device, precision, n_batches, seed):
+        self.name, self.config, self.device, self.precision = name, config, torch.device(device), precision
+        self.g = torch.Generator().manual_seed(seed)
+        self.cls, self.sep, self.mask_id = special_ids(config.vocab_size)
+        self.batches = self.make_inputs(n_batches)
+
+    def batch(self, n, kind):
+        median, max_len = LENGTHS[kind]
+        max_len = min(max_len, self.config.max_position_embeddings)
+        return make_batch(sample_lengths(n, median, max_len, self.g), self.config.vocab_size, self.g, self.device,
+                          (self.cls, self.sep))
+
+    def autocast(self):
+        from ..utils.precision import autocast
+        return autocast(self.device, self.precision)
+
+    def training_step(self, params, lr, loss_fn):
+        """A step closure: ``loss_fn(inputs)`` through ``training.update`` (autocast, scaled
+        backward) with AdamW (fused, weight decay 0.01) over ``params`` (or parameter groups)."""
+        from ..training.optim import make_optimizer, update
+
+        opt = make_optimizer(params, lr, 0.01, self.device)
+        scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+
+        def step(inputs):
+            return update(opt, scaler, lambda: (loss_fn(inputs), {}), self.device, self.precision)[0]
+        return step
+
+    # per-step figures, averaged over the input pool
+    def sentences(self, inputs) -> int:
+        return sum(len(b.lengths) for b in inputs)
+
+    def real_tokens(self, inputs) -> int:
+        return sum(b.tokens for b in inputs)
+
+    def flops(self, inputs) -> float:
+        return sum(encoder_flops(self.config, b.lengths, self.training) for b in inputs)
+
+
+class Mirror(Workload):
+    """Pretraining's own objective (``bertcf.objectives``) on batches of 16 corpus sentences on the
+    host, as pretraining hands them over: it draws the views, copies them to the device, encodes."""
+
+    stage = "mirror"
+
+    def make_inputs(self, n):
+        inputs = []
+        for _ in range(n):
+            b = self.batch(16, "mirror")
+            b.ids, b.mask = b.ids.cpu(), b.mask.cpu()
+            b.special = (b.ids == self.cls) | (b.ids == self.sep) | (b.mask == 0)
+            inputs.append([b])
+        return inputs
+
+    def build(self, bert):
+        from types import SimpleNamespace
+
+        from ..models.encoder import SentenceEncoder
+        from ..objectives import build_objective
+        from ..pretrain import STAGE_LR
+
+        bert.requires_grad_(True)  # a joint workload before may have frozen it
+        torch.manual_seed(0)  # the same initial flow for both implementations
+        tokenizer = SimpleNamespace(mask_token_id=self.mask_id, pad_token_id=0)
+        objective = build_objective(self.stage, "mirror", SentenceEncoder(bert, tokenizer), None,
+                                    torch.Generator().manual_seed(0)).to(self.device).train()
+
+        def loss(inputs):
+            (b,) = inputs
+            return objective(b.ids, b.mask, b.special)[0]
+        return self.training_step(objective.parameter_groups(), STAGE_LR[self.stage], loss)
+
+    # The encoder sees two views of each sentence.
+    def sentences(self, inputs) -> int:
+        return 2 * super().sentences(inputs)
+
+    def real_tokens(self, inputs) -> int:
+        return 2 * super().real_tokens(inputs)
+
+    def flops(self, inputs):
+        return sum(encoder_flops(self.config, b.lengths * 2, self.training) for b in inputs)
+
+
+class Joint(Mirror):
+    """BERT-CF's objective: the frozen encoder (forward only, dropout on as in the stage) and the flow."""
+
+    stage = "joint"
+    training = False  # the encoder only runs forward; the flow's FLOPs are added below
+
+    def flops(self, inputs):
+        d = self.config.hidden_size
+        flow_qqpms = 3 * (d * d + (d // 2) * d + d * (d - d // 2))  # 1x1 + coupling MLP, roughly
+        return super().flops(inputs) + sum(6 * flow_qqpms * 2 * len(b.lengths) for b in inputs)
+
+
+class Multitask(Workload):
+    """bertcf.multitask's training step itself: MultitaskModel (one encoder pass over all 288
+    sentences, the heads) and MultitaskLoss, around either implementation."""
+
+    sizes = {"sst": 32, "qqp": 96, "sts": 32}
+
+    def make_inputs(self, n):
+        out = []
+        for _ in range(n):
+            lengths = []
+            for task, size in self.sizes.items():
+                median, max_len = LENGTHS[task]
+                rows = size * (1 if task == "sst" else 2)
+                lengths += sample_lengths(rows, median, min(max_len, self.config.max_position_embeddings), self.g)
+            out.append([make_batch(lengths, self.config.vocab_size, self.g, self.device, (self.cls, self.sep))])
+        return out
+
+    def build(self, bert):
+        from ..models.encoder import SentenceEncoder
+        from ..models.multitask import MultitaskLoss, MultitaskModel
+
+        torch.manual_seed(0)  # the same initial heads for both implementations
+        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), proj_dim=768, sst_dropout=0.3,
+                               qqp_dropout=0.0, sts_dropout=0.1).to(self.device)
+        model.requires_grad_(True)
+        model.train()
+        g = torch.Generator(device=self.device).manual_seed(0)
+        labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
+                  "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
+                  "sts": torch.rand(32, generator=g, device=self.device) * 5}
+        multitask_loss = MultitaskLoss({"sst": 5.0, "qqp": 20.0, "sts": 1.0}, qqp_margin=0.7, sts_margin=0.0)
+
+        def loss(inputs):
+            (b,) = inputs
+            out = model(b.ids, b.mask, self.sizes, num_tokens=b.tokens)
+            return multitask_loss(out, labels)[0]
+        return self.training_step(model.parameters(), 1e-5, loss)
+
+    def flops(self, inputs):
+        d = self.config.hidden_size
+        heads = 6 * d * (5 * self.sizes["sst"] + 768 * 2 * (self.sizes["qqp"] + self.sizes["sts"]))
+        return super().flops(inputs) + heads
+
+
+class Encode(Workload):
+    training = False
+
+    def __init__(self, *args, sentences=256, batch_size=64, **kwargs):
+        self.n_sentences, self.batch_size = sentences, batch_size
+        super().__init__(*args, **kwargs)
+
+    def make_inputs(self, n):
+        """One input = one encode() call: the sentences sorted by length, in batches of 64."""
+        out = []
+        for _ in range(n):
+            median, max_len = LENGTHS["encode"]
+            lengths = sorted(sample_lengths(self.n_sentences, median, min(max_len, self.config.max_position_embeddings),
+                                            self.g), reverse=True)
+            out.append([make_batch(lengths[i:i + self.batch_size], self.config.vocab_size, self.g, self.device,
+                                   (self.cls, self.sep)) for i in range(0, len(lengths), self.batch_size)])
+        return out
+
+    def build(self, bert):
+        from ..models.encoder import pool
+
+        bert.eval()
+
+        @torch.inference_mode()
+        def step(inputs):
+            out = None
+            for b in inputs:
+                with self.autocast():
+                    out = pool(b.hidden(bert), b.mask)
+            return out
+        return step
+
+
+WORKLOAD_CLASSES = {"mirror": Mirror, "joint": Joint, "multitask": Multitask, "encode": Encode}

@@ -1,0 +1,158 @@
+"""``python -m bertcf.bench`` / ``bertcf-bench``: the benchmark's command line. What it measures,
+and how: :mod:`bertcf.bench` (whose docstring's first paragraph is --help's description)."""
+from __future__ import annotations
+
+import argparse
+import platform
+import time
+
+import torch
+
+from .. import bench
+from ..bench.models import Encoder, load_models
+from ..bench.onnx_encode import run_onnx
+from ..bench.timing import device_name, time_workload
+from ..bench.workloads import WORKLOAD_CLASSES, WORKLOADS
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from ..cli import AT_LEAST_0, AT_LEAST_1, ArgumentParser
+
+    p = ArgumentParser(prog="python -m bertcf.bench", description=bench.__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="bert-base-uncased",
+                   help="checkpoint directory, directory or file with a config.json, or hub name")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer hidden-32 random model (for tests)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
+                   help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
+    p.add_argument("--steps", type=AT_LEAST_1, default=20,
+                   help="timed steps per model and workload")
+    p.add_argument("--warmup", type=AT_LEAST_0, default=3, help="untimed steps first")
+    p.add_argument("--workloads", default=",".join(WORKLOADS), help="the workloads to time, comma-separated")
+    p.add_argument("--encode-sentences", type=AT_LEAST_1, default=256,
+                   help="sentences per encode step")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile both models (minBERT layer by layer, transformers whole; dynamic shapes)")
+    p.add_argument("--no-unpad", action="store_true",
+                   help="minBERT computes the padding too, as transformers does (shows what unpadding gains)")
+    p.add_argument("--profile", type=AT_LEAST_0, default=0, metavar="N",
+                   help="after timing, profile N of minBERT's steps of each workload (torch.profiler) and print "
+                        "the operator table (0: off)")
+    p.add_argument("--threads", type=AT_LEAST_1, default=None, help="torch.set_num_threads (CPU)")
+    p.add_argument("--seed", type=int, default=11711,
+                   help="seed of the random inputs, and of the weights where they are random")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    p.add_argument("--onnx", default=None, metavar="EXPORT_DIR",
+                   help="instead of the workloads: time encode() on STS-B test with torch fp32, ONNX Runtime fp32 and "
+                        "int8, on the CPU, for this directory written by bertcf-export onnx (with --quantize int8)")
+    p.add_argument("--senteval-dir", default="data/SentEval", help="--onnx: SentEval's data, for STS-B test")
+    return p
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def run(argv=None) -> dict:
+    """The benchmark: the workloads against transformers, or with ``--onnx`` the ONNX encode
+    comparison; prints the results and returns them (``{"info": ..., "results": ...}``)."""
+    from ..errors import UsageError
+
+    args = build_parser().parse_args(argv)
+    workloads = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown or not workloads:
+        raise UsageError(f"--workloads: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(WORKLOADS)}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.onnx:
+        return run_onnx(args)
+    return run_workloads(args, workloads)
+
+
+def run_workloads(args, workloads: list[str]) -> dict:
+    """minBERT against transformers on each of ``workloads``, steps alternating."""
+    import transformers
+
+    from ..utils.precision import resolve_device, resolve_precision
+
+    device = resolve_device(args.device)
+    precision = resolve_precision(args.precision, device)
+    wall = time.perf_counter()
+    mb, hf, note = load_models(args.model, args.tiny, args.seed)
+    encoders = {"minbert": Encoder(mb.to(device), args.compile, unpad=not args.no_unpad),
+                "transformers": Encoder(hf.to(device), args.compile)}
+    config = mb.config
+    info = {"model": "tiny" if args.tiny else args.model, "weights": note, "device": device_name(device),
+            "precision": precision, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "steps": args.steps, "warmup": args.warmup,
+            "compile": args.compile, "unpad": not args.no_unpad, "config": {k: getattr(config, k) for k in
+                                                ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                 "intermediate_size", "vocab_size")},
+            "encoder_params": sum(p.numel() for p in mb.parameters())}
+    print(f"bench: {info['model']} ({note}); hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
+          f"{info['encoder_params'] / 1e6:.1f}M parameters")
+    print(f"device: {info['device']}; precision {precision}; torch {torch.__version__}, "
+          f"transformers {transformers.__version__}, python {info['python']}")
+    print(f"timing: median of {args.steps} steps after {args.warmup} warm-up steps, minBERT and transformers "
+          f"alternating", flush=True)
+    results = {}
+    n_batches = max(1, min(args.steps + args.warmup, 8))
+    for i, name in enumerate(workloads):
+        kwargs = {"sentences": args.encode_sentences} if name == "encode" else {}
+        workload = WORKLOAD_CLASSES[name](name, config, device, precision, n_batches, args.seed + i, **kwargs)
+        start = time.perf_counter()
+        results[name] = r = time_workload(workload, encoders, args.steps, args.warmup, args.profile)
+        r["wall_s"] = time.perf_counter() - start
+        print_workload(name, r, args.profile)
+    info["wall_s"] = time.perf_counter() - wall
+    print_table(results)
+    print(f"\nwall time {info['wall_s']:.1f} s")
+    out = {"info": info, "results": results}
+    if args.json:
+        from ..utils.files import write_json_atomic
+        write_json_atomic(args.json, out)
+        print(f"results written to {args.json}")
+    return out
+
+
+def print_workload(name: str, r: dict, profile: int) -> None:
+    """One workload's lines as it finishes: the profile's table (with --profile), each
+    implementation's step time and throughput, the speed-up."""
+    if profile:
+        kernels = r["profile"]["gpu_kernels_per_step"]
+        print(f"{name} minBERT, torch.profiler over {profile} steps"
+              + (f" ({kernels:.0f} GPU kernels a step)" if kernels else "") + ":\n" + r["profile"]["table"])
+    for impl in ("minbert", "transformers"):
+        x = r[impl]
+        print(f"{name:9s} {impl:12s} {x['ms_per_step']:10.2f} ms/step {x['tokens_per_s']:12,.0f} tokens/s "
+              f"{x['sentences_per_s']:10,.1f} sentences/s" + (f"  MFU {100 * x['mfu']:.1f}%" if x["mfu"] else ""))
+    print(f"{name:9s} speed-up minBERT/transformers: {r['speedup']:.3f}x "
+          f"({'minBERT faster' if r['speedup'] >= 1 else 'minBERT slower'})", flush=True)
+
+
+def print_table(results: dict) -> None:
+    """The tidy table: a row per workload (MFU columns where a workload has one)."""
+    print()
+    head = "| workload | per step | minBERT ms | transformers ms | minBERT tokens/s | transformers tokens/s | speed-up |"
+    mfu_cols = any(results[w]["minbert"]["mfu"] for w in results)
+    if mfu_cols:
+        head += " minBERT MFU | transformers MFU |"
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for name, r in results.items():
+        ps = r["per_step"]
+        row = (f"| {name} | {ps['sentences']:.0f} sent, {ps['tokens']:.0f} tok | {r['minbert']['ms_per_step']:.2f} | "
+               f"{r['transformers']['ms_per_step']:.2f} | {r['minbert']['tokens_per_s']:,.0f} | "
+               f"{r['transformers']['tokens_per_s']:,.0f} | {r['speedup']:.3f}x |")
+        if mfu_cols:
+            row += (f" {fmt(r['minbert']['mfu'] and 100 * r['minbert']['mfu'], '.1f')}% |"
+                    f" {fmt(r['transformers']['mfu'] and 100 * r['transformers']['mfu'], '.1f')}% |")
+        print(row)
+
+
+def main(argv=None) -> int:
+    """``bertcf-bench``: :func:`run`; bad input is one line on stderr and exit status 2."""
+    from ..cli import run_main
+
+    return run_main(run, argv)
