@@ -2,7 +2,7 @@
 """Self-supervised pretraining: python run_pretrain.py --stage mirror|joint|flow [--help]."""
 import sys
 
-from bertcf.pretrain import command
+from bertcf.commands.pretrain import main
 
 if __name__ == "__main__":
-    sys.exit(command())
+    sys.exit(main())

@@ -1,5 +1,6 @@
-"""The command line every entry point shares: the common flags, parsing (with --resume's saved
-settings), and how bad input ends a command: one line on stderr and exit status 2."""
+"""What every command line shares: the parser and its help format, checked flag types, old flag
+names, parsing with --resume's saved settings, and how bad input ends a command: one line on
+stderr and exit status 2. The settings themselves are declared in ``bertcf.config``."""
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,6 @@ import sys
 from pathlib import Path
 
 from .errors import NonFiniteLossError, UsageError, WriteError
-from .utils.precision import resolve_device, resolve_precision
-from .utils.progress import MODES as PROGRESS_MODES
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -47,6 +46,7 @@ def checked(convert, good, what: str):
             raise argparse.ArgumentTypeError(f"must be {what}, not {text}")
         return value
     parse.__name__ = convert.__name__  # argparse names the type when the text does not convert
+    parse.good, parse.what = good, what  # the same check on a value given from Python (bertcf.config)
     return parse
 
 
@@ -55,46 +55,6 @@ AT_LEAST_0 = checked(int, lambda v: v >= 0, "at least 0")
 POSITIVE = checked(float, lambda v: 0 < v < math.inf, "positive")
 NON_NEGATIVE = checked(float, lambda v: 0 <= v < math.inf, "a number >= 0")
 PROBABILITY = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
-
-
-def add_common_args(parser: argparse.ArgumentParser, helps: dict | None = None, **defaults) -> argparse.ArgumentParser:
-    """The flags of every training command (README, "The main job"), with the command's defaults
-    and, in ``helps`` (dest -> text), its own help texts."""
-    d = dict(model="bert-base-uncased", steps=10_000, batch_size=16, lr=1e-4, eval_every=250,
-             max_length=32, log_every=10) | defaults
-    g = parser.add_argument_group("common")
-    g.add_argument("--model", default=d["model"], help="Hugging Face BERT name or directory")
-    g.add_argument("--init", default=None, help="start from this run directory or checkpoint instead of --model")
-    g.add_argument("--data-dir", default="data", help="directory with the CS224N files")
-    g.add_argument("--out-dir", default=None, help="run directory (default runs/<stage>-<method>-<time>)")
-    g.add_argument("--steps", type=AT_LEAST_1, default=d["steps"], help="optimiser steps")
-    g.add_argument("--batch-size", type=AT_LEAST_1, default=d["batch_size"], help="global batch size")
-    g.add_argument("--lr", type=POSITIVE, default=d["lr"], help="AdamW's learning rate")
-    g.add_argument("--weight-decay", type=NON_NEGATIVE, default=0.01, help="AdamW's weight decay")
-    g.add_argument("--warmup-steps", type=AT_LEAST_0, default=0, help="steps of linear learning-rate warm-up")
-    g.add_argument("--lr-schedule", choices=("constant", "linear"), default="constant",
-                   help="constant (the CS224N starter's) or linear decay to 0 after warm-up")
-    g.add_argument("--max-grad-norm", type=NON_NEGATIVE, default=0.0, help="clip gradients to this norm (0: off)")
-    g.add_argument("--eval-every", type=AT_LEAST_1, default=d["eval_every"],
-                   help="steps between evaluations (each may write best/; each writes last/)")
-    g.add_argument("--save-every", type=AT_LEAST_1, default=None,
-                   help="steps between writes of last/, the checkpoint --resume continues from, without "
-                        "evaluating (default: --eval-every)")
-    g.add_argument("--log-every", type=AT_LEAST_1, default=d["log_every"], help="steps between logged training scalars")
-    g.add_argument("--max-length", type=AT_LEAST_1, default=d["max_length"],
-                   help="tokens per sentence after truncation")
-    g.add_argument("--seed", type=int, default=11711, help="seed of every random draw (data order, dropout, masks)")
-    g.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
-    g.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default=None,
-                   help="autocast precision (default: bf16 on a GPU that supports it, else fp32)")
-    g.add_argument("--progress", choices=PROGRESS_MODES, default="auto",
-                   help="a tqdm bar (on a terminal, with auto), plain lines at each evaluation and every tenth "
-                        "of the run (in a log file, with auto), or none")
-    g.add_argument("--compile", action="store_true", help="wrap the encoder with torch.compile")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out-dir from its last/ checkpoint")
-    for action in g._group_actions:
-        action.help = (helps or {}).get(action.dest, action.help)
-    return parser
 
 
 def add_renamed_flags(parser: argparse.ArgumentParser, renames: dict) -> None:
@@ -131,8 +91,6 @@ def parse_args(parser: argparse.ArgumentParser, argv=None, upgrade=None) -> argp
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved.items() if k in known})
         args = parser.parse_args(argv)
-    args.device = str(resolve_device(args.device))
-    args.precision = resolve_precision(args.precision, args.device)
     return args
 
 

@@ -260,3 +260,36 @@ def tiny_data_dir(tmp_path) -> Path:
     real format (see :func:`write_cs224n_files`): 24 train rows, 12 dev and 8 test per task,
     SST labels 0-4, Quora 0.0/1.0 (half duplicates), STS similarities in [0, 5]. Free to modify."""
     return write_cs224n_files(tmp_path / "data")
+
+
+def make_objective(stage: str, method: str, encoder, generator=None, examples=None, **settings):
+    """The objective of ``--stage``/``--method`` on ``encoder``, built as ``run_pretrain.py`` builds
+    it: ``settings`` are its keyword settings (those of other objectives are left out, as a run's
+    flags are; ``pooling="cls-mlp"`` gives SimCSE's MLP), ``examples`` size a supervised head."""
+    from bertcf.objectives import objective_class
+
+    cls = objective_class(stage, method)
+    run = {"mlp": settings.pop("pooling", None) == "cls-mlp"} | {k: settings.pop(k) for k in ("max_length", "checkpoint")
+                                                                if k in settings}
+    kwargs = {k: v for k, v in settings.items() if k in cls.setting_names() or k == "mini_batch_size"}
+    kwargs |= {k: v for k, v in run.items() if k in cls.RUN_SETTINGS}
+    if examples is not None and stage == "supervised":
+        kwargs |= cls.from_examples(examples)
+    return cls(encoder, generator=generator, **kwargs)
+
+
+def record_pretrainings(monkeypatch, run: bool = True) -> list:
+    """The argv of every pretraining run the experiments command starts from now on, in order;
+    ``run``: whether they still run (else they are only recorded)."""
+    from bertcf.experiments import execute
+
+    calls, real = [], execute.run_planned
+
+    def recording(kind, argv):
+        if kind == "pretraining":
+            calls.append(argv)
+            if not run:
+                return {}
+        return real(kind, argv)
+    monkeypatch.setattr(execute, "run_planned", recording)
+    return calls

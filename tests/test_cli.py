@@ -57,8 +57,11 @@ def test_renamed_flag_sets_the_new_one_with_a_note_and_stays_out_of_help(capsys)
 
 
 def test_resume_takes_saved_settings_through_upgrade(tmp_path):
+    from bertcf.config.train import TrainConfig
+
     def parser():
-        p = cli.add_common_args(cli.ArgumentParser(prog="prog"))
+        p = cli.ArgumentParser(prog="prog")
+        TrainConfig.add_arguments(p)
         p.add_argument("--qqp-weight", type=float, default=20.0)
         return p
 
@@ -73,15 +76,15 @@ def test_resume_takes_saved_settings_through_upgrade(tmp_path):
 
 def test_resume_from_a_damaged_config_is_one_line(tmp_path, capsys):
     """A config.json that is not JSON (hand-edited, or a disk that lost it): one line, exit 2."""
-    from bertcf import pretrain
+    from bertcf.commands import pretrain
 
     (tmp_path / "config.json").write_text('{"steps": 3')
-    assert cli.run_main(pretrain.main, ["--resume", "--out-dir", str(tmp_path), "--device", "cpu"]) == 2
+    assert cli.run_main(pretrain.run, ["--resume", "--out-dir", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"--resume: {tmp_path / 'config.json'} is not valid JSON" in err
 
 
-COMMANDS = ("pretrain", "multitask", "evaluate", "commands.bench", "encode")
+COMMANDS = ("config.pretrain", "config.multitask", "config.evaluate", "commands.bench", "commands.encode")
 
 
 def flag_helps(module: str) -> dict:
@@ -106,7 +109,7 @@ def test_help_shows_every_default_once(module):
 
 def test_help_of_the_first_hour():
     """What issue 30 found missing or wrong in --help."""
-    pretrain, multitask = flag_helps("pretrain"), flag_helps("multitask")
+    pretrain, multitask = flag_helps("config.pretrain"), flag_helps("config.multitask")
     for flag, default in (("--steps", "10000"), ("--batch-size", "16"), ("--eval-every", "250"),
                           ("--dropout", "0.1"), ("--temperature", "0.05")):
         assert pretrain[flag][1].endswith(f"(default: {default})"), flag
@@ -115,7 +118,7 @@ def test_help_of_the_first_hour():
     assert multitask["--lr"][1].endswith("(default: 1e-05)") and multitask["--steps"][1].endswith("(default: 5000)")
     assert "runs/multitask-<encoder>-<time>" in multitask["--out-dir"][1]
     assert "<stage>-<method>" not in multitask["--out-dir"][1]
-    assert flag_helps("evaluate")["--mode"][1].endswith("(default: test)")
+    assert flag_helps("config.evaluate")["--mode"][1].endswith("(default: test)")
 
 
 def test_readme_lists_every_bench_flag():

@@ -15,7 +15,7 @@ import pytest
 
 from bertcf.data import download
 from bertcf.data import tasks as data
-from bertcf.data.commands import main as data_main
+from bertcf.commands.data import main as data_main
 from bertcf.data.download import Source
 from bertcf.data.tasks import PairExample, SentenceExample
 from bertcf.errors import DataError

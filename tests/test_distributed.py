@@ -27,11 +27,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import make_objective
 
-from bertcf import pretrain
+from bertcf.commands import pretrain
 from bertcf.errors import UsageError
 from bertcf.models.encoder import SentenceEncoder, pool
-from bertcf.objectives import OBJECTIVES, build_objective
+from bertcf.objectives import OBJECTIVES
 from bertcf.objectives.contrastive import InfoNCE
 from bertcf.utils import distributed
 from bertcf.utils.precision import autocast
@@ -114,8 +115,8 @@ def train_objective(method, rank=0, world=1, wrap=lambda m: m, mini_batch_size=N
     torch.manual_seed(0)
     # Uneven counts of predicted tokens per rank; BSL's predictor at width D (k = 1): the published
     # 8D sums 8 times more float noise into the gradients than this test's tolerance allows.
-    settings = SimpleNamespace(mlm_probability=0.5, predictor_k=1, mini_batch_size=mini_batch_size)
-    objective = build_objective("mirror", method, encoder, settings, torch.Generator().manual_seed(0))
+    objective = make_objective("mirror", method, encoder, torch.Generator().manual_seed(0), mlm_probability=0.5,
+                               predictor_k=1, mini_batch_size=mini_batch_size)
     net = wrap(objective)
     ids, mask, special = objective_batch()
     opt = torch.optim.SGD(objective.trainable_parameters(), lr=0.5)
@@ -173,12 +174,12 @@ def _worker(rank, init_file, out_dir):
 
         # 5. run_pretrain with a global batch the ranks cannot share: the same error on every rank.
         try:
-            pretrain.main(["--batch-size", "5", "--device", "cpu", "--out-dir", os.path.join(out_dir, "odd")])
+            pretrain.run(["--batch-size", "5", "--device", "cpu", "--out-dir", os.path.join(out_dir, "odd")])
         except UsageError as e:
             result["odd_batch"] = str(e)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
-        distributed.cleanup_distributed()  # pretrain.main has left the group already
+        distributed.cleanup_distributed()  # the run has left the group already
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertcf import pretrain, runs
+from bertcf import runs
+from bertcf.commands import pretrain
 from bertcf.cli import run_main
-from bertcf.export.model_card import model_card
+from bertcf.models.model_card import model_card
 from bertcf.utils import environment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -141,7 +142,7 @@ def pretrain_argv(bert_dir, data_dir, out, steps=2) -> list[str]:
 def test_a_run_records_its_environment_and_a_resume_on_another_warns(tiny_bert_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     with contextlib.redirect_stdout(io.StringIO()):
-        pretrain.main(pretrain_argv(tiny_bert_dir, data_dir, out))
+        pretrain.run(pretrain_argv(tiny_bert_dir, data_dir, out))
     (first,) = json.loads((out / runs.ENVIRONMENT_FILE).read_text())["sessions"]
     assert first["session"] == "start" and first["device"] == "cpu" and first["precision"] == "fp32"
     assert first["packages"] == environment.package_versions()
@@ -159,7 +160,7 @@ def test_a_run_records_its_environment_and_a_resume_on_another_warns(tiny_bert_d
     faked = first | {"packages": first["packages"] | {"torch": other_torch}, "cpu_capability": other_capability,
                      "command": "python elsewhere"}
     (out / runs.ENVIRONMENT_FILE).write_text(json.dumps({"sessions": [faked]}))
-    assert run_main(pretrain.main, ["--resume", "--out-dir", str(out), "--steps", "4"]) == 0
+    assert run_main(pretrain.run, ["--resume", "--out-dir", str(out), "--steps", "4"]) == 0
     err = [l for l in capsys.readouterr().err.splitlines() if l.strip()]
     warnings = [l for l in err if l.startswith("warning:")]
     assert len(warnings) == 1, err
@@ -173,6 +174,6 @@ def test_a_run_records_its_environment_and_a_resume_on_another_warns(tiny_bert_d
     assert resumed["seed"] == config["seed"] and resumed["model"] == config["model"]  # the run's settings
 
     # The same environment again: no warning.
-    assert run_main(pretrain.main, ["--resume", "--out-dir", str(out), "--steps", "6"]) == 0
+    assert run_main(pretrain.run, ["--resume", "--out-dir", str(out), "--steps", "6"]) == 0
     assert "warning:" not in capsys.readouterr().err
     assert len(json.loads((out / runs.ENVIRONMENT_FILE).read_text())["sessions"]) == 3

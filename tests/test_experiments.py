@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_cs224n_files
+from conftest import record_pretrainings, write_cs224n_files
 
-from bertcf import experiments, pretrain
+from bertcf import experiments as exp
+from bertcf.commands import experiments
 from bertcf.data.tasks import PairExample
 from bertcf.evaluation import multitask as multitask_metrics
 from bertcf.evaluation.metrics import alignment, uniformity
@@ -52,7 +53,7 @@ def test_pair_analysis_matches_a_direct_computation():
          "c": torch.tensor([0.0, 0.0, 1.0]), "d": torch.tensor([1.0, 1.0, 0.0])}
     pairs = [PairExample("1", "a", "b", 1.0), PairExample("2", "a", "c", 0.0), PairExample("3", "c", "d", 1.0),
              PairExample("4", "b", "a", 0.0)]
-    result = experiments.pair_analysis(StubEncoder(v), pairs)
+    result = exp.pair_analysis(StubEncoder(v), pairs)
     n = {k: t / t.norm() for k, t in v.items()}
     expected_alignment = ((n["a"] - n["b"]).pow(2).sum() + (n["c"] - n["d"]).pow(2).sum()) / 2
     sentences = list(n.values())  # distinct sentences only: a, b, c, d
@@ -65,14 +66,14 @@ def test_pair_analysis_matches_a_direct_computation():
 
 def test_finetune_metric_names_and_prediction_files(tmp_path):
     # The names are the ones bertcf.multitask writes to metrics.json.
-    assert (set(experiments.FINETUNE_METRICS.values())
+    assert (set(exp.FINETUNE_METRICS.values())
             == set(multitask_metrics.METRICS.values()) | {multitask_metrics.SELECTION_METRIC})
     for qqp in ("qqp_acc", "para_acc"):  # para_acc: a metrics.json written before QQP had one name
-        m = experiments.finetune_metrics({"sst_acc": 0.4, qqp: 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
+        m = exp.finetune_metrics({"sst_acc": 0.4, qqp: 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
                                           "sst_dev_examples": 12})
         assert m == {"sst_accuracy": 0.4, "qqp_accuracy": 0.9, "sts_pearson": 0.1, "mean_dev": 0.3}
     (tmp_path / "p.csv").write_text("id \t Predicted_Is_Paraphrase \nabc , 1.0\n def , 0\n")
-    assert experiments.read_predictions(tmp_path / "p.csv") == {"abc": "1.0", "def": "0"}
+    assert exp.read_predictions(tmp_path / "p.csv") == {"abc": "1.0", "def": "0"}
 
 
 # ---- the tiny suite ------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def suite_argv(command, bert, data, out, *more) -> list[str]:
 def suite(tiny_bert_dir, suite_data, tmp_path_factory):
     """`all --no-finetune` once: 7 stages of 2 steps and 2 whitenings, 10 encoders evaluated."""
     out = tmp_path_factory.mktemp("exp") / "out"
-    summary = experiments.main(suite_argv("all", tiny_bert_dir, suite_data, out, "--no-finetune"))
+    summary = experiments.run(suite_argv("all", tiny_bert_dir, suite_data, out, "--no-finetune"))
     return out, summary
 
 
@@ -136,8 +137,8 @@ def test_suite_writes_every_output(suite):
         sts = row["ours"]["sts_spearman"]
         assert -1 <= sts["mean"] <= 1 and sts["n"] == 1 and sts["sd"] is None and sts["per_seed"] == {"3": sts["mean"]}
         assert row["ours"]["sst_accuracy"]["n"] == 0  # --no-finetune
-        assert row["report"] == experiments.REPORT_TABLE1.get(row["name"], dict.fromkeys(
-            experiments.REPORT_TABLE1["MinBERT"]))  # the report has no whitening row
+        assert row["report"] == exp.REPORT_TABLE1.get(row["name"], dict.fromkeys(
+            exp.REPORT_TABLE1["MinBERT"]))  # the report has no whitening row
     assert table1["rows"][0]["encoder"] == table1["settings"]["model"]
     assert table1["rows"][-1]["encoder"].endswith(os.path.join("stages", "bertcf", "best"))
     md = (out / "table1.md").read_text()
@@ -156,7 +157,7 @@ def test_suite_writes_every_output(suite):
     for row in analysis["rows"]:
         assert 0 <= row["ours"]["alignment"]["mean"] <= 4
         assert -4 <= row["ours"]["uniformity"]["mean"] <= 0
-        assert row["report"] == experiments.REPORT_ANALYSIS.get(row["name"], {"alignment": None, "uniformity": None})
+        assert row["report"] == exp.REPORT_ANALYSIS.get(row["name"], {"alignment": None, "uniformity": None})
     qualitative = (out / "qualitative.md").read_text()
     assert qualitative.count("\n| ") >= 11  # header + 10 sampled STS pairs
 
@@ -169,7 +170,7 @@ def test_suite_writes_every_output(suite):
 
     # Each stage ran once, from the right checkpoint, and is marked finished.
     for name in BEST_DIRS:
-        marker = json.loads((out / "stages" / name / experiments.MARKER).read_text())
+        marker = json.loads((out / "stages" / name / exp.MARKER).read_text())
         assert marker["status"] == "done" and marker["summary"]["step"] == (0 if name in WHITENING else 2)
     config = json.loads((out / "stages" / "bertcf" / "config.json").read_text())
     assert config["stage"] == "joint" and config["init"].endswith(os.path.join("stages", "mirror", "best"))
@@ -184,10 +185,9 @@ def test_suite_writes_every_output(suite):
 def test_second_invocation_reruns_nothing(suite, tiny_bert_dir, suite_data, monkeypatch, capsys):
     out, _ = suite
     before = mtimes(out)
-    calls = []
-    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
+    calls = record_pretrainings(monkeypatch, run=False)
     # The settings not given come from OUT/suite.json.
-    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])
+    experiments.run(["all", "--out-dir", str(out), "--no-finetune"])
     assert calls == []
     assert mtimes(out) == before
     lines = capsys.readouterr().out.splitlines()
@@ -203,10 +203,8 @@ def test_several_seeds(suite, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     shutil.copytree(suite[0], out)
     before = mtimes(out)
-    calls = []
-    real_main = pretrain.main
-    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv) or real_main(argv))
-    experiments.main(["all", "--out-dir", str(out), "--no-finetune", "--seeds", "3,4"])
+    calls = record_pretrainings(monkeypatch)
+    experiments.run(["all", "--out-dir", str(out), "--no-finetune", "--seeds", "3,4"])
     assert mtimes(out) == before
     seed4 = out / "seeds" / "4" / "stages"
     assert [a[a.index("--out-dir") + 1] for a in calls] == [str(seed4 / name) for name in BEST_DIRS]
@@ -246,7 +244,7 @@ def test_several_seeds(suite, tmp_path, monkeypatch, capsys):
     assert "| BERT-CF | Mirror-flow |" in (out / "claims.md").read_text()
 
     calls.clear()
-    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])  # the seeds come from suite.json
+    experiments.run(["all", "--out-dir", str(out), "--no-finetune"])  # the seeds come from suite.json
     assert calls == []
     assert capsys.readouterr().out.count("finished earlier, reused") == 18
 
@@ -254,7 +252,7 @@ def test_several_seeds(suite, tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_mlm_base_is_shared_by_the_seeds(vocab_path, suite_data, tmp_path, capsys):
     config = write_config(vocab_path, tmp_path / "config")
-    experiments.main(suite_argv("mlm-base", config, suite_data, tmp_path / "out", "--config", str(config),
+    experiments.run(suite_argv("mlm-base", config, suite_data, tmp_path / "out", "--config", str(config),
                                 "--mlm-steps", "3", "--no-finetune", "--seeds", "3,4", "--dry-run"))
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
     assert sum("MLM base" in l for l in lines) == 1 and len(lines) == 1 + 2 * len(BEST_DIRS)
@@ -266,28 +264,26 @@ def test_interrupted_stages_continue(suite, tiny_bert_dir, suite_data, tmp_path,
     out = tmp_path / "out"
     shutil.copytree(suite[0], out)
     # stages/bertcf was killed after a checkpoint (last/ is there); stages/mirror-flow before its first one.
-    marker = out / "stages" / "bertcf" / experiments.MARKER
+    marker = out / "stages" / "bertcf" / exp.MARKER
     marker.write_text(json.dumps(json.loads(marker.read_text()) | {"status": "running"}))
     mirror_flow = out / "stages" / "mirror-flow"
     shutil.rmtree(mirror_flow / "last")
-    (mirror_flow / experiments.MARKER).unlink()
-    calls = []
-    real_main = pretrain.main
-    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv) or real_main(argv))
+    (mirror_flow / exp.MARKER).unlink()
+    calls = record_pretrainings(monkeypatch)
 
-    experiments.main(["all", "--out-dir", str(out), "--no-finetune", "--dry-run"])
+    experiments.run(["all", "--out-dir", str(out), "--no-finetune", "--dry-run"])
     assert calls == []
     printed = capsys.readouterr().out
     assert "would continue with --resume" in printed and "would be cleared and started again" in printed
 
-    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])
+    experiments.run(["all", "--out-dir", str(out), "--no-finetune"])
     assert [a[a.index("--out-dir") + 1] for a in calls] == [str(out / "stages" / "bertcf"), str(mirror_flow)]
     assert "--resume" in calls[0] and "--resume" not in calls[1]
     printed = capsys.readouterr().out
     assert "(continuing the interrupted run)" in printed
     assert "(the interrupted attempt left no checkpoint: starting it again)" in printed
     for name in ("bertcf", "mirror-flow"):
-        assert json.loads((out / "stages" / name / experiments.MARKER).read_text())["status"] == "done"
+        assert json.loads((out / "stages" / name / exp.MARKER).read_text())["status"] == "done"
 
 
 @pytest.mark.slow
@@ -312,15 +308,13 @@ def test_sigterm_stops_after_the_current_run_and_the_next_call_continues(suite, 
         return real(*args, **kwargs)
     monkeypatch.setattr(mirror, "span_mask", span_then_signal)
     rows = ["--rows", "MinBERT-SimCSE,MinBERT-Mirror"]
-    assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", *rows]) == 143
+    assert experiments.main(["table1", "--out-dir", str(out), "--no-finetune", *rows]) == 143
     assert "stopped by SIGTERM" in capsys.readouterr().err
-    assert json.loads((out / "stages" / "simcse" / experiments.MARKER).read_text())["status"] == "done"
-    assert json.loads((out / "stages" / "mirror" / experiments.MARKER).read_text())["status"] == "running"
+    assert json.loads((out / "stages" / "simcse" / exp.MARKER).read_text())["status"] == "done"
+    assert json.loads((out / "stages" / "mirror" / exp.MARKER).read_text())["status"] == "running"
     monkeypatch.undo()
-    calls_after = []
-    real_main = pretrain.main
-    monkeypatch.setattr(pretrain, "main", lambda argv: calls_after.append(argv) or real_main(argv))
-    assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", *rows]) == 0
+    calls_after = record_pretrainings(monkeypatch)
+    assert experiments.main(["table1", "--out-dir", str(out), "--no-finetune", *rows]) == 0
     assert len(calls_after) == 1 and "--resume" in calls_after[0]
     printed = capsys.readouterr().out
     assert "MinBERT-SimCSE: mirror stage --method simcse from --model -> stages/simcse, 2 steps" in printed
@@ -330,7 +324,7 @@ def test_sigterm_stops_after_the_current_run_and_the_next_call_continues(suite, 
 @pytest.mark.slow
 def test_changed_settings_are_refused(suite, capsys):
     out, _ = suite
-    assert experiments.cli(["table1", "--out-dir", str(out), "--no-finetune", "--steps-scale", "0.0004"]) == 2
+    assert experiments.main(["table1", "--out-dir", str(out), "--no-finetune", "--steps-scale", "0.0004"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "other settings" in err and "steps=2 (now 4)" in err
 
@@ -338,7 +332,7 @@ def test_changed_settings_are_refused(suite, capsys):
 @pytest.mark.slow
 def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, tmp_path, capsys):
     out = tmp_path / "out"
-    experiments.main(suite_argv("ablations", tiny_bert_dir, suite_data, out, "--dry-run"))
+    experiments.run(suite_argv("ablations", tiny_bert_dir, suite_data, out, "--dry-run"))
     lines = capsys.readouterr().out.splitlines()
     heads = [l for l in lines if l.startswith("[")]
     assert [h.split(":")[0] for h in heads] == ["[1/6] MinBERT-SimCSE (for SimCSE-joint)",
@@ -351,7 +345,7 @@ def test_dry_run_prints_the_plan_and_writes_nothing(tiny_bert_dir, suite_data, t
 
 def test_dry_run_on_a_fresh_clone_lists_what_is_missing(tmp_path, capsys):
     """No data, no corpus, no model: the dry run still prints the plan, then what is missing, and exits 0."""
-    status = experiments.cli(["all", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
+    status = experiments.main(["all", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"),
                               "--dry-run"])
     assert status == 0
     printed = capsys.readouterr().out
@@ -363,7 +357,7 @@ def test_dry_run_on_a_fresh_clone_lists_what_is_missing(tmp_path, capsys):
     assert "[9/15] Mirror-whitening: whiten stage from stages/mirror -> stages/mirror-whitening, closed form" in printed
     assert "missing before this can run:\n  - --data-dir " in printed
     (tmp_path / "data").mkdir()
-    experiments.cli(["all", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--dry-run"])
+    experiments.main(["all", "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "out"), "--dry-run"])
     printed = capsys.readouterr().out
     assert "  - no pretraining corpus: give --corpus FILE or --corpus-from-tasks" in printed
     assert "  - missing input file(s): " in printed and "sts-dev.csv" in printed
@@ -379,10 +373,9 @@ def test_an_output_directory_from_before_the_renames_is_reused(suite, tmp_path, 
     saved = json.loads((out / "suite.json").read_text())
     saved["settings"]["stage_args"] = saved["settings"].pop("pretrain_args")
     (out / "suite.json").write_text(json.dumps(saved))
-    calls = []
-    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
-    experiments.main(["all", "--out-dir", str(out), "--no-finetune"])
-    experiments.main(["all", "--out-dir", str(out), "--no-finetune", "--stage-args", "--batch-size 4 --log-every 1"])
+    calls = record_pretrainings(monkeypatch, run=False)
+    experiments.run(["all", "--out-dir", str(out), "--no-finetune"])
+    experiments.run(["all", "--out-dir", str(out), "--no-finetune", "--stage-args", "--batch-size 4 --log-every 1"])
     assert calls == []
     captured = capsys.readouterr()
     assert sum("finished earlier, reused" in line for line in captured.out.splitlines()) == 18
@@ -408,7 +401,7 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp
     elif case == "bad-scale":
         argv[argv.index("--steps-scale") + 1] = "0"
     try:
-        status = experiments.cli(argv)
+        status = experiments.main(argv)
     except SystemExit as e:  # argparse's error(): exit status 2
         status = e.code
     assert status == 2
@@ -421,7 +414,7 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, suite_data, tmp
 def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     shutil.copytree(suite[0], out)  # the suite's settings (suite.json) and its MinBERT-Mirror stage
-    experiments.main(["objectives", "--out-dir", str(out)])
+    experiments.run(["objectives", "--out-dir", str(out)])
     objectives = json.loads((out / "objectives.json").read_text())
     names = ["MinBERT-BSL", "MinBERT-CT", "MinBERT-TSDAE", "MinBERT-MLM"]
     assert [r["name"] for r in objectives["rows"]] == names
@@ -431,7 +424,7 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
         assert row["encoder"].endswith(os.path.join("stages", method, "best"))
         config = json.loads((out / "stages" / method / "config.json").read_text())
         assert (config["stage"], config["method"], config["init"]) == ("mirror", method, None)
-        assert json.loads((out / "stages" / method / experiments.MARKER).read_text())["summary"]["step"] == 2
+        assert json.loads((out / "stages" / method / exp.MARKER).read_text())["summary"]["step"] == 2
     references = ["MinBERT", "MinBERT-SimCSE", "MinBERT-Mirror"]
     assert [r["name"] for r in objectives["reference"]] == references
     table1 = {r["name"]: r["ours"]["sts_spearman"] for r in json.loads((out / "table1.json").read_text())["rows"]}
@@ -441,10 +434,9 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
     assert "no numbers for these" in md and "0.736" in md
 
     before = mtimes(out, OBJECTIVES)
-    calls = []
-    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
+    calls = record_pretrainings(monkeypatch, run=False)
     capsys.readouterr()
-    experiments.main(["objectives", "--out-dir", str(out)])
+    experiments.run(["objectives", "--out-dir", str(out)])
     assert calls == []
     assert mtimes(out, OBJECTIVES) == before
     lines = capsys.readouterr().out.splitlines()
@@ -453,8 +445,8 @@ def test_objectives_rows_then_second_invocation_reruns_nothing(suite, tmp_path, 
     assert not any(line.startswith("evaluating") for line in lines)  # the STS results are cached too
 
     # Without a finished MinBERT-Mirror the table says so instead of showing it.
-    (out / "stages" / "mirror" / experiments.MARKER).unlink()
-    experiments.main(["objectives", "--out-dir", str(out)])
+    (out / "stages" / "mirror" / exp.MARKER).unlink()
+    experiments.run(["objectives", "--out-dir", str(out)])
     assert calls == []
     assert [r["name"] for r in json.loads((out / "objectives.json").read_text())["reference"]] == ["MinBERT",
                                                                                                   "MinBERT-SimCSE"]
@@ -467,14 +459,14 @@ def test_objectives_as_published(suite, tmp_path, capsys):
     --max-length: the preset sets them), in directories of their own; the table names the presets."""
     out = tmp_path / "out"
     shutil.copytree(suite[0], out)
-    summary = experiments.main(["objectives", "--out-dir", str(out), "--preset", "published", "--dry-run"])
+    summary = experiments.run(["objectives", "--out-dir", str(out), "--preset", "published", "--dry-run"])
     commands = {t["label"]: t["command"] for t in summary["tasks"]}
     assert list(commands) == ["SimCSE (published)", "Mirror-BERT (published)", "BSL (published)", "CT (published)",
                               "TSDAE (published)", "MinBERT-MLM"]
     assert "--preset mirror-bert" in commands["Mirror-BERT (published)"]
     assert "--steps" not in commands["CT (published)"] and "--steps" in commands["MinBERT-MLM"]
     assert "stages/ct-published" in commands["CT (published)"]
-    experiments.main(["objectives", "--out-dir", str(out), "--preset", "published", "--rows",
+    experiments.run(["objectives", "--out-dir", str(out), "--preset", "published", "--rows",
                       "CT (published),SimCSE (published)"])
     config = json.loads((out / "stages" / "ct-published" / "config.json").read_text())
     assert (config["preset"], config["lr"], config["ct_negatives"]) == ("ct", 1e-5, 7)
@@ -497,11 +489,11 @@ def test_objectives_as_published(suite, tmp_path, capsys):
 @pytest.mark.slow
 def test_objectives_rows_filter(tiny_bert_dir, suite_data, tmp_path, capsys):
     out = tmp_path / "out"
-    experiments.main(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "tsdae", "--dry-run"))
+    experiments.run(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "tsdae", "--dry-run"))
     heads = [l for l in capsys.readouterr().out.splitlines() if l.startswith("[")]
     assert [h.split(":")[0] for h in heads] == ["[1/1] MinBERT-TSDAE"]
     assert not out.exists()
-    assert experiments.cli(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "MinBERT-Mirror")) == 2
+    assert experiments.main(suite_argv("objectives", tiny_bert_dir, suite_data, out, "--rows", "MinBERT-Mirror")) == 2
     assert "not a row of objectives (rows: MinBERT-BSL, MinBERT-CT" in capsys.readouterr().err
 
 
@@ -511,7 +503,7 @@ def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
     out = tmp_path / "out"
     argv = suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--finetune-steps-scale",
                       "0.0004", "--eval-every", "2")
-    experiments.main(argv)
+    experiments.run(argv)
     row = json.loads((out / "table1.json").read_text())["rows"][0]
     assert row["name"] == "MinBERT"
     for key in ("sst_accuracy", "qqp_accuracy", "sts_pearson", "mean_dev"):
@@ -534,7 +526,7 @@ def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path)
     from bertcf.evaluation.senteval import evaluate
     senteval = write_senteval(tmp_path / "SentEval")
     out = tmp_path / "out"
-    experiments.main(suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--no-finetune",
+    experiments.run(suite_argv("all", tiny_bert_dir, suite_data, out, "--rows", "MinBERT", "--no-finetune",
                                 "--senteval-dir", str(senteval), "--transfer"))
     expected = evaluate(SentenceEncoder.from_pretrained(tiny_bert_dir), senteval, "sts,transfer", "fasttest")
     row = json.loads((out / "table1.json").read_text())["rows"][0]
@@ -546,7 +538,7 @@ def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path)
     assert "# SentEval STS test sets" in analysis and f"| {expected['sts']['STS14']:.2f} |" in analysis
     # Without the files the tables are as before.
     plain = tmp_path / "plain"
-    experiments.main(suite_argv("table1", tiny_bert_dir, suite_data, plain, "--rows", "MinBERT", "--no-finetune"))
+    experiments.run(suite_argv("table1", tiny_bert_dir, suite_data, plain, "--rows", "MinBERT", "--no-finetune"))
     assert "STS avg" not in (plain / "table1.md").read_text()
 
 
@@ -570,9 +562,9 @@ def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypa
     out = tmp_path / "out"
     argv = suite_argv("mlm-base", config, suite_data, out, "--config", str(config), "--mlm-steps", "3",
                       "--no-finetune")
-    summary = experiments.main(argv)
+    summary = experiments.run(argv)
     base = out / "stages" / "mlm-base"
-    assert json.loads((base / experiments.MARKER).read_text())["status"] == "done"
+    assert json.loads((base / exp.MARKER).read_text())["status"] == "done"
     mlm = json.loads((base / "config.json").read_text())
     assert (mlm["method"], mlm["steps"], mlm["batch_size"], mlm["lr_schedule"]) == ("mlm", 3, 4, "linear")
     assert mlm["select_on"] == "mlm-heldout"  # MLM lowers STS at first: STS would keep the random step 0
@@ -590,9 +582,8 @@ def test_mlm_base_chain_from_a_config(vocab_path, suite_data, tmp_path, monkeypa
     assert whitened["model"] == str((base / "best").resolve())  # whitening of the MLM base
     assert "Random weights" in (out / "table1.md").read_text() and "mlm-base: MinBERT is the MLM base" in (
         out / "table1.md").read_text()
-    calls = []
-    monkeypatch.setattr(pretrain, "main", lambda argv: calls.append(argv))
+    calls = record_pretrainings(monkeypatch, run=False)
     capsys.readouterr()
-    experiments.main(["mlm-base", "--out-dir", str(out), "--no-finetune"])
+    experiments.run(["mlm-base", "--out-dir", str(out), "--no-finetune"])
     assert calls == []
     assert capsys.readouterr().out.count("finished earlier, reused") == 10

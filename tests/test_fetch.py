@@ -14,7 +14,7 @@ import torch
 from conftest import write_cs224n_files
 from test_data import server  # noqa: F401  (the local HTTP server fixture)
 
-from bertcf import multitask, pretrain
+from bertcf.commands import multitask, pretrain
 from bertcf.cli import run_main
 from bertcf.data import download
 from bertcf.data.download import WIKI1M_NAME, Source
@@ -92,7 +92,7 @@ def test_pretraining_fetches_wiki1m_and_sts_dev(mirror, tiny_bert_dir, tmp_path)
     data, out = tmp_path / "data", tmp_path / "run"
     data.mkdir()
     with contextlib.redirect_stdout(io.StringIO()):
-        assert run_main(pretrain.main, pretrain_argv(tiny_bert_dir, data, out)) == 0
+        assert run_main(pretrain.run, pretrain_argv(tiny_bert_dir, data, out)) == 0
     assert sorted(p.name for p in data.iterdir()) == sorted(["sts-dev.csv", WIKI1M_NAME, f"{WIKI1M_NAME}.sha256"])
     assert (out / "best").is_dir()
 
@@ -102,7 +102,7 @@ def test_fine_tuning_fetches_the_task_files(mirror, tiny_bert_dir, tmp_path):
     data.mkdir()
     shutil.copy(mirror / "sts-dev.csv", data)  # what is there stays; the rest comes
     with contextlib.redirect_stdout(io.StringIO()):
-        assert run_main(multitask.main, multitask_argv(tiny_bert_dir, data, out)) == 0
+        assert run_main(multitask.run, multitask_argv(tiny_bert_dir, data, out)) == 0
     assert sorted(p.name for p in data.iterdir()) == sorted(TASK_FILES.values())
     assert len(list((out / "predictions").iterdir())) == 6  # the test files came too
 
@@ -113,8 +113,10 @@ def test_only_the_test_files_missing_asks_nothing(mirror, tiny_bert_dir, tmp_pat
     data = write_cs224n_files(tmp_path / "data")
     (data / "quora-test-student.csv").unlink()
     monkeypatch.setattr(download, "download", lambda *a, **k: pytest.fail("nothing should be downloaded"))
-    args = multitask.parse(multitask_argv(tiny_bert_dir, data, tmp_path / "run"))
-    assert multitask.fetch_data(args) is None
+    from bertcf.config.multitask import parse
+    from bertcf.data.multitask import fetch_data
+
+    assert fetch_data(parse(multitask_argv(tiny_bert_dir, data, tmp_path / "run"))) is None
 
 
 @pytest.mark.parametrize("command", ["pretrain", "multitask"])
@@ -123,7 +125,7 @@ def test_offline_the_bare_command_keeps_its_one_line(command, tiny_bert_dir, tmp
     saying that the download failed; exit 2, no run directory, no data directory left behind."""
     data, out = tmp_path / "data", tmp_path / "runs" / "run"
     argv = (pretrain_argv if command == "pretrain" else multitask_argv)(tiny_bert_dir, data, out)
-    main = pretrain.main if command == "pretrain" else multitask.main
+    main = pretrain.run if command == "pretrain" else multitask.run
     assert run_main(main, argv) == 2
     captured = capsys.readouterr()
     assert "not in" in captured.out and "downloading" in captured.out  # what it tried, with the status lines

@@ -55,7 +55,7 @@ import transformers
 from conftest import TINY_BERT_CONFIG, synthetic_vocab
 from safetensors.torch import load_file, save_file
 
-from bertcf import pretrain
+from bertcf.commands import pretrain
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "fixed_behaviour_reference.safetensors"
 WRITE_ENV = "BERTCF_WRITE_REFERENCE"
@@ -117,7 +117,7 @@ def mirror_run(directory, inputs, *, steps: int = 30, seed: int | None = None) -
     torch.set_num_threads(1)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            pretrain.main(argv)
+            pretrain.run(argv)
     finally:
         torch.set_num_threads(threads)
     return load_file(str(Path(directory) / "last" / "model.safetensors"))

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_objectives import SENTENCES, args, batch, load
+from conftest import make_objective
+from test_objectives import SENTENCES, batch, load
 from test_pretrain import assert_one_error_line, base_args, data_dir, exit_status, run_quiet, tensors  # noqa: F401
 
-from bertcf.objectives import Objective, build_objective, cache
+from bertcf.objectives import Objective, cache
 from bertcf.objectives.contrastive import span_mask
 from bertcf.utils.precision import autocast
 
@@ -67,8 +68,7 @@ def build(bert_dir, case, dropout=0.1, mini_batch_size=None):
     stage, method, settings = CASES[case]
     torch.manual_seed(0)  # MLP head, flow, predictor
     settings = dict(settings, mini_batch_size=mini_batch_size, max_length=32)
-    return build_objective(stage, method, load(bert_dir, dropout), args(**settings),
-                           torch.Generator().manual_seed(0)).train()
+    return make_objective(stage, method, load(bert_dir, dropout), torch.Generator().manual_seed(0), **settings).train()
 
 
 def chunked_with_graph(objective, size):
@@ -163,9 +163,8 @@ def test_equals_sentence_transformers_cached_mnrl(tiny_bert_dir, negatives):
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from sentence_transformers.util import cos_sim
 
-    objective = build_objective("mirror", "mirror", load(tiny_bert_dir),
-                                args(negatives=negatives, temperature=TAU, mini_batch_size=M),
-                                torch.Generator().manual_seed(0)).train()
+    objective = make_objective("mirror", "mirror", load(tiny_bert_dir), torch.Generator().manual_seed(0),
+                               negatives=negatives, temperature=TAU, mini_batch_size=M).train()
     ids, mask, special = batch(objective.encoder)
     state = objective.generator.get_state()
     loss, _ = objective(ids, mask, special)
@@ -328,8 +327,8 @@ def test_supervised_simcse_cached_step_equals_the_uncached_step(tiny_bert_dir, n
 
     def build_sup(mini_batch_size=None):
         torch.manual_seed(0)
-        settings = args(negatives=negatives, pooling=pooling, temperature=TAU, mini_batch_size=mini_batch_size)
-        return SupervisedSimCSE(load(tiny_bert_dir, 0.1), settings, torch.Generator().manual_seed(0)).train()
+        return SupervisedSimCSE(load(tiny_bert_dir, 0.1), negatives=negatives, mlp=pooling == "cls-mlp", temperature=TAU,
+                                mini_batch_size=mini_batch_size, generator=torch.Generator().manual_seed(0)).train()
 
     def sup_step(objective):
         torch.manual_seed(5)

@@ -4,7 +4,6 @@
 vectors from ``transformers``), and the experiments' lexical command."""
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -16,14 +15,16 @@ import wordfreq
 from scipy import stats
 from test_pretrain import base_args, data_dir, one_thread, run_quiet  # noqa: F401 (fixtures)
 
-from bertcf import SentenceEncoder, pretrain
+from bertcf import SentenceEncoder, cli
 from bertcf.cli import run_main
+from bertcf.commands import pretrain
+from bertcf.config import pretrain as pretrain_config
+from bertcf.config.pretrain import PretrainConfig
 from bertcf.data.words import WordPair, read_word_list, read_word_pairs, top_words, word_similarity_files
 from bertcf.errors import DataError, UsageError
-from bertcf.evaluate import cli as evaluate_cli
+from bertcf.commands.evaluate import main as evaluate_cli
 from bertcf.evaluation.lexical import WordSimilarityEvaluator, evaluate_words
 from bertcf.evaluation.senteval import evaluate, format_table
-from bertcf.objectives import presets
 
 SIMLEX_HEADER = "word1\tword2\tPOS\tSimLex999\tconc(w1)\tconc(w2)\tconcQ\tAssoc(USF)\tSimAssoc333\tSD(SimLex)"
 #: Six pairs with ties: in the gold scores (7.5 twice, 3.0 twice) and in the cosines (a pair and
@@ -311,7 +312,7 @@ def test_bad_word_corpus_is_one_line_and_status_2(tiny_bert_dir, data_dir, tmp_p
              "MISSING": tmp_path / "missing.txt"}
     argv = base_args(tiny_bert_dir, data_dir, tmp_path / "run", corpus=None) + [str(files.get(f, f)) for f in flags]
     try:
-        status = run_main(pretrain.main, argv)
+        status = run_main(pretrain.run, argv)
     except SystemExit as e:
         status = e.code
     assert status == 2
@@ -319,11 +320,11 @@ def test_bad_word_corpus_is_one_line_and_status_2(tiny_bert_dir, data_dir, tmp_p
     assert message in err[-1] and not any("Traceback" in line for line in err)
 
 
-def preset_args(argv: list[str]) -> argparse.Namespace:
-    parser = pretrain.build_parser()
-    args = parser.parse_args(argv)
-    presets.apply(args, pretrain.cli.given_flags(parser, argv))
-    return args
+def preset_args(argv: list[str]) -> PretrainConfig:
+    """The settings of ``argv`` with what its --preset sets (``config.pretrain.preset_values``)."""
+    parser = pretrain_config.build_parser()
+    config = PretrainConfig(**vars(parser.parse_args(argv)))
+    return config.replace(**pretrain_config.preset_values(config, cli.given_flags(parser, argv)))
 
 
 def test_the_lexical_preset_is_the_papers_word_recipe(tiny_bert_dir, data_dir, tmp_path, capsys):
@@ -363,20 +364,20 @@ def lexical_argv(bert, data, out, lexical, words, *more) -> list[str]:
 def test_lexical_command_plan(tiny_bert_dir, tmp_path, capsys):
     from conftest import write_cs224n_files
 
-    from bertcf import experiments
+    from bertcf.commands import experiments
     data = write_cs224n_files(tmp_path / "data")
     simlex_file(tmp_path / "lexical" / "SimLex-999.txt")
     argv = lexical_argv(tiny_bert_dir, data, tmp_path / "out", tmp_path / "lexical", tmp_path / "w.txt")
-    summary = experiments.main(argv + ["--seeds", "3,4", "--dry-run"])
+    summary = experiments.run(argv + ["--seeds", "3,4", "--dry-run"])
     assert [t["label"] for t in summary["tasks"]] == ["Mirror-BERT (lexical) [seed 3]", "Mirror-BERT (lexical) [seed 4]"]
     command = summary["tasks"][1]["command"].split()
     assert "--preset" in command and command[command.index("--preset") + 1] == "mirror-bert-lexical"
     assert not {"--corpus", "--corpus-from-tasks", "--steps", "--max-length"} & set(command)  # the preset's words
     assert "seeds/4/stages/mirror-lexical" in summary["tasks"][1]["command"] and summary["problems"] == []
     assert not (tmp_path / "out").exists()
-    assert experiments.cli(argv[:argv.index("--lexical-dir")] + argv[argv.index("--lexical-dir") + 2:]) == 2
+    assert experiments.main(argv[:argv.index("--lexical-dir")] + argv[argv.index("--lexical-dir") + 2:]) == 2
     assert "lexical needs --lexical-dir DIR" in capsys.readouterr().err
-    assert experiments.cli(argv[:argv.index("--lexical-dir") + 1] + [str(tmp_path)] + argv[argv.index(
+    assert experiments.main(argv[:argv.index("--lexical-dir") + 1] + [str(tmp_path)] + argv[argv.index(
         "--lexical-dir") + 2:]) == 2
     assert "has no word-similarity file" in capsys.readouterr().err
 
@@ -388,7 +389,7 @@ def test_lexical_command_trains_scores_and_tests_the_claim(tiny_bert_dir, tmp_pa
     nothing; the objectives table then has the SimLex column."""
     from conftest import write_cs224n_files
 
-    from bertcf import experiments
+    from bertcf.commands import experiments
     from bertcf.evaluation import bootstrap
     data = write_cs224n_files(tmp_path / "data")
     lexical = tmp_path / "lexical"
@@ -396,7 +397,7 @@ def test_lexical_command_trains_scores_and_tests_the_claim(tiny_bert_dir, tmp_pa
     words = write(tmp_path / "words.txt", WORD_LIST)
     out = tmp_path / "out"
     argv = lexical_argv(tiny_bert_dir, data, out, lexical, words, "--seeds", "3,4")
-    experiments.main(argv)
+    experiments.run(argv)
     config = json.loads((out / "seeds" / "4" / "stages" / "mirror-lexical" / "config.json").read_text())
     assert (config["preset"], config["corpus_words_file"], config["steps"], config["seed"]) == (
         "mirror-bert-lexical", str(words), math.ceil(2 * len(WORD_LIST) / 4), 4)
@@ -429,9 +430,9 @@ def test_lexical_command_trains_scores_and_tests_the_claim(tiny_bert_dir, tmp_pa
     assert "SimLex-999 ρ×100 ([CLS])" in md
     assert "Mirror-BERT (lexical) > MinBERT" in (out / "claims.md").read_text()
     capsys.readouterr()
-    experiments.main(argv)
+    experiments.run(argv)
     assert capsys.readouterr().out.count("finished earlier, reused") == 2
-    experiments.main(["objectives", "--out-dir", str(out), "--rows", "MinBERT-TSDAE", "--steps-scale", "0.0002",
+    experiments.run(["objectives", "--out-dir", str(out), "--rows", "MinBERT-TSDAE", "--steps-scale", "0.0002",
                       "--max-length", "24", "--corpus-from-tasks", "--pretrain-args", "--batch-size 4"])
     objectives = (out / "objectives.md").read_text()
     assert "| SimLex-999 ρ×100 |" in objectives and " (mean) |" in objectives

@@ -19,9 +19,10 @@ import pytest
 import torch
 from conftest import write_cs224n_files
 
-from bertcf import multitask, pretrain, runs
+from bertcf import runs
+from bertcf.commands import multitask, pretrain
 from bertcf.cli import run_main
-from bertcf.experiments import cli as experiments_cli
+from bertcf.commands.experiments import main as experiments_cli
 from bertcf.utils import lock
 from bertcf.utils.lock import LOCK_FILE, DirectoryInUse, DirLock
 
@@ -131,7 +132,7 @@ def assert_refused(capsys, out: Path, status: int) -> None:
 def test_every_command_is_refused_while_another_holds_the_directory(command, tiny_bert_dir, data_dir, tmp_path,
                                                                     capsys):
     out = tmp_path / "run"
-    main = multitask.main if command.startswith("multitask") else pretrain.main
+    main = multitask.run if command.startswith("multitask") else pretrain.run
     argv = (multitask_argv if command.startswith("multitask") else pretrain_argv)(tiny_bert_dir, data_dir, out)
     if command.endswith("--resume") or command.endswith("--predict-only"):
         with contextlib.redirect_stdout(io.StringIO()):
@@ -226,7 +227,7 @@ def test_a_killed_run_leaves_no_stale_lock(tiny_bert_dir, data_dir, tmp_path, ca
     assert holder_pid(out) == proc.pid  # the file is there, naming a process that is gone
     step = torch.load(out / "last" / runs.STATE_FILE, weights_only=False)["step"]
     with contextlib.redirect_stdout(io.StringIO()):
-        assert run_main(pretrain.main, ["--resume", "--out-dir", str(out), "--steps", str(step + 2)]) == 0
+        assert run_main(pretrain.run, ["--resume", "--out-dir", str(out), "--steps", str(step + 2)]) == 0
     assert torch.load(out / "last" / runs.STATE_FILE, weights_only=False)["step"] == step + 2
     assert not (out / LOCK_FILE).exists()
 

@@ -16,8 +16,11 @@ import torch
 from conftest import write_cs224n_files
 from safetensors.torch import load_file
 
-from bertcf import multitask as mt
 from bertcf.cli import run_main
+from bertcf.commands import multitask as command
+from bertcf.data.multitask import TaskData
+from bertcf.runs import resolve_encoder_path
+from bertcf.training import multitask as mt
 from bertcf.data.tasks import read_qqp, read_sst, read_sts
 from bertcf.evaluation import multitask as mtm_metrics
 from bertcf.evaluation.bootstrap import interval
@@ -137,9 +140,9 @@ def test_tasks_cycle_independently():
 
 
 def test_train_batch_pads_and_wraps():
-    sts = mt.TaskData("sts", Path("x"), [f"id{i}" for i in range(3)],
+    sts = TaskData("sts", Path("x"), [f"id{i}" for i in range(3)],
                       ([[2, 5, 3], [2, 6, 7, 8, 3], [2, 3]], [[2, 9, 3], [2, 3], [2, 4, 4, 3]]), [0.0, 2.5, 5.0])
-    sst = mt.TaskData("sst", Path("y"), ["a", "b"], ([[2, 7, 7, 7, 7, 7, 3], [2, 8, 3]],), [4, 1])
+    sst = TaskData("sst", Path("y"), ["a", "b"], ([[2, 7, 7, 7, 7, 7, 3], [2, 8, 3]],), [4, 1])
     rows = {"sst": [1, 0], "sts": EpochSampler(len(sts), seed=0).next(4)}  # 4 of 3 rows: wraps around
     inputs, labels = mt.train_batch({"sst": sst, "sts": sts}, rows, pad_token_id=0, device="cpu")
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
@@ -200,7 +203,7 @@ def argv(bert_dir, data_dir, out_dir, steps=4, **flags) -> list[str]:
 
 def run_quiet(args) -> dict:
     with contextlib.redirect_stdout(io.StringIO()):
-        return mt.main(args)
+        return command.run(args)
 
 
 @pytest.fixture(scope="module")
@@ -236,8 +239,8 @@ def test_run_writes_every_prediction_file_once_per_id(straight_run, data_dir):
     assert sorted(p.name for p in (out / "predictions").iterdir()) == sorted(PREDICTION_FILES)
     for task, (dev, test, reader) in INPUT_FILES.items():
         for split, name in (("dev", dev), ("test", test)):
-            header, ids, values = read_predictions(out / "predictions" / mt.prediction_file(task, split))
-            assert header == f"id \t {mt.PREDICTION_HEADERS[task]} "
+            header, ids, values = read_predictions(out / "predictions" / mtm_metrics.prediction_file(task, split))
+            assert header == f"id \t {mtm_metrics.PREDICTION_HEADERS[task]} "
             assert ids == [r.id for r in reader(data_dir / name, labeled=False)]
             assert len(set(ids)) == len(ids)
             numbers = [float(v) for v in values]
@@ -352,20 +355,21 @@ def test_sigterm_writes_last_and_resumes_bit_identically(tiny_bert_dir, data_dir
     import os
     import signal
 
-    from bertcf import multitask
     from bertcf.cli import run_main
+    from bertcf.commands import multitask
+    from bertcf.training import multitask as training
 
     straight, part = tmp_path / "straight", tmp_path / "part"
     run_quiet(argv(tiny_bert_dir, data_dir, straight, steps=4, max_train_examples=10))
-    real, calls = multitask.train_batch, {"n": 0}
+    real, calls = training.train_batch, {"n": 0}
 
     def batch_then_signal(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             os.kill(os.getpid(), signal.SIGTERM)
         return real(*args, **kwargs)
-    monkeypatch.setattr(multitask, "train_batch", batch_then_signal)
-    assert run_main(multitask.main, argv(tiny_bert_dir, data_dir, part, steps=4, max_train_examples=10)) == 143
+    monkeypatch.setattr(training, "train_batch", batch_then_signal)
+    assert run_main(multitask.run, argv(tiny_bert_dir, data_dir, part, steps=4, max_train_examples=10)) == 143
     assert "stopped by SIGTERM at step 3" in capsys.readouterr().err
     assert torch.load(part / "last" / "training_state.pt", weights_only=False)["step"] == 3
     assert not (part / "predictions").exists()
@@ -430,7 +434,7 @@ def test_flow_checkpoint_gives_F_x_and_the_flow_is_fine_tuned(tiny_bert_dir, dat
     (run_dir / "config.json").write_text(json.dumps({"stage": "joint"}))
     flow_before = load_file(str(run_dir / "best" / "flow.safetensors"))
 
-    model = mtm.MultitaskModel(SentenceEncoder.from_pretrained(mt.resolve_encoder_source(run_dir)))
+    model = mtm.MultitaskModel(SentenceEncoder.from_pretrained(resolve_encoder_path(run_dir)))
     model.eval()
     ids, mask = torch.tensor([[2, 100, 200, 3]]), torch.ones(1, 4, dtype=torch.long)
     u = model.encoder.embed(ids, mask)
@@ -464,10 +468,10 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
     }[case]
     if case in ("unknown_flag", "bad_flag", "bad_margin"):  # argparse's error(): exit status 2 at parsing
         with pytest.raises(SystemExit) as e:
-            run_main(mt.main, args)
+            run_main(command.run, args)
         assert e.value.code == 2
     else:
-        assert run_main(mt.main, args) == 2
+        assert run_main(command.run, args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "error" in err[0], err
     assert not out.exists()  # nothing half-written

@@ -1,19 +1,19 @@
 """Tests for bertcf/objectives.py (BSL, Contrastive Tension, TSDAE, MLM): each loss against an
 independent recomputation with plain tensor math on a tiny input, BSL's EMA rule, CT's pair
 labels, TSDAE's deletions, MLM's 80/10/10 split and head initialisation, and a tiny
-end-to-end run of each method through ``bertcf.pretrain.main`` (best/, last/, --resume)."""
+end-to-end run of each method through ``run_pretrain.py`` (best/, last/, --resume)."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import make_objective
 
 from bertcf.models.encoder import SentenceEncoder
-from bertcf.objectives import BSL, METHODS, TSDAE, ContrastiveTension, MaskedLM, build_objective
+from bertcf.objectives import BSL, METHODS, TSDAE, ContrastiveTension, MaskedLM
 from bertcf.objectives.base import IGNORE_INDEX
 from bertcf.objectives.contrastive import span_mask
 
@@ -29,10 +29,6 @@ SENTENCES = [
 #: BertForMaskedLM settings of the MLM checkpoint (the size of conftest's tiny BERT).
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
             max_position_embeddings=64, initializer_range=0.1)
-
-
-def args(**kw):
-    return SimpleNamespace(**kw)
 
 
 def load(path, dropout: float = 0.0) -> SentenceEncoder:
@@ -99,7 +95,7 @@ def mlm_dir(tmp_path_factory, vocab_path):
 def test_bsl_loss_by_hand(tiny_bert_dir):
     enc = load(tiny_bert_dir)
     torch.manual_seed(0)
-    obj = BSL(enc, args(momentum=0.9, predictor_hidden=16, span_p=0.5, span_cap=3), torch.Generator().manual_seed(1))
+    obj = BSL(enc, momentum=0.9, predictor_hidden=16, span_p=0.5, span_cap=3, generator=torch.Generator().manual_seed(1))
     perturb(obj.target)  # the target differs from the online encoder, as after some steps
     with torch.no_grad():
         for bn in (obj.predictor[1], obj.predictor[4]):
@@ -153,13 +149,13 @@ def test_bsl_predictor_has_the_published_shape(tiny_bert_dir):
                 ("GatheredBatchNorm1d", None), ("ReLU", None), ("Linear", (d, h))]
 
     assert layout(BSL(enc)) == expected(8 * d)
-    assert layout(BSL(enc, args(predictor_k=2))) == expected(2 * d)
-    assert layout(BSL(enc, args(predictor_k=2, predictor_hidden=5))) == expected(5)
+    assert layout(BSL(enc, predictor_k=2)) == expected(2 * d)
+    assert layout(BSL(enc, predictor_k=2, predictor_hidden=5)) == expected(5)
 
 
 def test_bsl_ema_update_rule(tiny_bert_dir):
     enc = load(tiny_bert_dir)
-    obj = BSL(enc, args(momentum=0.9))
+    obj = BSL(enc, momentum=0.9)
     assert BSL(load(tiny_bert_dir)).momentum == 0.999  # the default
     target_ids = {id(p) for p in obj.target.parameters()}
     assert target_ids and not target_ids & {id(p) for p in obj.trainable_parameters()}
@@ -183,7 +179,7 @@ def test_bsl_ema_update_rule(tiny_bert_dir):
 
 def test_ct_loss_by_hand(tiny_bert_dir):
     enc = load(tiny_bert_dir)
-    obj = ContrastiveTension(enc, args(ct_negatives=2), torch.Generator().manual_seed(5))
+    obj = ContrastiveTension(enc, ct_negatives=2, generator=torch.Generator().manual_seed(5))
     for (k, a), b in zip(obj.second.state_dict().items(), enc.bert.state_dict().values()):
         assert torch.equal(a, b) and a.data_ptr() != b.data_ptr(), k  # identical, independent copies
     perturb(obj.second)
@@ -208,7 +204,7 @@ def test_ct_loss_by_hand(tiny_bert_dir):
 
 
 def test_ct_pair_labels(tiny_bert_dir):
-    obj = ContrastiveTension(load(tiny_bert_dir), None, torch.Generator().manual_seed(0))
+    obj = ContrastiveTension(load(tiny_bert_dir), generator=torch.Generator().manual_seed(0))
     assert obj.negatives == 7
     partner, labels = obj.pairs(16)
     assert labels.nonzero().flatten().tolist() == [0, 8]  # 1 positive per 8 pairs
@@ -230,7 +226,7 @@ def test_ct_pair_labels(tiny_bert_dir):
 
 def test_tsdae_deletion_ratio_and_special_tokens(tiny_bert_dir):
     enc = load(tiny_bert_dir)
-    obj = TSDAE(enc, None, torch.Generator().manual_seed(0))
+    obj = TSDAE(enc, generator=torch.Generator().manual_seed(0))
     assert obj.deletion_ratio == 0.6
     ids, mask, special = random_batch(enc.bert.config.vocab_size, b=200, t=30)
     damaged, dmask = obj.delete(ids, mask, special)
@@ -256,7 +252,7 @@ def test_tsdae_deletion_ratio_and_special_tokens(tiny_bert_dir):
 
 def test_mlm_80_10_10(tiny_bert_dir):
     enc = load(tiny_bert_dir)
-    obj = MaskedLM(enc, None, torch.Generator().manual_seed(0))
+    obj = MaskedLM(enc, generator=torch.Generator().manual_seed(0))
     assert obj.probability == 0.15 and not obj.head_from_checkpoint
     ids, mask, special = random_batch(enc.bert.config.vocab_size, b=600, t=40)
     inputs, labels = obj.mask_tokens(ids, mask, special)
@@ -277,7 +273,7 @@ def test_mlm_head_from_checkpoint(mlm_dir, tiny_bert_dir):
     from safetensors.torch import load_file
 
     enc = load(mlm_dir)
-    obj = MaskedLM(enc, args(model=str(mlm_dir), init=None))
+    obj = MaskedLM(enc, checkpoint=str(mlm_dir))
     assert obj.head_from_checkpoint
     saved = load_file(str(mlm_dir / "model.safetensors"))
     head = obj.head.state_dict()
@@ -286,7 +282,7 @@ def test_mlm_head_from_checkpoint(mlm_dir, tiny_bert_dir):
     for k, v in head.items():
         assert torch.equal(v, saved[f"cls.predictions.{k}"]), k
     # A checkpoint without an MLM head (a plain BertModel) gives a fresh head.
-    fresh = MaskedLM(load(tiny_bert_dir), args(model=str(tiny_bert_dir), init=None))
+    fresh = MaskedLM(load(tiny_bert_dir), checkpoint=str(tiny_bert_dir))
     assert not fresh.head_from_checkpoint
     assert torch.equal(fresh.head.bias, torch.zeros_like(fresh.head.bias))
     assert torch.equal(fresh.head.transform.LayerNorm.weight, torch.ones(enc.dim))
@@ -298,7 +294,7 @@ def test_mlm_loss_matches_transformers(mlm_dir):
     import transformers
 
     enc = load(mlm_dir)
-    obj = MaskedLM(enc, args(model=str(mlm_dir), init=None, mlm_probability=0.3), torch.Generator().manual_seed(4))
+    obj = MaskedLM(enc, checkpoint=str(mlm_dir), mlm_probability=0.3, generator=torch.Generator().manual_seed(4))
     ids, mask, special = batch(enc)
     state = obj.generator.get_state()
     loss, scalars = obj.loss(ids, mask, special)
@@ -324,7 +320,7 @@ def test_interface(stage, method, tiny_bert_dir):
     (the encoder's unless the stage freezes it), the loss is finite, and what a checkpoint keeps
     round-trips (resume)."""
     enc = load(tiny_bert_dir, dropout=0.1)
-    obj = build_objective(stage, method, enc, None, torch.Generator().manual_seed(0))
+    obj = make_objective(stage, method, enc, torch.Generator().manual_seed(0))
     assert obj.encoder is enc and (enc.flow is not None) == (stage != "mirror")
     grouped = [p for g in obj.parameter_groups() for p in g["params"]]
     assert len(grouped) == len({id(p) for p in grouped})
@@ -333,7 +329,7 @@ def test_interface(stage, method, tiny_bert_dir):
     assert obj.encoder_frozen == (stage != "mirror")
     loss, scalars = obj.loss(*batch(enc))
     assert torch.isfinite(loss) and all(torch.isfinite(torch.as_tensor(v)) for v in scalars.values())
-    other = build_objective(stage, method, load(tiny_bert_dir, dropout=0.1), None)
+    other = make_objective(stage, method, load(tiny_bert_dir, dropout=0.1))
     for name, module in obj.checkpoint_modules().items():
         other.checkpoint_modules()[name].load_state_dict(module.state_dict())
         for (k, a), b in zip(module.state_dict().items(), other.checkpoint_modules()[name].state_dict().values()):
@@ -343,7 +339,7 @@ def test_interface(stage, method, tiny_bert_dir):
 # ---- end to end through run_pretrain's main --------------------------------------------------------
 
 def pretrain(model, data_dir, out_dir, method, *extra):
-    from bertcf.pretrain import main
+    from bertcf.commands.pretrain import run as main
 
     return main(["--stage", "mirror", "--method", method, "--model", str(model), "--data-dir", str(data_dir),
                  "--corpus-from-tasks", "--out-dir", str(out_dir), "--batch-size", "8", "--max-length", "24",
@@ -404,7 +400,7 @@ def test_bad_objective_flags(tiny_bert_dir, tiny_data_dir, tmp_path, capsys):
         assert e.value.code == 2
         assert f"argument {flag}: must be " in capsys.readouterr().err
     with pytest.raises(UsageError, match="not a method of --stage joint"):
-        from bertcf.pretrain import main
+        from bertcf.commands.pretrain import run as main
         main(["--stage", "joint", "--method", "bsl", "--model", str(tiny_bert_dir), "--data-dir", str(tiny_data_dir),
               "--corpus-from-tasks", "--out-dir", str(tmp_path / "bad"), "--device", "cpu"])
 
@@ -469,7 +465,7 @@ def test_mlm_loss_of_a_random_model_starts_near_uniform(real_vocab_path, tmp_pat
     enc = SentenceEncoder.from_pretrained(config_only_dir(tmp_path / "cfg", real_vocab_path, hidden_size=64,
                                                          intermediate_size=256))
     assert enc.tokenizer.vocab_size == 30522 and load_tokenizer(tmp_path / "cfg").vocab_size == 30522
-    obj = MaskedLM(enc, args(mlm_probability=0.15), torch.Generator().manual_seed(0))
+    obj = MaskedLM(enc, mlm_probability=0.15, generator=torch.Generator().manual_seed(0))
     assert not obj.head_from_checkpoint
     many = batch(enc, SENTENCES * 30)  # enough masked tokens for a tight mean
     with torch.no_grad():

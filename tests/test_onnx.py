@@ -1,4 +1,4 @@
-"""The ONNX export (bertcf-export onnx), the encoder that runs it without PyTorch (bertcf.onnx) and
+"""The ONNX export (bertcf-export onnx), the encoder that runs it without PyTorch (bertcf.backend.onnx_runtime) and
 the encoding command (bertcf-encode): the graphs give SentenceEncoder.encode's vectors (flow, linear
 head and Normalize inside), sentence-transformers' layout holds transformers' hidden states, int8 quantises
 every weight matrix, and bad input is one line with exit status 2.
@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from bertcf import SentenceEncoder, encode
+from bertcf import SentenceEncoder
+from bertcf.backend import onnx_export as exporter
+from bertcf.backend.onnx_runtime import OnnxEncoder
 from bertcf.cli import run_main
-from bertcf.export import cli as export_cli
-from bertcf.export import onnx as exporter
+from bertcf.commands import encode
+from bertcf.commands import export as export_cli
 from bertcf.models.flow import Glow
-from bertcf.onnx import OnnxEncoder
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -35,7 +36,7 @@ DIM = 24  # the linear head's output: the vectors' width
 
 
 def export(argv) -> int:
-    return run_main(export_cli.main, ["onnx", *map(str, argv)])
+    return run_main(export_cli.run, ["onnx", *map(str, argv)])
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,7 @@ def test_the_export_writes_checked_graphs_with_dynamic_axes(flow_checkpoint):
     for value in list(graph.input) + list(graph.output):  # batch (and sequence) axes are symbolic
         dims = value.type.tensor_type.shape.dim
         assert dims[0].dim_param and (len(dims) == 2 and value in graph.output or dims[1].dim_param)
-    assert (out / "bertcf_onnx.py").read_text() == (REPO / "bertcf" / "onnx.py").read_text()
+    assert (out / "bertcf_onnx.py").read_text() == (REPO / "bertcf" / "backend" / "onnx_runtime.py").read_text()
 
 
 @pytest.mark.parametrize("normalize", [None, False, True])
@@ -166,7 +167,7 @@ def test_sentence_transformers_onnx_backend_loads_the_checkpoint(flow_checkpoint
 
 @pytest.mark.slow
 def test_onnx_encoder_runs_where_torch_cannot_be_imported(flow_checkpoint, tmp_path):
-    """bertcf.onnx, and the copy an export carries (bertcf_onnx.py, BERT-CF not importable either),
+    """bertcf.backend.onnx_runtime, and the copy an export carries (bertcf_onnx.py, BERT-CF not importable either),
     in a process where importing torch fails."""
     blocker = tmp_path / "sitecustomize.py"
     blocker.write_text(
@@ -182,7 +183,7 @@ def test_onnx_encoder_runs_where_torch_cannot_be_imported(flow_checkpoint, tmp_p
             f"np.save(sys.argv[1], OnnxEncoder({str(flow_checkpoint / 'onnx')!r}).encode({SENTENCES!r}, batch_size=3))\n"
             "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules)\n")
     expected = SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)
-    for module, path in (("bertcf.onnx", REPO), ("bertcf_onnx", flow_checkpoint / "onnx")):
+    for module, path in (("bertcf.backend.onnx_runtime", REPO), ("bertcf_onnx", flow_checkpoint / "onnx")):
         out = tmp_path / f"{module}.npy"
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(path)])}
         proc = subprocess.run([sys.executable, "-c", code.format(module=module), str(out)], cwd=tmp_path, env=env,
@@ -203,12 +204,12 @@ def test_export_refuses_bad_input_in_one_line(tmp_path, tiny_bert_dir, capsys):
     assert "is not an ONNX export" in err and err.count("\n") == 1
     assert (other / "notes.txt").read_text() == "mine"
     with pytest.raises(SystemExit) as stop:
-        export_cli.main(["onnx", str(tiny_bert_dir), "--opset", "9"])
+        export_cli.run(["onnx", str(tiny_bert_dir), "--opset", "9"])
     assert stop.value.code == 2 and "--opset: must be from 18 to 20, not 9" in capsys.readouterr().err
 
 
 def test_onnx_encoder_refuses_a_directory_that_is_no_export(tmp_path, tiny_bert_dir):
-    from bertcf.onnx import OnnxModelError
+    from bertcf.backend.onnx_runtime import OnnxModelError
 
     with pytest.raises(OnnxModelError, match="not an ONNX export"):
         OnnxEncoder(tiny_bert_dir)
@@ -218,7 +219,7 @@ def test_onnx_encoder_refuses_a_directory_that_is_no_export(tmp_path, tiny_bert_
 
 # ---- the encoding command ---------------------------------------------------------------------------
 def run_encode(*argv) -> int:
-    return run_main(encode.main, list(map(str, argv)))
+    return run_main(encode.run, list(map(str, argv)))
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnx"])

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_objectives import args as settings
 from test_objectives import load
 from test_pretrain import base_args, data_dir, one_thread, run_quiet, training_state  # noqa: F401 (fixtures)
 
 from bertcf import SentenceEncoder
+from bertcf.data.corpus import CORPUS_SETTINGS
 from bertcf.objectives import Mirror, presets
 from bertcf.objectives.contrastive import char_span_mask
 
@@ -65,7 +65,7 @@ def test_every_preset_runs(name, tiny_bert_dir, data_dir, tmp_path):
     preset = presets.PRESETS[name]
     c = config(out)
     for key, value in preset.values.items():
-        if key not in ("batch_size", "eval_every") and key not in presets.CORPUS_FLAGS:  # --corpus given here wins
+        if key not in ("batch_size", "eval_every") and key not in CORPUS_SETTINGS:  # --corpus given here wins
             assert c[key] == value, key
     assert SentenceEncoder.from_pretrained(out / "best").pooling == ("cls" if c["pooling"] == "cls-mlp"
                                                                      else c["pooling"])
@@ -83,7 +83,7 @@ def test_cls_mlp_trains_an_mlp_that_the_checkpoint_leaves_out(tiny_bert_dir, dat
     encoder = SentenceEncoder.from_pretrained(out / "best")
     assert encoder.pooling == "cls"
     enc = load(tiny_bert_dir)
-    objective = Mirror(enc, settings(pooling="cls-mlp"))
+    objective = Mirror(enc, mlp=True)
     ids = enc.tokenizer(["a man plays", "the dog runs"], padding=True, return_tensors="pt")
     u = enc.embed(ids["input_ids"], ids["attention_mask"])
     assert torch.allclose(u, enc.bert(ids["input_ids"], ids["attention_mask"])["last_hidden_state"][:, 0])
@@ -92,7 +92,7 @@ def test_cls_mlp_trains_an_mlp_that_the_checkpoint_leaves_out(tiny_bert_dir, dat
 
 def test_cls_mlp_is_for_the_mirror_stage(tiny_bert_dir, data_dir, tmp_path, capsys):
     from bertcf.cli import run_main
-    from bertcf.pretrain import main
+    from bertcf.commands.pretrain import run as main
     assert run_main(main, base_args(tiny_bert_dir, data_dir, tmp_path / "x", stage="joint", pooling="cls-mlp")) == 2
     assert "--pooling cls-mlp (SimCSE's training head) is for --stage mirror" in capsys.readouterr().err
 
@@ -110,7 +110,7 @@ def test_char_span_masks_five_characters_of_a_long_sentence_only():
 def test_mirror_with_char_spans_tokenises_the_masked_text(tiny_bert_dir):
     """--span-unit char: the second view is the masked text, tokenised; the first the sentence itself."""
     enc = load(tiny_bert_dir)
-    objective = Mirror(enc, settings(span_unit="char", span_chars=5, max_length=32), torch.Generator().manual_seed(1))
+    objective = Mirror(enc, span_unit="char", span_chars=5, max_length=32, generator=torch.Generator().manual_seed(1))
     texts = ["the man is playing a guitar in the morning", "a woman reads a book in the park today"]
     seen = []
     objective.embed = lambda ids, mask: seen.append((ids, mask)) or torch.randn(ids.shape[0], enc.dim)

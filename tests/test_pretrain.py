@@ -1,4 +1,4 @@
-"""The self-supervised stages end to end (bertcf.pretrain): tiny random BERT, a few dozen
+"""The self-supervised stages end to end (run_pretrain.py: bertcf.commands.pretrain): tiny random BERT, a few dozen
 sentences, a handful of steps on the CPU. Run directory layout, TensorBoard, resume
 bit-identity, the joint/flow stages, bad input and Ctrl-C."""
 from __future__ import annotations
@@ -18,8 +18,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from bertcf import pretrain, runs
+from bertcf import cli, runs
 from bertcf.cli import run_main
+from bertcf.commands import pretrain
+from bertcf.config import pretrain as pretrain_config
+from bertcf.config.pretrain import RUN_DATA, SELECTION_LABEL, PretrainConfig
+from bertcf.training.pretraining import final_line
 from bertcf.errors import UsageError
 from minbert import CheckpointError
 
@@ -83,10 +87,10 @@ def base_args(bert_dir, data_dir, out_dir, steps=6, **flags) -> list[str]:
 
 
 def run_quiet(argv) -> tuple[dict, str]:
-    """pretrain.main(argv) with stdout captured (the final summary line); returns (summary, stdout)."""
+    """pretrain.run(argv) with stdout captured (the final summary line); returns (summary, stdout)."""
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        summary = pretrain.main(argv)
+        summary = pretrain.run(argv)
     return summary, out.getvalue()
 
 
@@ -300,11 +304,16 @@ def test_stage_2_as_the_readme_writes_it_takes_the_data_of_its_init_run(mirror_r
     assert (config["data_dir"], config["corpus"]) == (str(data_dir), str(data_dir / "corpus.txt"))
 
 
+def with_init_data(argv) -> PretrainConfig:
+    """The settings of ``argv`` with what --init's run gives (``config.pretrain.data_from_init``)."""
+    parser = pretrain_config.build_parser()
+    config = PretrainConfig(**vars(parser.parse_args(argv)))
+    return config.replace(**pretrain_config.data_from_init(config, cli.given_flags(parser, argv), parser))
+
+
 def data_flags(argv) -> dict:
-    parser = pretrain.build_parser()
-    args = parser.parse_args(argv)
-    pretrain.take_data_from_init(parser, argv, args)
-    return {k: getattr(args, k) for k in pretrain.RUN_DATA}
+    config = with_init_data(argv)
+    return {k: getattr(config, k) for k in RUN_DATA}
 
 
 def test_init_data_flags_on_the_command_line_win(tmp_path, tiny_bert_dir, capsys):
@@ -313,7 +322,7 @@ def test_init_data_flags_on_the_command_line_win(tmp_path, tiny_bert_dir, capsys
     settings = dict(data_dir="/data/a", corpus=None, corpus_from_tasks=True, min_words=3, max_sentences=100,
                     senteval_dir="/data/senteval", steps=7, lr=0.5)
     (run / "config.json").write_text(json.dumps(settings))
-    taken = {k: settings[k] for k in pretrain.RUN_DATA}
+    taken = {k: settings[k] for k in RUN_DATA}
     for init in (run, run / "best"):
         assert data_flags(["--init", str(init)]) == taken
     assert "--data-dir /data/a --corpus-from-tasks --min-words 3 --max-sentences 100" in capsys.readouterr().err
@@ -328,11 +337,9 @@ def test_init_data_flags_on_the_command_line_win(tmp_path, tiny_bert_dir, capsys
     assert data_flags(["--init", str(tiny_bert_dir)]) == defaults
     assert data_flags(["--init", str(run), "--resume", "--out-dir", "x"]) == defaults
     assert "note:" not in capsys.readouterr().err
-    parser = pretrain.build_parser()
-    args = parser.parse_args(["--init", str(run)])
-    pretrain.take_data_from_init(parser, ["--init", str(run)], args)
-    assert (args.steps, args.lr) == (10_000, None)
-    assert [parser.get_default(k) for k in pretrain.RUN_DATA] == ["data", None, False, 6, None, None]
+    config = with_init_data(["--init", str(run)])
+    assert (config.steps, config.lr) == (10_000, None)
+    assert [PretrainConfig().to_dict()[k] for k in RUN_DATA] == ["data", None, False, 6, None, None]
     (run / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="config.json .* is not a readable JSON file"):
         data_flags(["--init", str(run)])
@@ -346,21 +353,21 @@ def test_resume_of_a_state_from_another_version_is_one_clear_line(mirror_run, ti
     state["modules"] = {"encoder": {}}  # what an older version wrote
     torch.save(state, part / "last" / "training_state.pt")
     capsys.readouterr()
-    assert run_main(pretrain.main, ["--resume", "--out-dir", str(part), "--steps", "4"]) == 2
+    assert run_main(pretrain.run, ["--resume", "--out-dir", str(part), "--steps", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "holds encoder, not flow" in err[0] and "Traceback" not in err[0]
 
 
 def test_resume_without_a_run_is_an_error(tmp_path, capsys):
-    assert run_main(pretrain.main, ["--resume", "--out-dir", str(tmp_path / "nothing")]) == 2
+    assert run_main(pretrain.run, ["--resume", "--out-dir", str(tmp_path / "nothing")]) == 2
     assert_one_error_line(capsys, "--resume")
-    assert run_main(pretrain.main, ["--resume"]) == 2
+    assert run_main(pretrain.run, ["--resume"]) == 2
     assert_one_error_line(capsys, "--out-dir")
 
 
 def test_existing_run_directory_needs_resume(mirror_run, tiny_bert_dir, data_dir, capsys):
     out = mirror_run[0]
-    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 2
+    assert run_main(pretrain.run, base_args(tiny_bert_dir, data_dir, out)) == 2
     assert_one_error_line(capsys, "--resume")
 
 
@@ -496,7 +503,7 @@ def assert_one_error_line(capsys, *needles):
 
 def exit_status(argv) -> int:
     try:
-        return run_main(pretrain.main, argv)
+        return run_main(pretrain.run, argv)
     except SystemExit as e:  # argparse's own errors
         return e.code
 
@@ -592,7 +599,7 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_bert_dir, dat
             return loss * float("nan") if calls["n"] >= 5 else loss
     monkeypatch.setattr(mirror, "InfoNCE", NaNAtStep5)
     out = tmp_path / "nan"
-    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out, steps=8, eval_every=2, log_every=10)) == 2
+    assert run_main(pretrain.run, base_args(tiny_bert_dir, data_dir, out, steps=8, eval_every=2, log_every=10)) == 2
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err
     errors = [l for l in captured.err.splitlines() if l.startswith("error:")]
@@ -644,7 +651,7 @@ def test_ctrl_c_writes_last_and_resumes(mirror_reference, tiny_bert_dir, data_di
 def test_second_ctrl_c_aborts_cleanly(tiny_bert_dir, data_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "aborted"
     interrupt_after(monkeypatch, 2, times=2)
-    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 130
+    assert run_main(pretrain.run, base_args(tiny_bert_dir, data_dir, out)) == 130
     captured = capsys.readouterr()
     assert "Traceback" not in captured.err and captured.err.strip().endswith("interrupted")
 
@@ -658,7 +665,7 @@ def test_sigterm_writes_last_and_resumes_bit_identically(mirror_reference, tiny_
     out = tmp_path / "terminated"
     handler = signal.getsignal(signal.SIGTERM)
     interrupt_after(monkeypatch, 2, signum=signal.SIGTERM)
-    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 143
+    assert run_main(pretrain.run, base_args(tiny_bert_dir, data_dir, out)) == 143
     assert signal.getsignal(signal.SIGTERM) is handler
     err = capsys.readouterr().err
     assert f"stopped by SIGTERM at step 2; checkpoint in {out / 'last'}; continue with --resume" in err
@@ -681,7 +688,7 @@ def test_a_second_signal_while_saving_waits_for_the_save(tiny_bert_dir, data_dir
         os.kill(os.getpid(), signal.SIGTERM)  # the scheduler's second notice, mid-save
         return real_save(obj, path, *args, **kwargs)
     monkeypatch.setattr(torch, "save", save_with_a_signal)
-    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 143
+    assert run_main(pretrain.run, base_args(tiny_bert_dir, data_dir, out)) == 143
     assert training_state(out)["step"] == 2
 
 
@@ -741,7 +748,7 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(failure, 
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4480 vs 4374")
         return real_save(obj, path, *args, **kwargs)
     monkeypatch.setattr(torch, "save", full_disk)
-    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, out)) == 2
+    assert run_main(pretrain.run, base_args(tiny_bert_dir, data_dir, out)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     reason = "no space left on device" if failure == "ENOSPC" else "torch.save could not write"
     assert err.startswith(f"error: {reason}") and f"while writing {out / 'last'}" in err
@@ -768,7 +775,7 @@ def test_a_torn_metrics_line_before_the_last_is_an_error(tiny_bert_dir, data_dir
     lines = path.read_text().splitlines()
     path.write_text("\n".join([lines[0], lines[1][:20]] + lines[2:]) + "\n")
     capsys.readouterr()
-    assert run_main(pretrain.main, ["--resume", "--out-dir", str(out), "--steps", "9"]) == 2
+    assert run_main(pretrain.run, ["--resume", "--out-dir", str(out), "--steps", "9"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"{path} line 2 is not a metrics record" in err
 
@@ -809,12 +816,11 @@ def test_the_bar_shows_the_newest_evaluation():
 
 
 def test_final_line_handles_missing_scores(tmp_path):
-    line = pretrain.final_line({"first": 0.12345, "best": 0.5, "best_step": 250}, tmp_path)
+    line = final_line({"first": 0.12345, "best": 0.5, "best_step": 250}, tmp_path)
     assert line == f"STS dev Spearman: step 0 0.1235, best 0.5000 at step 250; best checkpoint: {tmp_path / 'best'}"
-    line = pretrain.final_line({"first": float("nan"), "best": float("-inf"), "best_step": None}, tmp_path)
+    line = final_line({"first": float("nan"), "best": float("-inf"), "best_step": None}, tmp_path)
     assert "step 0 n/a" in line and "no best checkpoint" in line
-    line = pretrain.final_line({"first": 0.0, "best": 0.25, "best_step": 4}, tmp_path,
-                              pretrain.SELECTION_LABEL["mlm-heldout"])
+    line = final_line({"first": 0.0, "best": 0.25, "best_step": 4}, tmp_path, SELECTION_LABEL["mlm-heldout"])
     assert line.startswith("held-out masked-token accuracy: step 0 0.0000, best 0.2500 at step 4;")
 
 
@@ -961,7 +967,7 @@ def test_select_on_stsb_dev_reads_senteval_dev(tiny_bert_dir, data_dir, tmp_path
     first = [metrics_lines(tmp_path / run)[0]["sts_spearman"] for run in ("a", "b")]
     assert first[0] == pytest.approx(-first[1], abs=1e-6) and abs(first[0]) > 0.01
     capsys.readouterr()
-    assert run_main(pretrain.main, base_args(tiny_bert_dir, data_dir, tmp_path / "d", steps=1,
+    assert run_main(pretrain.run, base_args(tiny_bert_dir, data_dir, tmp_path / "d", steps=1,
                                              select_on="stsb-dev")) == 2
     err = capsys.readouterr().err.strip()
     assert "sts-dev.csv not found" in err and len(err.splitlines()) == 1

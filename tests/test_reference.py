@@ -21,7 +21,7 @@ import math
 
 import pytest
 import torch
-from test_objectives import args, batch, load, mlm_dir, random_batch  # noqa: F401 (mlm_dir: a fixture)
+from test_objectives import batch, load, mlm_dir, random_batch  # noqa: F401 (mlm_dir: a fixture)
 
 from bertcf.models.flow import ActNorm, AdditiveCoupling, InvertibleLinear
 from bertcf.objectives import BSL, TSDAE, ContrastiveTension, MaskedLM, Mirror, SimCSE
@@ -83,7 +83,7 @@ def test_published_simcse_is_multiple_negatives_ranking_loss(tiny_bert_dir):
     from sentence_transformers.util import cos_sim
 
     enc = load(tiny_bert_dir)
-    objective = SimCSE(enc, args(negatives="simcse", temperature=TAU), torch.Generator().manual_seed(0))
+    objective = SimCSE(enc, negatives="simcse", temperature=TAU, generator=torch.Generator().manual_seed(0))
     loss, u, grad = objective_views(objective, batch(enc))
     mnrl = MultipleNegativesRankingLoss(None, scale=1 / TAU, similarity_fct=cos_sim)
     theirs, their_grad = reference_gradient(lambda v: mnrl.compute_loss_from_embeddings(list(v.chunk(2)), None), u)
@@ -95,7 +95,7 @@ def test_published_mirror_bert_is_pytorch_metric_learning_nt_xent(tiny_bert_dir)
     NTXentLoss = pytest.importorskip("pytorch_metric_learning.losses", reason="pip install -e '.[test]'").NTXentLoss
 
     enc = load(tiny_bert_dir)
-    objective = Mirror(enc, args(negatives="ntxent", temperature=0.04), torch.Generator().manual_seed(0))
+    objective = Mirror(enc, negatives="ntxent", temperature=0.04, generator=torch.Generator().manual_seed(0))
     loss, u, grad = objective_views(objective, batch(enc))
     b = u.shape[0] // 2
     labels = torch.arange(b).repeat(2)  # view i and view b + i are one sentence's
@@ -126,7 +126,7 @@ def test_the_reports_info_nce_is_its_formula_and_mnrl_with_anchors_as_negatives(
     from sentence_transformers.util import cos_sim
 
     enc = load(tiny_bert_dir)
-    objective = Mirror(enc, args(temperature=TAU), torch.Generator().manual_seed(0))  # --negatives report
+    objective = Mirror(enc, temperature=TAU, generator=torch.Generator().manual_seed(0))  # --negatives report
     loss, u, grad = objective_views(objective, batch(enc))
     u64 = u.double()
     by_hand, hand_grad = reference_gradient(lambda v: report_info_nce(v, TAU), u64)
@@ -155,7 +155,7 @@ def test_contrastive_tension_is_sentence_transformers_loss(tiny_bert_dir, monkey
     from bertcf.objectives import ct
 
     enc = load(tiny_bert_dir)
-    objective = ContrastiveTension(enc, args(), torch.Generator().manual_seed(0))
+    objective = ContrastiveTension(enc, generator=torch.Generator().manual_seed(0))
     kept, second = Captured(objective.embed), Captured(ct.pooled)  # pooled: the second encoder's vectors
     objective.embed = kept
     monkeypatch.setattr(ct, "pooled", second)
@@ -196,7 +196,7 @@ def test_tsdae_is_sentence_transformers_denoising_auto_encoder_loss(tiny_bert_di
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     enc = load(tiny_bert_dir)
-    objective = TSDAE(enc, args(deletion_ratio=0.5), torch.Generator().manual_seed(2)).eval()
+    objective = TSDAE(enc, deletion_ratio=0.5, generator=torch.Generator().manual_seed(2)).eval()
     with torch.no_grad():  # a head and cross-attention that are not at their initial values
         for p in objective.decoder.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -232,7 +232,7 @@ def test_mlm_is_bert_for_masked_lm_loss_and_gradient(mlm_dir):
     import transformers
 
     enc = load(mlm_dir)
-    objective = MaskedLM(enc, args(model=str(mlm_dir), init=None), torch.Generator().manual_seed(4))
+    objective = MaskedLM(enc, checkpoint=str(mlm_dir), generator=torch.Generator().manual_seed(4))
     loss, (ids, mask, special) = loss_then_rewind(objective, enc)
     inputs, labels = objective.mask_tokens(ids, mask, special)
     hf = transformers.BertForMaskedLM.from_pretrained(str(mlm_dir)).eval()
@@ -249,7 +249,7 @@ def test_mlm_masking_matches_data_collator_for_language_modeling(tiny_bert_dir):
     import transformers
 
     enc = load(tiny_bert_dir)
-    objective = MaskedLM(enc, None, torch.Generator().manual_seed(0))
+    objective = MaskedLM(enc, generator=torch.Generator().manual_seed(0))
     ids, mask, special = random_batch(enc.bert.config.vocab_size, b=1500, t=48)
     ours = objective.mask_tokens(ids, mask, special)
     tokenizer = transformers.BertTokenizerFast.from_pretrained(str(tiny_bert_dir))
@@ -335,7 +335,7 @@ def test_bsl_is_the_papers_loss_written_out(tiny_bert_dir):
     stop-gradient EMA target f_xi of the other view, both ways: L = ||q̄(f(v1)) - f̄_xi(v2)||^2 +
     ||q̄(f(v2)) - f̄_xi(v1)||^2 on unit vectors, averaged over the batch; then xi <- m xi + (1 - m) theta."""
     enc = load(tiny_bert_dir)
-    objective = BSL(enc, args(momentum=0.9), torch.Generator().manual_seed(0)).eval()
+    objective = BSL(enc, momentum=0.9, generator=torch.Generator().manual_seed(0)).eval()
     with torch.no_grad():  # a target that differs from the online encoder
         for p in objective.target.parameters():
             p.add_(0.05 * torch.randn_like(p))

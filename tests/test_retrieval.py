@@ -14,9 +14,9 @@ import torch
 from conftest import write_cs224n_files
 
 from bertcf.data import beir
-from bertcf.data.commands import main as data_main
+from bertcf.commands.data import main as data_main
 from bertcf.errors import DataError
-from bertcf.evaluate import cli
+from bertcf.commands.evaluate import main as cli
 from bertcf.evaluation.retrieval import RetrievalEvaluator, TopK, model_score, ranking_metrics
 
 

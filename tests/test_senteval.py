@@ -18,7 +18,7 @@ from sklearn.model_selection import StratifiedKFold
 from bertcf.data import senteval as se
 from bertcf.data.tasks import PairExample
 from bertcf.errors import DataError, UsageError
-from bertcf.evaluate import cli
+from bertcf.commands.evaluate import main as cli
 from bertcf.evaluation.bootstrap import interval
 from bertcf.evaluation.evaluators import (
     INNER_KFOLD_GRID,

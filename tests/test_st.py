@@ -13,7 +13,8 @@ import stat
 import pytest
 import torch
 
-from bertcf import SentenceEncoder, multitask, pretrain
+from bertcf import SentenceEncoder
+from bertcf.commands import multitask, pretrain
 from bertcf.cli import run_main
 from bertcf.models.flow import Glow
 from minbert import CheckpointError
@@ -178,7 +179,7 @@ def test_a_linear_head_in_fine_tuning_and_pretraining(tiny_bert_dir, tmp_path):
     """The multitask heads read the head's output (its width) and the checkpoint keeps it; a
     pretraining objective, which trains the vectors the head was fitted on, drops it."""
     from bertcf.models.multitask import MultitaskModel
-    from bertcf.objectives import build_objective
+    from bertcf.objectives import Mirror
 
     model = MultitaskModel(with_dense(tiny_bert_dir, out_features=12), proj_dim=8).eval()
     assert model.sst_head[1].in_features == 12 and model.qqp_head[1].in_features == 12
@@ -191,7 +192,7 @@ def test_a_linear_head_in_fine_tuning_and_pretraining(tiny_bert_dir, tmp_path):
     assert torch.equal(again.encoder.dense.weight, model.encoder.dense.weight)
     assert torch.allclose(again(ids, mask, {"sst": 2})["sst"], out["sst"], atol=1e-6)
     encoder = with_dense(tiny_bert_dir)
-    build_objective("mirror", "mirror", encoder)
+    Mirror(encoder)
     assert encoder.dense is None and encoder.output_dim == encoder.dim
 
 
@@ -217,12 +218,12 @@ def quiet(main, argv):
 
 def test_run_checkpoints_load_both_ways_with_card_and_modes(tiny_bert_dir, tiny_data_dir, tmp_path):
     mirror = tmp_path / "mirror"
-    quiet(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, mirror))
+    quiet(pretrain.run, pretrain_argv(tiny_bert_dir, tiny_data_dir, mirror))
     joint = tmp_path / "joint"
-    quiet(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, joint, "--stage", "joint", "--init",
+    quiet(pretrain.run, pretrain_argv(tiny_bert_dir, tiny_data_dir, joint, "--stage", "joint", "--init",
                                        str(mirror)))
     tuned = tmp_path / "tuned"
-    quiet(multitask.main, ["--encoder", str(joint), "--data-dir", str(tiny_data_dir), "--out-dir", str(tuned),
+    quiet(multitask.run, ["--encoder", str(joint), "--data-dir", str(tiny_data_dir), "--out-dir", str(tuned),
                            "--steps", "2", "--eval-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "4",
                            "--sts-batch-size", "4", "--proj-dim", "8", "--max-length", "16", "--device", "cpu",
                            "--precision", "fp32"])
@@ -241,7 +242,7 @@ def test_run_checkpoints_load_both_ways_with_card_and_modes(tiny_bert_dir, tiny_
 
 
 def test_model_card_names_a_hub_base_only_and_says_what_a_user_without_bertcf_needs(tmp_path):
-    from bertcf.export.model_card import model_card
+    from bertcf.models.model_card import model_card
 
     run = tmp_path / "run"  # a local run whose base came from the hub
     (run / "best").mkdir(parents=True)
@@ -332,6 +333,7 @@ def test_a_linear_head_loads_where_bertcf_is_not_installed(tiny_bert_dir, tmp_pa
 def test_an_old_flow_checkpoint_loads_and_upgrades_in_place(finished_run, tmp_path, capsys):
     """A checkpoint written before (modules.json naming bertcf.st.Flow, no code files) loads in this
     project; one command gives it the code, after which it loads without BERT-CF."""
+    from bertcf.commands import st_format as st_format_command
     from bertcf.models import st_format
 
     old = tmp_path / "old"
@@ -343,8 +345,8 @@ def test_an_old_flow_checkpoint_loads_and_upgrades_in_place(finished_run, tmp_pa
     (old / "modules.json").write_text(json.dumps(modules))
     ours = SentenceEncoder.from_pretrained(old).encode(SENTENCES)
     assert_same_vectors(old)  # in this project, as before
-    assert run_main(st_format.main, ["upgrade", str(old)]) == 0
-    assert run_main(st_format.main, ["upgrade", str(old)]) == 0
+    assert st_format_command.main(["upgrade", str(old)]) == 0
+    assert st_format_command.main(["upgrade", str(old)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"{old}: upgraded",
                                                     f"{old}: nothing to upgrade (no flow, or already done)"]
     assert json.loads((old / "modules.json").read_text())[2]["type"] == st_format.FLOW_MODULE
@@ -359,7 +361,7 @@ def finished_run(tiny_bert_dir, tmp_path_factory):
 
     data = write_cs224n_files(tmp_path_factory.mktemp("st-data"))
     out = tmp_path_factory.mktemp("st-runs") / "joint"
-    quiet(pretrain.main, pretrain_argv(tiny_bert_dir, data, out, "--stage", "joint"))
+    quiet(pretrain.run, pretrain_argv(tiny_bert_dir, data, out, "--stage", "joint"))
     return out, data
 
 
@@ -385,10 +387,10 @@ def test_a_truncated_checkpoint_file_is_one_line(finished_run, tmp_path, capsys,
             target.write_bytes(data_bytes[: len(data_bytes) // 2])
     capsys.readouterr()
     if name != "flow.safetensors":  # --resume takes the flow from training_state.pt, the frozen encoder from last/
-        assert run_main(pretrain.main, ["--resume", "--out-dir", str(copy), "--steps", "3"]) == 2
+        assert run_main(pretrain.run, ["--resume", "--out-dir", str(copy), "--steps", "3"]) == 2
         one_error_line(capsys, name)
     if name != "training_state.pt":
-        assert run_main(multitask.main, ["--encoder", str(copy), "--data-dir", str(data), "--out-dir",
+        assert run_main(multitask.run, ["--encoder", str(copy), "--data-dir", str(data), "--out-dir",
                                          str(tmp_path / "mt"), "--device", "cpu"]) == 2
         one_error_line(capsys, name)
 
@@ -398,11 +400,11 @@ def test_corrupt_heads_file_is_one_line(tiny_bert_dir, tmp_path, capsys):
 
     data = write_cs224n_files(tmp_path / "data")
     out = tmp_path / "mt"
-    quiet(multitask.main, ["--encoder", str(tiny_bert_dir), "--data-dir", str(data), "--out-dir", str(out),
+    quiet(multitask.run, ["--encoder", str(tiny_bert_dir), "--data-dir", str(data), "--out-dir", str(out),
                            "--steps", "1", "--eval-every", "1", "--proj-dim", "8", "--device", "cpu"])
     (out / "best" / "heads.safetensors").write_bytes(b"not a safetensors file")
     capsys.readouterr()
-    assert run_main(multitask.main, ["--predict-only", "--checkpoint", str(out)]) == 2
+    assert run_main(multitask.run, ["--predict-only", "--checkpoint", str(out)]) == 2
     one_error_line(capsys, "heads.safetensors")
 
 
@@ -411,9 +413,9 @@ def test_resume_before_the_first_checkpoint_and_an_out_dir_that_is_a_file(tiny_b
     run = tmp_path / "early"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"stage": "mirror"}))
-    assert run_main(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, run, "--resume")) == 2
+    assert run_main(pretrain.run, pretrain_argv(tiny_bert_dir, tiny_data_dir, run, "--resume")) == 2
     one_error_line(capsys, "never reached its first checkpoint", "without --resume")
     file = tmp_path / "a-file"
     file.write_text("x")
-    assert run_main(pretrain.main, pretrain_argv(tiny_bert_dir, tiny_data_dir, file)) == 2
+    assert run_main(pretrain.run, pretrain_argv(tiny_bert_dir, tiny_data_dir, file)) == 2
     one_error_line(capsys, "is a file, not a directory")

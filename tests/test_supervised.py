@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import make_objective, record_pretrainings
 
 from bertcf.data.nli import LABELS, NLIExample, nli_triples, read_nli
 from bertcf.data.pairs import read_pairs, read_parallel
@@ -31,7 +31,6 @@ from bertcf.objectives import (
     SBERTCosine,
     SBERTSoftmax,
     SupervisedSimCSE,
-    build_objective,
 )
 
 TAU = 0.05
@@ -43,10 +42,6 @@ NEUTRAL = ["The man is famous.", "The dogs are brothers.", "The woman cooks for 
            "The song is about summer."]
 CONTRADICTED = ["The man is asleep in bed.", "Two cats sleep on the sofa.", "A woman is swimming.",
                 "The children are silent."]
-
-
-def args(**kw):
-    return SimpleNamespace(**kw)
 
 
 def load(path, dropout: float = 0.0) -> SentenceEncoder:
@@ -103,7 +98,7 @@ def test_sbert_softmax_is_sentence_transformers_softmax_loss(tiny_bert_dir):
 
     enc = load(tiny_bert_dir)
     examples = Examples([PREMISES, ENTAILED], torch.tensor([0, 1, 2, 0]), LABELS)
-    objective = SBERTSoftmax(enc, args(), torch.Generator().manual_seed(0), examples)
+    objective = SBERTSoftmax(enc, generator=torch.Generator().manual_seed(0), **SBERTSoftmax.from_examples(examples))
     labels = torch.tensor([0, 2, 1, 2])
     loss, u, grad = embeddings_of(objective, stacked(enc, [PREMISES, ENTAILED]), labels)
     reference = SoftmaxLoss(Fixed(), embedding_dimension=enc.dim, num_labels=3)
@@ -121,7 +116,7 @@ def test_sbert_cosine_is_sentence_transformers_cosine_similarity_loss(tiny_bert_
     from sentence_transformers.sentence_transformer.losses import CosineSimilarityLoss
 
     enc = load(tiny_bert_dir)
-    objective = SBERTCosine(enc, args(), torch.Generator().manual_seed(0))
+    objective = SBERTCosine(enc, generator=torch.Generator().manual_seed(0))
     gold = torch.tensor([0.9, 0.2, 0.55, 1.0])
     loss, u, grad = embeddings_of(objective, stacked(enc, [PREMISES, ENTAILED]), gold)
     reference = CosineSimilarityLoss(Fixed())
@@ -140,7 +135,7 @@ def test_supervised_simcse_is_mnrl_with_a_hard_negative_column(negatives, direct
     from sentence_transformers.util import cos_sim
 
     enc = load(tiny_bert_dir)
-    objective = SupervisedSimCSE(enc, args(negatives=negatives, temperature=TAU), torch.Generator().manual_seed(0))
+    objective = SupervisedSimCSE(enc, negatives=negatives, temperature=TAU, generator=torch.Generator().manual_seed(0))
     loss, u, grad = embeddings_of(objective, stacked(enc, [PREMISES, ENTAILED, CONTRADICTED]))
     mnrl = MultipleNegativesRankingLoss(None, scale=1 / TAU, similarity_fct=cos_sim, directions=directions)
     theirs, (their_grad,) = with_gradient(lambda v: mnrl.compute_loss_from_embeddings(list(v.chunk(3)), None), u)
@@ -152,7 +147,7 @@ def test_supervised_simcse_is_mnrl_with_a_hard_negative_column(negatives, direct
 
 def test_supervised_simcse_trains_its_mlp_and_saves_cls_without_it(tiny_bert_dir):
     enc = load(tiny_bert_dir)
-    objective = SupervisedSimCSE(enc, args(pooling="cls-mlp"), torch.Generator().manual_seed(0))
+    objective = SupervisedSimCSE(enc, mlp=True, generator=torch.Generator().manual_seed(0))
     assert enc.pooling == "cls" and objective.mlp is not None
     loss, _ = objective.loss(*stacked(enc, [PREMISES, ENTAILED, CONTRADICTED]))
     loss.backward()
@@ -176,21 +171,22 @@ def test_interface(method, tiny_bert_dir):
     checkpoint keeps round-trips."""
     enc = load(tiny_bert_dir, dropout=0.1)
     batch_, labels, examples = batch_of(method, enc)
-    obj = build_objective("supervised", method, enc, None, torch.Generator().manual_seed(0), examples)
+    obj = make_objective("supervised", method, enc, torch.Generator().manual_seed(0), examples)
     assert obj.encoder is enc and enc.flow is None
     grouped = [p for g in obj.parameter_groups() for p in g["params"]]
     assert {id(p) for p in grouped} == {id(p) for p in obj.parameters() if p.requires_grad}
     assert {id(p) for p in enc.bert.parameters()} <= {id(p) for p in grouped}
     loss, scalars = obj(*batch_, labels=labels)
     assert torch.isfinite(loss) and all(torch.isfinite(torch.as_tensor(v)) for v in scalars.values())
-    other = build_objective("supervised", method, load(tiny_bert_dir, dropout=0.1), None, None, examples)
+    other = make_objective("supervised", method, load(tiny_bert_dir, dropout=0.1), None, examples)
     for name, module in obj.checkpoint_modules().items():
         other.checkpoint_modules()[name].load_state_dict(module.state_dict())
 
 
 def test_the_classifier_has_one_output_per_class(tiny_bert_dir):
     enc = load(tiny_bert_dir)
-    two = SBERTSoftmax(enc, None, None, Examples([[]], classes=("not duplicate", "duplicate")))
+    examples = Examples([[]], classes=("not duplicate", "duplicate"))
+    two = SBERTSoftmax(enc, **SBERTSoftmax.from_examples(examples))
     assert two.classifier.weight.shape == (2, 3 * enc.dim)
 
 
@@ -311,7 +307,7 @@ def test_parallel_text(tmp_path):
 
 # ---- end to end through run_pretrain's main --------------------------------------------------------------
 def pretrain(model, data_dir, out_dir, method, *extra):
-    from bertcf.pretrain import main
+    from bertcf.commands.pretrain import run as main
 
     return main(["--stage", "supervised", "--method", method, "--model", str(model), "--data-dir", str(data_dir),
                  "--out-dir", str(out_dir), "--batch-size", "4", "--max-length", "24", "--eval-every", "2",
@@ -371,7 +367,7 @@ def test_presets_measure_the_run_in_epochs(tiny_bert_dir, tiny_data_dir, tmp_pat
     """--preset sbert-nli: one epoch of the 12 pairs at batch 16 is 1 step (--batch-size wins: 4 a
     step, 3 steps), warm-up a tenth; --preset simcse-sup: 3 epochs of the 4 triples; --preset
     sbert-sts on the data directory's STS train file (--steps wins over its 4 epochs)."""
-    from bertcf.pretrain import main
+    from bertcf.commands.pretrain import run as main
 
     base = ["--model", str(tiny_bert_dir), "--data-dir", str(tiny_data_dir), "--device", "cpu", "--eval-every", "50",
             "--train-file", str(nli_file(tmp_path))]
@@ -398,7 +394,7 @@ def test_presets_measure_the_run_in_epochs(tiny_bert_dir, tiny_data_dir, tmp_pat
     (["--method", "sbert-cosine", "--train-file", "NLI"], "trains on sts or qqp pairs"),
 ])
 def test_bad_flags_and_files(flags, message, tiny_bert_dir, tiny_data_dir, tmp_path):
-    from bertcf.pretrain import main
+    from bertcf.commands.pretrain import run as main
 
     names = {"STS": str(tiny_data_dir / "sts-train.csv"), "NLI": str(nli_file(tmp_path))}
     flags = [names.get(f, f) for f in flags]
@@ -408,7 +404,7 @@ def test_bad_flags_and_files(flags, message, tiny_bert_dir, tiny_data_dir, tmp_p
 
 
 def test_a_bad_row_is_one_line_and_exit_status_2(tiny_bert_dir, tiny_data_dir, tmp_path, capsys):
-    from bertcf.pretrain import command
+    from bertcf.commands.pretrain import main as command
 
     bad = tmp_path / "bad.tsv"
     bad.write_text("premise\thypothesis\tlabel\na\tb\tentailment\nc\td\tunsure\n")
@@ -420,7 +416,7 @@ def test_a_bad_row_is_one_line_and_exit_status_2(tiny_bert_dir, tiny_data_dir, t
 
 
 def test_train_file_is_for_the_supervised_stage(tiny_bert_dir, tiny_data_dir, tmp_path):
-    from bertcf.pretrain import main
+    from bertcf.commands.pretrain import run as main
 
     with pytest.raises(UsageError, match="--train-file is for --stage supervised"):
         main(["--stage", "mirror", "--model", str(tiny_bert_dir), "--data-dir", str(tiny_data_dir), "--device", "cpu",
@@ -439,7 +435,7 @@ def test_distill_is_sentence_transformers_mse_loss_with_a_projection(tiny_bert_d
 
     enc = load(tiny_bert_dir)
     teacher = torch.randn(4, 48, generator=torch.Generator().manual_seed(1))
-    objective = Distill(enc, args(), None, Examples([PREMISES, ENTAILED], teacher))
+    objective = Distill(enc, **Distill.from_examples(Examples([PREMISES, ENTAILED], teacher)))
     assert isinstance(enc.dense, torch.nn.Linear) and enc.dense.weight.shape == (48, 32) and enc.output_dim == 48
     loss, u, grad = embeddings_of(objective, stacked(enc, [PREMISES, ENTAILED]), teacher)
 
@@ -464,7 +460,7 @@ def test_distill_without_projection_when_the_widths_agree(tiny_bert_dir):
 
     enc = load(tiny_bert_dir)
     teacher = torch.randn(4, 32, generator=torch.Generator().manual_seed(2))
-    objective = Distill(enc, args(), None, Examples([PREMISES], teacher))
+    objective = Distill(enc, **Distill.from_examples(Examples([PREMISES], teacher)))
     assert enc.dense is None
     loss, u, grad = embeddings_of(objective, stacked(enc, [PREMISES]), teacher)
     theirs, (their_grad,) = with_gradient(lambda v: MSELoss(Fixed())([{"x": v}], teacher), u)
@@ -542,7 +538,7 @@ def test_distill_end_to_end(parallel, tiny_bert_dir, tiny_data_dir, vocab_path, 
 
 
 def test_distill_needs_a_teacher(tiny_bert_dir, tiny_data_dir, tmp_path):
-    from bertcf.pretrain import main
+    from bertcf.commands.pretrain import run as main
 
     with pytest.raises(UsageError, match="needs --teacher"):
         main(["--stage", "supervised", "--method", "distill", "--model", str(tiny_bert_dir), "--data-dir",
@@ -559,13 +555,12 @@ def experiments_argv(command, model, data_dir, out, *more):
 def test_experiments_supervised(tiny_bert_dir, tiny_data_dir, tmp_path, monkeypatch, capsys):
     """supervised: the three rows at their presets' lengths, SBERT-NLI then STS from SBERT-NLI's
     best/, a table with intervals beside MinBERT; a second invocation reruns nothing."""
-    from bertcf import experiments
-    from bertcf import pretrain as pretrain_module
+    from bertcf.commands import experiments
 
     out = tmp_path / "out"
     argv = experiments_argv("supervised", tiny_bert_dir, tiny_data_dir, out, "--nli", str(nli_file(tmp_path)),
                             "--pretrain-args", "--batch-size 4")
-    summary = experiments.main(argv)
+    summary = experiments.run(argv)
     rows = summary["supervised"]["rows"]
     assert [r["name"] for r in rows] == ["SBERT-NLI", "SimCSE-sup", "SBERT-NLI then STS"]
     assert all(r["ours"]["sts_spearman"]["n"] == 1 and r["ours"]["sts_spearman"]["ci95"] for r in rows)
@@ -579,9 +574,8 @@ def test_experiments_supervised(tiny_bert_dir, tiny_data_dir, tmp_path, monkeypa
     assert "holds most of STS-B's test pairs" in text and "SimCSE-sup" in text
     settings = text.split("## Settings", 1)[1]  # the presets' lengths, not the report's stages
     assert "sbert-nli: 1 epoch, simcse-sup: 3, sbert-sts: 4" in settings and "mirror" not in settings
-    calls = []
-    monkeypatch.setattr(pretrain_module, "main", lambda a: calls.append(a))
-    experiments.main(["supervised", "--out-dir", str(out)])
+    calls = record_pretrainings(monkeypatch, run=False)
+    experiments.run(["supervised", "--out-dir", str(out)])
     assert calls == []
 
 
@@ -589,11 +583,11 @@ def test_experiments_supervised(tiny_bert_dir, tiny_data_dir, tmp_path, monkeypa
 def test_experiments_distill_against_the_mlm_base(tiny_bert_dir, tiny_data_dir, vocab_path, tmp_path):
     """distill: the MLM base and two seeds of the student from --config, the teacher and the
     untrained student as references, and the claim student > MLM base tested over the seeds."""
-    from bertcf import experiments
+    from bertcf.commands import experiments
 
     config = student_config(tmp_path / "config", vocab_path)
     out = tmp_path / "out"
-    summary = experiments.main(experiments_argv("distill", config, tiny_data_dir, out, "--config", str(config),
+    summary = experiments.run(experiments_argv("distill", config, tiny_data_dir, out, "--config", str(config),
                                                 "--teacher", str(tiny_bert_dir), "--mlm-steps", "3",
                                                 "--seeds", "3,4", "--mlm-args", "--batch-size 4"))
     (row,) = summary["distill"]["rows"]

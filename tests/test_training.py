@@ -3,14 +3,14 @@ parameter groups, gradient clipping in the loop, the resumable data order, and a
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from bertcf import runs, training
 from bertcf.errors import NonFiniteLossError, UsageError
-from bertcf.training.trainer import DIVERGENCE_FACTOR
+from bertcf.config.train import TrainConfig
+from bertcf.training.loop import DIVERGENCE_FACTOR
 from bertcf.utils import files
 
 
@@ -53,12 +53,12 @@ def toy_trainer(tmp_path, max_grad_norm: float, grad_scale: float = 100.0):
     with lr 1, so that one step moves the weights by exactly the (clipped) gradient."""
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1, bias=False)
-    args = SimpleNamespace(steps=1, log_every=1, eval_every=1, seed=0, device="cpu", precision="fp32",
-                           max_grad_norm=max_grad_norm)
+    args = TrainConfig(steps=1, log_every=1, eval_every=1, seed=0, device="cpu", precision="fp32",
+                       max_grad_norm=max_grad_norm)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     run = runs.Run(tmp_path / "run", {})
-    trainer = training.Trainer(args, run, {"model": model}, opt, training.make_scheduler(opt, "constant", 0, 1), {},
-                               metric="score", save_model=lambda d: (d / "weights.txt").write_text("w"),
+    trainer = training.TrainingLoop(args, run, {"model": model}, opt, training.make_scheduler(opt, "constant", 0, 1),
+                                    {}, metric="score", save_model=lambda d: (d / "weights.txt").write_text("w"),
                                evaluate=lambda step: {"score": float(step)}, items_per_step=1)
     x = torch.ones(1, 4)
 
@@ -82,10 +82,10 @@ def scripted_loss_trainer(tmp_path, losses):
     """A Trainer whose step ``i`` (0-based) reports the loss ``losses[i]``, checkpointing every 2
     steps and logging every 10."""
     model = torch.nn.Linear(1, 1)
-    args = SimpleNamespace(steps=len(losses), log_every=10, eval_every=2, seed=0, device="cpu", precision="fp32",
-                           max_grad_norm=0.0)
+    args = TrainConfig(steps=len(losses), log_every=10, eval_every=2, seed=0, device="cpu", precision="fp32",
+                       max_grad_norm=0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    trainer = training.Trainer(args, runs.Run(tmp_path / "run", {}), {"model": model}, opt,
+    trainer = training.TrainingLoop(args, runs.Run(tmp_path / "run", {}), {"model": model}, opt,
                                training.make_scheduler(opt, "constant", 0, len(losses)), {}, metric="score",
                                save_model=lambda d: (d / "weights.txt").write_text("w"),
                                evaluate=lambda step: {"score": float(step)}, items_per_step=1)

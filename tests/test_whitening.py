@@ -155,13 +155,12 @@ def test_first_last_avg_reads_transformers_first_layer_not_the_embeddings(tiny_b
 
 @pytest.mark.parametrize("method", ["mirror", "ct", "bsl", "tsdae"])
 def test_every_objective_trains_with_first_last_avg(tiny_bert_dir, method):
-    from types import SimpleNamespace
+    from conftest import make_objective
 
     from bertcf import SentenceEncoder
-    from bertcf.objectives import build_objective
 
     encoder = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling="first-last-avg")
-    objective = build_objective("mirror", method, encoder, SimpleNamespace(pooling="first-last-avg"))
+    objective = make_objective("mirror", method, encoder)
     tokens = encoder.tokenize(SENTENCES * 2)
     ids, mask = tokens["input_ids"], tokens["attention_mask"]
     special = torch.isin(ids, torch.tensor(encoder.tokenizer.all_special_ids)) | (mask == 0)
@@ -208,10 +207,10 @@ def run_whiten(*argv):
     import contextlib
     import io
 
-    from bertcf import pretrain
+    from bertcf.commands import pretrain
 
     with contextlib.redirect_stdout(io.StringIO()) as out:
-        summary = pretrain.main(list(argv))
+        summary = pretrain.run(list(argv))
     return summary, out.getvalue()
 
 
@@ -261,10 +260,10 @@ def test_whiten_on_the_target_sentences_and_k_dimensions(tiny_bert_dir, tiny_dat
     (["--mini-batch-size", "4"], "--mini-batch-size is for the training stages"),
 ])
 def test_whiten_stage_bad_input_is_one_line(tiny_bert_dir, tiny_data_dir, tmp_path, capsys, argv, message):
-    from bertcf import pretrain
+    from bertcf.commands import pretrain
     from bertcf.cli import run_main
 
-    assert run_main(pretrain.main, whiten_argv(tiny_bert_dir, tiny_data_dir, tmp_path / "w") + argv) == 2
+    assert run_main(pretrain.run, whiten_argv(tiny_bert_dir, tiny_data_dir, tmp_path / "w") + argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and message in err
 

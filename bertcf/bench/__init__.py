@@ -16,14 +16,14 @@ Workloads (the report's settings):
              pooling, InfoNCE, backward, AdamW step at the stage's lr.
   joint      bertcf.objectives.Joint: the encoder frozen (no_grad, dropout on as in the stage),
              a 3-block Glow on both views, 0.3 * InfoNCE(F(x)) + L_flow, AdamW on the flow.
-  multitask  bertcf.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
+  multitask  bertcf.training.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
              pass, the heads (SST dropout 0.3 + linear D x 5; QQP linear D x 768; STS dropout
              0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step.
   encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
              eval mode under torch.inference_mode.
 ``--onnx EXPORT_DIR`` times something else, on the CPU: ``encode()`` of STS-B test's 2,758
 sentences (length-sorted batches of 64) by the exported checkpoint under torch fp32, and by the
-export under ONNX Runtime fp32 and int8 (``bertcf.onnx.OnnxEncoder``), one round of each in turn;
+export under ONNX Runtime fp32 and int8 (``bertcf.backend.onnx_runtime.OnnxEncoder``), one round of each in turn;
 it reports sentences/s, the ratio to torch fp32, each engine's STS-B test Spearman and its max
 abs difference from torch.
 Inputs are random token ids with realistic variable lengths (a log-normal around each task's

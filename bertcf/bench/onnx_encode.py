@@ -29,7 +29,7 @@ def onnx_engines(export_dir, threads: int | None) -> dict:
     from minbert import CheckpointError
 
     from ..models.encoder import SentenceEncoder
-    from ..onnx import OnnxEncoder, OnnxModelError
+    from ..backend.onnx_runtime import OnnxEncoder, OnnxModelError
 
     try:
         fp32 = OnnxEncoder(export_dir, threads=threads, providers=["CPUExecutionProvider"])

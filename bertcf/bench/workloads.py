@@ -73,14 +73,15 @@ class Mirror(Workload):
         from types import SimpleNamespace
 
         from ..models.encoder import SentenceEncoder
-        from ..objectives import build_objective
-        from ..pretrain import STAGE_LR
+        from ..config.pretrain import STAGE_LR
+        from ..objectives import objective_class
 
         bert.requires_grad_(True)  # a joint workload before may have frozen it
         torch.manual_seed(0)  # the same initial flow for both implementations
         tokenizer = SimpleNamespace(mask_token_id=self.mask_id, pad_token_id=0)
-        objective = build_objective(self.stage, "mirror", SentenceEncoder(bert, tokenizer), None,
-                                    torch.Generator().manual_seed(0)).to(self.device).train()
+        objective = objective_class(self.stage, "mirror")(SentenceEncoder(bert, tokenizer),
+                                                          generator=torch.Generator().manual_seed(0))
+        objective = objective.to(self.device).train()
 
         def loss(inputs):
             (b,) = inputs
@@ -111,7 +112,7 @@ class Joint(Mirror):
 
 
 class Multitask(Workload):
-    """bertcf.multitask's training step itself: MultitaskModel (one encoder pass over all 288
+    """bertcf.training.multitask's training step itself: MultitaskModel (one encoder pass over all 288
     sentences, the heads) and MultitaskLoss, around either implementation."""
 
     sizes = {"sst": 32, "qqp": 96, "sts": 32}

@@ -1,6 +1,6 @@
-"""``python -m bertcf.data COMMAND ...``: the data tools' command line (``bertcf.data.commands``)."""
+"""``python -m bertcf.data COMMAND ...``: the data tools' command line (``bertcf.commands.data``)."""
 import sys
 
-from .commands import main
+from ..commands.data import main
 
 sys.exit(main())

@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError, WriteError
+from ..errors import DataError
 from ..utils.files import save_dir_atomic
 from .reading import open_text
 from .tasks import SPLITS, read_qqp, task_file
@@ -192,37 +191,3 @@ def build_quora(data_dir, queries_from: tuple[str, ...] = ("dev",)) -> Retrieval
         raise DataError(f"{data_dir}: no duplicate pairs in the Quora {' and '.join(queries_from)} file(s)")
     corpus = {i: text for text, i in ids.items()}
     return RetrievalSet(corpus, {q: corpus[q] for q in qrels}, qrels)
-
-
-def add_command(commands) -> None:
-    """``beir-quora``: the subcommand of ``python -m bertcf.data``."""
-    p = commands.add_parser(
-        "beir-quora", help="build a BEIR-layout duplicate-question retrieval set from the CS224N Quora files",
-        description="Queries: the first question of each duplicate pair of --queries-from; relevant: its "
-                    "duplicate; corpus: every distinct question of the Quora files in --data-dir (as BEIR's "
-                    "Quora task). Writes OUT/corpus.jsonl, OUT/queries.jsonl and OUT/qrels/test.tsv.")
-    p.add_argument("--data-dir", default="data", help="directory with the CS224N files (default: data)")
-    p.add_argument("--out", required=True, help="directory to write the set to (replaced as a whole)")
-    p.add_argument("--queries-from", default="dev",
-                   help="comma-separated labelled splits whose duplicate pairs make the queries: train, dev "
-                        "(default: dev; the multitask stage trains on quora-train)")
-    p.set_defaults(run=run)
-
-
-def run(args) -> int:
-    splits = tuple(s.strip() for s in args.queries_from.split(",") if s.strip())
-    bad = [s for s in splits if s not in ("train", "dev")]
-    if bad or not splits:
-        print(f"python -m bertcf.data beir-quora: error: --queries-from takes train and/or dev, not "
-              f"{args.queries_from!r}", file=sys.stderr)
-        return 2
-    try:
-        built = build_quora(args.data_dir, splits)
-        write(args.out, built.corpus, built.queries, built.qrels)
-    except (DataError, WriteError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    relevant = sum(len(d) for d in built.qrels.values())
-    print(f"{args.out}: {len(built.queries)} queries (duplicate pairs of {', '.join(splits)}), "
-          f"{len(built.corpus)} documents, {relevant} relevant pairs")
-    return 0

@@ -19,11 +19,14 @@ import torch.nn.functional as F
 
 from ..data.words import read_word_pairs, word_similarity_files
 from ..errors import UsageError
+from ..models.encoder import FIRST_LAST_AVG
 from ..models.encoder import POOLINGS as ENCODER_POOLINGS
 from . import bootstrap
 from .metrics import spearman
 
-POOLINGS = ("cls", "mean")
+#: A word's vector: the encoder's poolings but first-last-avg, which averages whole layers (a
+#: sentence's), not the word's own tokens.
+POOLINGS = tuple(p for p in ENCODER_POOLINGS if p != FIRST_LAST_AVG)
 
 
 class WordSimilarityEvaluator:

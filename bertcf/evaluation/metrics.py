@@ -58,7 +58,7 @@ class STSDevEvaluator:
     or a linear head (a whitening), its vectors' ``latent_mean_norm`` and ``latent_log10_eig_ratio``.
     The main metric, which picks a pretraining run's best checkpoint, is the Spearman correlation."""
 
-    primary_metric = "sts_spearman"
+    main_metric = "sts_spearman"
 
     def __init__(self, pairs, batch_size: int = 64, resamples: int = 1000, seed: int = 0):
         self.pairs, self.batch_size, self.resamples, self.seed = pairs, batch_size, resamples, seed

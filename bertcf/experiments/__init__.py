@@ -15,9 +15,9 @@ MinBERT-BSL, -CT, -TSDAE and -MLM (mirror stage, ``--method bsl|ct|tsdae|mlm``, 
 ``--model``; see bertcf/objectives/), each one more pretraining run, with MinBERT, MinBERT-SimCSE
 and MinBERT-Mirror as reference rows (the latter two once table1 or all has trained them in ``OUT``).
 
-Every pretraining (stage 1 or 2 of the report) is a run of ``bertcf.pretrain``
-(``run_pretrain.py``) in ``OUT/stages/<name>/``, every fine-tuning (stage 3) a run of
-``bertcf.multitask`` (``run_multitask.py``) in ``OUT/finetune/<row>/``. A pretraining shared by
+Every pretraining (stage 1 or 2 of the report) is a run of ``run_pretrain.py`` in
+``OUT/stages/<name>/``, every fine-tuning (stage 3) a run of ``run_multitask.py`` in
+``OUT/finetune/<row>/``, each resolved and run in this process as its command would. A pretraining shared by
 several rows is trained once; a finished one
 (``experiment.json`` with status ``done``) is reused, an interrupted one is continued with
 ``--resume``, so rerunning the same command carries on where it stopped. Settings not given
@@ -37,7 +37,7 @@ The package, bottom up: ``options`` (flags, suite.json), ``rows`` (what is train
 ``plan`` (every run of a command), ``execute`` (running them), ``results`` (evaluating each row
 for each seed, cached), ``published`` (the report's numbers), ``tables`` (cells and markdown),
 ``claims`` (the report's claims, tested), ``analysis`` and ``report`` (rendering the outputs) and
-``suite`` (the command).
+``suite`` (all of it in order). The command line is ``bertcf.commands.experiments``.
 """
 from .options import build_parser, parse_args
 from .plan import Plan
@@ -45,8 +45,7 @@ from .planned import MARKER
 from .published import REPORT_ABLATIONS, REPORT_ANALYSIS, REPORT_TABLE1
 from .results import FINETUNE_METRICS, finetune_metrics, pair_analysis, read_predictions
 from .rows import PRETRAININGS, Row
-from .suite import cli, main
 
 __all__ = ["build_parser", "parse_args", "MARKER", "PRETRAININGS", "Plan", "Row", "REPORT_ABLATIONS",
            "REPORT_ANALYSIS", "REPORT_TABLE1", "FINETUNE_METRICS", "finetune_metrics", "pair_analysis",
-           "read_predictions", "cli", "main"]
+           "read_predictions"]

@@ -1,5 +1,6 @@
+"""``python -m bertcf.experiments``: the command is ``bertcf.commands.experiments``."""
 import sys
 
-from .suite import cli
+from ..commands.experiments import main
 
-sys.exit(cli())
+sys.exit(main())

@@ -13,7 +13,7 @@ from ..data.words import word_similarity_files
 from ..errors import DataError, UsageError
 from ..runs import ENVIRONMENT_FILE, STATE_FILE
 from ..utils.files import recover_dir
-from .planned import MARKER, PlannedRun, entry_module, read_json
+from .planned import MARKER, PlannedRun, read_json
 
 #: What a run directory of this command may hold (anything else: files it did not write).
 RUN_ENTRIES = {"config.json", ENVIRONMENT_FILE, "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json",
@@ -110,14 +110,17 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
 
 
 def validate_flags(task: PlannedRun) -> None:
-    """Parse a run's command line with its own parser."""
-    module = entry_module(task.kind)
+    """Parse a run's command line with its own parser (a pretraining's settings resolved and checked
+    as its command does, its notes not shown)."""
+    from ..config import multitask, pretrain
+
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
-            ns = module.build_parser().parse_args(task.argv)
             if task.kind == "pretraining":
-                module.check_args(ns)
+                pretrain.parse(task.argv)
+            else:
+                multitask.build_parser().parse_args(task.argv)
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()
         raise UsageError(f"{task.description.split(',')[0]}: {message[-1] if message else 'bad flags'}") from None

@@ -8,10 +8,10 @@ import shutil
 import time
 
 from ..errors import DataError, NonFiniteLossError, UsageError, WriteError
-from ..export.model_card import add_experiment_row
+from ..models.model_card import add_experiment_row
 from ..utils.files import write_json_atomic
 from .plan import Plan
-from .planned import MARKER, PlannedRun, entry_module, now
+from .planned import MARKER, PlannedRun, now, run_planned
 
 
 class Interrupted(Exception):
@@ -54,11 +54,10 @@ def run_one(plan: Plan, task: PlannedRun) -> None:
               "wall_s": task.marker.get("wall_s", 0.0) if task.state == "resume" else 0.0}
     write_json_atomic(task.dir / MARKER, marker)
     argv = task.argv + (["--resume"] if task.state == "resume" else [])
-    entry = entry_module(task.kind).main
     what = f"{task.label} ({plan.rel(task.dir)})"
     tick = time.perf_counter()
     try:
-        result = entry(argv)
+        result = run_planned(task.kind, argv)
     except SystemExit as e:
         if e.code not in (0, None):
             raise UsageError(f"{what}: the run stopped with exit status {e.code}") from None

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, ArgumentParser, add_renamed_flags
 from ..errors import UsageError
+from .rows import MLM_BASE
 
 SUITE_FILE = "suite.json"   # OUT's settings, the defaults of later invocations
 COMMANDS = ("table1", "ablations", "analysis", "objectives", "all", "mlm-base", "lexical", "supervised",
@@ -20,6 +21,9 @@ SUITE_KEYS = ("model", "data_dir", "corpus", "corpus_from_tasks", "max_sentences
               "seeds", "preset", "pretrain_args", "finetune_args", "max_analysis_pairs", "qualitative_pairs", "config", "mlm_steps",
               "mlm_args", "lexical_dir", "nli", "teacher")
 RENAMED_SETTINGS = {"stage_args": "pretrain_args"}  # old name -> new, in suite.json files written before
+#: The commands whose rows start from the MLM base (stages/mlm-base, trained from --config): mlm-base
+#: always, distill always (its student's rival), supervised when --config is given.
+BASE_COMMANDS = ("mlm-base", "distill")
 
 
 def build_parser() -> ArgumentParser:
@@ -144,6 +148,8 @@ def parse_args(argv=None):
         raise UsageError(f"{args.command} needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
     if args.command == "distill" and not args.teacher:
         raise UsageError("distill needs --teacher DIR|NAME (the encoder the student learns from)")
+    if starts_from_base(args):  # every row starts from the MLM base (an absolute path: the same before and after it exists)
+        args.model = str((Path(args.out_dir) / "stages" / MLM_BASE.name / "best").resolve())
     args.nli_list = [f.strip() for f in (args.nli or "").split(",") if f.strip()]
     for name in ("pretrain_args", "finetune_args", "mlm_args"):
         try:
@@ -152,3 +158,7 @@ def parse_args(argv=None):
             raise UsageError(f"--{name.replace('_', '-')}: {e}") from None
     return args
 
+
+def starts_from_base(args) -> bool:
+    """Whether every row of the command starts from the MLM base it trains (``BASE_COMMANDS``)."""
+    return args.command in BASE_COMMANDS or (args.command == "supervised" and bool(args.config))

@@ -10,7 +10,7 @@ from ..errors import UsageError
 from ..objectives.presets import PRESETS
 from ..utils.precision import resolve_device
 from . import checks
-from .options import ALL
+from .options import ALL, starts_from_base
 from .planned import PlannedRun, abs_if_path
 from .rows import (
     ABLATION_ROWS,
@@ -32,11 +32,6 @@ from .rows import (
     steps_for,
 )
 
-#: The commands whose rows start from the MLM base (stages/mlm-base, trained from --config): mlm-base
-#: always, distill always (its student's rival), supervised when --config is given.
-BASE_COMMANDS = ("mlm-base", "distill")
-
-
 class Plan:
     """What one command trains: its rows, every pretraining and fine-tuning run (``pretraining_runs``,
     ``finetune_runs``, each inspected on disk) and their checks, before anything runs."""
@@ -47,10 +42,7 @@ class Plan:
         self.out = Path(args.out_dir)
         self.data_dir = Path(args.data_dir)
         self.seeds = args.seeds or [args.seed]
-        self.base = (MLM_BASE.name if args.command in BASE_COMMANDS or (args.command == "supervised" and args.config)
-                     else None)
-        if self.base:  # every row starts from the MLM base (an absolute path: the same before and after it exists)
-            args.model = str((self.pretraining_dir(self.base) / "best").resolve())
+        self.base = MLM_BASE.name if starts_from_base(args) else None  # args.model is then its best/
         self.commands = (list(ALL) if args.command == "all" else ["table1", "ablations"]
                          if args.command == "mlm-base" else [args.command])
         self.finetune = "table1" in self.commands and not args.no_finetune

@@ -47,10 +47,13 @@ def now() -> str:
     return datetime.now().isoformat(timespec="seconds")
 
 
-def entry_module(kind: str):
-    """The module behind a planned run's command: bertcf.pretrain or bertcf.multitask."""
+def run_planned(kind: str, argv: list[str]) -> dict:
+    """A planned run, as its command runs it: ``run_pretrain.py`` (a pretraining) or
+    ``run_multitask.py`` (a fine-tuning) with ``argv``, resolved and run in this process."""
     if kind == "pretraining":
-        from .. import pretrain
-        return pretrain
-    from .. import multitask
-    return multitask
+        from ..config.pretrain import parse
+        from ..training.pretraining import run
+    else:
+        from ..config.multitask import parse
+        from ..training.multitask import run
+    return run(parse(argv))

@@ -1,17 +1,14 @@
-"""The experiments command as a whole: plan, run what is missing, evaluate every row, write
-the outputs."""
+"""The experiments as a whole (``run_suite``): plan, run what is missing, evaluate every row, write
+the outputs; or print the plan (``dry_run``). The command is ``bertcf.commands.experiments``."""
 from __future__ import annotations
 
-import sys
 import time
 
-from .. import runs
-from ..cli import run_main, stop_status
 from ..utils import environment
 from ..utils.files import write_json_atomic
 from .claims import claim_rows, test_claims
-from .execute import Interrupted, command_line, execute
-from .options import SUITE_FILE, SUITE_KEYS, parse_args
+from .execute import command_line, execute
+from .options import SUITE_FILE, SUITE_KEYS
 from .plan import Plan
 from .planned import PlannedRun, now
 from .report import (
@@ -23,18 +20,6 @@ from .report import (
     settings_md,
 )
 from .results import Evaluation
-
-
-def main(argv=None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
-    if args.dry_run:
-        plan = Plan(args, argv)
-        return dry_run(plan, plan.runs())
-    # One runner per OUT, from before the plan reads what is on disk. The runs it starts (in this
-    # process) lock their own directories, OUT/stages/<name> and OUT/finetune/<row>, not OUT.
-    with runs.hold(args.out_dir):
-        return run_suite(args, argv)
 
 
 def run_suite(args, argv: list) -> dict:
@@ -95,13 +80,3 @@ def dry_run(plan: Plan, tasks: list[PlannedRun]) -> dict:
         print("missing before this can run:\n" + "".join(f"  - {p}\n" for p in problems), end="")
     return {"tasks": [{"label": t.label, "kind": t.kind, "dir": str(t.dir), "state": t.state,
                        "command": command_line(t)} for t in tasks], "problems": problems}
-
-
-def cli(argv=None) -> int:
-    try:
-        return run_main(main, argv)
-    except (Interrupted, KeyboardInterrupt) as e:
-        what = f"{e}; " if isinstance(e, Interrupted) else ""
-        print(f"\ninterrupted: {what}run the same command again to continue where it stopped", file=sys.stderr)
-        return stop_status({"signal": getattr(e, "signal", None) or "SIGINT"})
-

@@ -9,7 +9,7 @@ e.g. a whitening map, when it has one), their losses, their predictions and the 
   gold scaled from [0, 5] to [h, 1], mean squared error (:class:`CosineRegressionLoss`);
 - the step's loss 5 L_sst + 20 L_qqp + 1 L_sts (:class:`MultitaskLoss`).
 
-The fine-tuning stage that trains it is ``bertcf.multitask``.
+The fine-tuning stage that trains it is ``bertcf.training.multitask``.
 """
 from __future__ import annotations
 

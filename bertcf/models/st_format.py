@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 from minbert import CheckpointError
@@ -271,27 +270,3 @@ def _pooling(config_path: Path) -> str:
         raise CheckpointError(f"{config_path}: pooling {', '.join(map(str, modes)) or 'none'} cannot be represented "
                               f"by a SentenceEncoder (mean or [CLS] pooling can)")
     return chosen[0]
-
-
-def main(argv=None) -> None:
-    """``python -m bertcf.st_format upgrade DIR [DIR ...]``: checkpoints (or run directories: their
-    best/ and last/) written before, given the flow module's code."""
-    from ..cli import ArgumentParser
-    from ..runs import is_run_dir
-
-    parser = ArgumentParser(prog="python -m bertcf.st_format",
-                            description="Upgrade checkpoints with a flow written before 2026-11-24 so that "
-                                        "sentence-transformers loads them without BERT-CF installed.")
-    parser.add_argument("command", choices=("upgrade",))
-    parser.add_argument("dirs", nargs="+", metavar="DIR", help="a checkpoint, or a run directory (its best/ and last/)")
-    args = parser.parse_args(argv)
-    for d in map(Path, args.dirs):
-        checkpoints = [d / n for n in ("best", "last") if (d / n).is_dir()] if is_run_dir(d) else [d]
-        for checkpoint in checkpoints:
-            changed = upgrade(checkpoint)
-            print(f"{checkpoint}: {'upgraded' if changed else 'nothing to upgrade (no flow, or already done)'}")
-
-
-if __name__ == "__main__":
-    from ..cli import run_main
-    sys.exit(run_main(main))

@@ -1,49 +1,20 @@
-"""The shape every pretraining objective has (``Objective``), the defaults of their settings, and
-the helpers several of them use."""
+"""The shape every pretraining objective has (``Objective``: built from an encoder and keyword
+settings) and the helpers several of them use."""
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
 
+from ..config.fields import Settings
 from ..errors import UsageError
 from ..models.encoder import SentenceEncoder
 from ..utils.distributed import is_main_process
 from .cache import embed_in_chunks
 
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
-
-# Defaults of the objectives' flags (also used when an objective is built from a partial ``args``).
-DEFAULTS = {"span_p": 0.3, "span_cap": 5, "temperature": 0.05, "negatives": "report", "span_unit": "token",
-            "span_chars": 5, "pooling": "mean", "max_length": 32,
-            "lambda_mirror": 0.3, "flow_blocks": 3, "flow_hidden": None, "flow_permutation": "lu",
-            "flow_loss_unit": "bits-per-dim", "unfreeze_encoder": False, "encoder_lr": 1e-4,
-            "momentum": 0.999, "predictor_k": 8, "predictor_hidden": None, "ct_negatives": 7,
-            "deletion_ratio": 0.6, "mlm_probability": 0.15, "mini_batch_size": None}
-
-
-@dataclass
-class Examples:
-    """What a run trains on: ``columns``, k lists of n sentences, example i being row i of each (a
-    corpus: one column; pairs: two; triples: three); ``labels``: None, or a tensor whose row i is
-    example i's label (class ids [n], similarities [n], a teacher's vectors [n, D']); ``classes``:
-    the class names of class-id labels; ``what``: where they come from, in words."""
-
-    columns: list[list[str]]
-    labels: torch.Tensor | None = None
-    classes: tuple[str, ...] = ()
-    what: str = ""
-
-    def __len__(self) -> int:
-        return len(self.columns[0])
-
-
-def setting(args, name: str):
-    """``args.name``, or its default when ``args`` lacks it (or holds None)."""
-    value = getattr(args, name, None) if args is not None else None
-    return DEFAULTS[name] if value is None else value
 
 
 def maskable_positions(mask, special) -> torch.Tensor:
@@ -72,10 +43,12 @@ class Objective(nn.Module):
     """One pretraining method, as one ``nn.Module`` that owns the encoder it trains (``encoder``,
     the one that is kept and evaluated) and every extra module its method needs.
 
-    Built from ``encoder`` (a SentenceEncoder), ``args`` (run_pretrain.py's flags: any object with the
-    attributes of ``objectives.add_args``; missing ones take their defaults) and ``generator``
-    (the CPU torch.Generator of every random choice: views, pairs, deletions, masks; the pretraining
-    run checkpoints its state, so a resumed run continues exactly).
+    Built from ``encoder`` (a SentenceEncoder) and keyword settings: the fields of the families in
+    ``SETTINGS`` (``objectives.settings``; e.g. ``Mirror(encoder, temperature=0.05)``), each
+    checked as its flag is, and an objective's own keywords. ``generator``: the CPU torch.Generator
+    of every random choice (views, pairs, deletions, masks); the Trainer seeds it with the run's
+    seed and checkpoints its state, so a resumed run continues exactly. ``mini_batch_size``: the
+    gradient cache, where ``mini_batches`` allows it.
 
     - ``objective(ids, mask, special, rank, world) -> (loss, scalars)``: one step's loss (``loss``);
     - ``parameter_groups()``: what the optimiser gets (groups may carry their own "lr");
@@ -105,9 +78,15 @@ class Objective(nn.Module):
     uses_dense = False
     needs_text = False
     mini_batches = False
+    SETTINGS: tuple[type[Settings], ...] = ()  # the families of settings this objective takes
+    #: Its own keywords that a pretraining run fills from the run's settings (``training.pretraining``):
+    #: mlp (--pooling cls-mlp), max_length (--max-length), checkpoint (--init or --model).
+    RUN_SETTINGS: tuple[str, ...] = ()
 
-    def __init__(self, encoder: SentenceEncoder, args=None, generator: torch.Generator | None = None):
+    def __init__(self, encoder: SentenceEncoder, *, generator: torch.Generator | None = None,
+                 mini_batch_size: int | None = None, **settings):
         super().__init__()
+        self.settings = self.check_settings(settings)
         if not self.uses_flow:
             encoder.flow = None
         if not self.uses_dense and encoder.dense is not None:
@@ -120,9 +99,30 @@ class Objective(nn.Module):
         tokenizer = encoder.tokenizer
         self.mask_token_id = tokenizer.mask_token_id
         self.pad_token_id = tokenizer.pad_token_id
-        self.mini_batch_size = setting(args, "mini_batch_size")
+        self.mini_batch_size = mini_batch_size
         if self.mini_batch_size and not self.mini_batches:
             raise UsageError(f"--mini-batch-size does not apply to {type(self).__name__}")
+
+    @classmethod
+    def setting_names(cls) -> tuple[str, ...]:
+        return tuple(name for family in cls.SETTINGS for name in family.names())
+
+    @classmethod
+    def check_settings(cls, settings: dict) -> SimpleNamespace:
+        """``settings`` (keyword arguments) as the families of ``SETTINGS`` check them, every
+        field the families have filled in with its default."""
+        unknown = sorted(set(settings) - set(cls.setting_names()))
+        if unknown:
+            raise UsageError(f"{cls.__name__} has no setting {', '.join(unknown)} (its settings: "
+                             f"{', '.join(cls.setting_names()) or 'none'})")
+        values = {}
+        for family in cls.SETTINGS:
+            values |= family(**family.pick(settings)).to_dict()
+        return SimpleNamespace(**values)
+
+    def description(self) -> dict:
+        """What the objective is, with its settings (a run's config.json from the Python API)."""
+        return {"objective": type(self).__name__, **vars(self.settings)}
 
     @property
     def device(self) -> torch.device:

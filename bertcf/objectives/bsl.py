@@ -9,8 +9,9 @@ import torch.nn.functional as F
 
 from ..models.encoder import pooled
 from ..utils.distributed import dist_info, gather_with_grad, local_rows
-from .base import Objective, setting
+from .base import Objective
 from .contrastive import span_mask
+from .settings import BSLSettings, SpanSettings
 
 
 class GatheredBatchNorm1d(nn.BatchNorm1d):
@@ -54,13 +55,14 @@ class BSL(Objective):
     """
 
     mini_batches = True
+    SETTINGS = (SpanSettings, BSLSettings)
 
-    def __init__(self, encoder, args=None, generator=None):
-        super().__init__(encoder, args, generator)
-        d = encoder.dim
-        hidden = setting(args, "predictor_hidden") or setting(args, "predictor_k") * d
-        self.momentum = float(setting(args, "momentum"))
-        self.span_p, self.span_cap = setting(args, "span_p"), setting(args, "span_cap")
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
+        d, s = encoder.dim, self.settings
+        hidden = s.predictor_hidden or s.predictor_k * d
+        self.momentum = float(s.momentum)
+        self.span_p, self.span_cap = s.span_p, s.span_cap
         self.predictor = nn.Sequential(nn.Linear(d, hidden), GatheredBatchNorm1d(hidden), nn.ReLU(inplace=True),
                                        nn.Linear(hidden, hidden), GatheredBatchNorm1d(hidden), nn.ReLU(inplace=True),
                                        nn.Linear(hidden, d))

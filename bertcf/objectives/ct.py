@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from ..models.encoder import pooled
 from ..utils.distributed import local_rows
-from .base import Objective, setting
+from .base import Objective
+from .settings import CTSettings
 
 
 class ContrastiveTension(Objective):
@@ -34,9 +35,11 @@ class ContrastiveTension(Objective):
 
     mini_batches = True
 
-    def __init__(self, encoder, args=None, generator=None):
-        super().__init__(encoder, args, generator)
-        self.negatives = int(setting(args, "ct_negatives"))
+    SETTINGS = (CTSettings,)
+
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
+        self.negatives = int(self.settings.ct_negatives)
         self.second = copy.deepcopy(encoder.bert).requires_grad_(True)
 
     def pairs(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:

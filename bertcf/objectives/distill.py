@@ -17,7 +17,7 @@ from ..runs import resolve_encoder_path
 from ..utils import progress
 from ..utils.distributed import dist_info
 from ..utils.files import save_tensors_atomic
-from .base import Examples
+from ..data.examples import Examples
 from .supervised import Supervised
 
 CACHE_VERSION = "1"  # part of every cache key: bump it when what a cached file holds changes
@@ -105,28 +105,33 @@ class Distill(Supervised):
         loss = mean over the columns c in (s[, t]) of MSE(P f(c), T(s)),
 
     MSE the mean over the b rows and D' dimensions, as sentence-transformers' MSELoss; with one
-    column, loss = MSE(P f(s), T(s)): the teacher distilled into the student.
+    column, loss = MSE(P f(s), T(s)): the teacher distilled into the student. ``width``: D' (default:
+    the student's own output width); ``columns``: 1 (sentences) or 2 (parallel pairs).
     """
 
     uses_dense = True  # the projection is trained here, and part of the student
 
-    def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
-        super().__init__(encoder, args, generator, examples)
-        width = examples.labels.shape[1] if examples is not None else encoder.output_dim
+    def __init__(self, encoder, *, width: int | None = None, columns: int = 1, **settings):
+        super().__init__(encoder, **settings)
+        width = width or encoder.output_dim
         if encoder.dense is not None and encoder.dense.out_features != width:
             raise UsageError(f"distill: the student's linear head gives {encoder.dense.out_features} dimensions, the "
                              f"teacher's vectors {width}")
         if encoder.dense is None and encoder.dim != width:
             encoder.dense = nn.Linear(encoder.dim, width)  # PyTorch's initialisation, as sentence-transformers' Dense
-        self.columns = len(examples.columns) if examples is not None else 1
+        self.columns = columns
 
     @classmethod
-    def reads_corpus(cls, args) -> bool:
-        return not getattr(args, "train_file", None)
+    def reads_corpus(cls, config) -> bool:
+        return not config.train_file
 
     @classmethod
-    def read_examples(cls, args, corpus) -> Examples:
-        files = getattr(args, "train_file", None)
+    def from_examples(cls, examples: Examples) -> dict:
+        return {"width": examples.labels.shape[1], "columns": len(examples.columns)}
+
+    @classmethod
+    def read_examples(cls, config, corpus) -> Examples:
+        files = config.train_file
         if files:
             read = [read_parallel(f) for f in files]
             if len({targets is None for _, targets in read}) > 1:
@@ -137,13 +142,12 @@ class Distill(Supervised):
             what = f"from {', '.join(map(str, files))}"
         else:
             columns, what = [corpus()], "of the corpus"
-        cache = getattr(args, "teacher_cache", None) or Path(args.out_dir) / "teacher"
-        show = progress.resolve(getattr(args, "progress", "auto")) == "bar"
-        vectors = teacher_embeddings(args.teacher, columns[0], cache, getattr(args, "device", "cpu"),
-                                     getattr(args, "precision", None), show)
+        cache = config.teacher_cache or Path(config.out_dir) / "teacher"
+        show = progress.resolve(config.progress) == "bar"
+        vectors = teacher_embeddings(config.teacher, columns[0], cache, config.device, config.precision, show)
         kind = "parallel pairs" if len(columns) == 2 else "sentences"
         return Examples(columns, vectors, (), f"{len(columns[0]):,} {kind} {what}, with the teacher's "
-                                              f"{vectors.shape[1]}-dimensional vectors ({args.teacher})")
+                                              f"{vectors.shape[1]}-dimensional vectors ({config.teacher})")
 
     def student(self, u) -> torch.Tensor:
         """P f(x): the student's vectors [b, D'] in float32 (its linear head, when it has one)."""

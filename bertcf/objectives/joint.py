@@ -7,15 +7,16 @@ import torch
 
 from ..models.flow import ActNorm, Glow, flow_loss, gaussian_nll
 from ..utils.distributed import is_main_process, local_rows
-from .base import Objective, pair_scalars, setting
+from .base import Objective, pair_scalars
 from .mirror import Mirror
+from .settings import FlowSettings, InfoNCESettings, JointLossSettings, SpanSettings
 
 
-def attach_flow(encoder, args) -> Glow:
-    """The encoder's flow: a fresh Glow (--flow-blocks, --flow-hidden, --flow-permutation), or the
-    one --init carries, which trains on (a note says so when the flags ask for another)."""
-    blocks, permutation = setting(args, "flow_blocks"), setting(args, "flow_permutation")
-    hidden = setting(args, "flow_hidden") or encoder.dim
+def attach_flow(encoder, settings) -> Glow:
+    """The encoder's flow: a fresh Glow (``settings``: flow_blocks, flow_hidden, flow_permutation),
+    or the one --init carries, which trains on (a note says so when the settings ask for another)."""
+    blocks, permutation = settings.flow_blocks, settings.flow_permutation
+    hidden = settings.flow_hidden or encoder.dim
     if encoder.flow is None:
         encoder.flow = Glow(encoder.dim, num_blocks=blocks, hidden=hidden, permutation=permutation)
     elif is_main_process() and (encoder.flow.num_blocks, encoder.flow.hidden, encoder.flow.permutation) != (
@@ -48,11 +49,12 @@ class FlowOnly(Objective):
 
     uses_flow = True
     mini_batches = True
+    SETTINGS = (FlowSettings,)
 
-    def __init__(self, encoder, args=None, generator=None):
-        super().__init__(encoder, args, generator)
-        self.flow = attach_flow(encoder, args)
-        self.unit = setting(args, "flow_loss_unit")
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
+        self.flow = attach_flow(encoder, self.settings)
+        self.unit = self.settings.flow_loss_unit
         encoder.bert.requires_grad_(False)
 
     def checkpoint_modules(self):
@@ -86,14 +88,14 @@ class Joint(Mirror):
     """
 
     uses_flow = True
+    SETTINGS = (SpanSettings, InfoNCESettings, FlowSettings, JointLossSettings)
 
-    def __init__(self, encoder, args=None, generator=None):
-        super().__init__(encoder, args, generator)
-        self.flow = attach_flow(encoder, args)
-        self.lambda_mirror = setting(args, "lambda_mirror")
-        self.unit = setting(args, "flow_loss_unit")
-        self.encoder_lr = setting(args, "encoder_lr")
-        self.train_encoder = bool(setting(args, "unfreeze_encoder"))
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
+        s = self.settings
+        self.flow = attach_flow(encoder, s)
+        self.lambda_mirror, self.unit, self.encoder_lr = s.lambda_mirror, s.flow_loss_unit, s.encoder_lr
+        self.train_encoder = bool(s.unfreeze_encoder)
         encoder.bert.requires_grad_(self.train_encoder)
         self._actnorm_ready = not self.train_encoder  # checked at the first step (after any --resume)
 

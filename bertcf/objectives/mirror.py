@@ -7,14 +7,15 @@ import torch.nn as nn
 from minbert import pad_batch
 
 from ..utils.distributed import local_rows
-from .base import Objective, pair_scalars, setting
+from .base import Objective, pair_scalars
 from .contrastive import InfoNCE, char_span_mask, span_mask
+from .settings import InfoNCESettings, SpanSettings
 
 
-def simcse_mlp(encoder, pooling: str):
-    """SimCSE's training head for ``pooling`` "cls-mlp": a [D, D] linear layer and tanh over [CLS]
-    (BERT's pooler initialisation), the encoder switched to [CLS]; None for any other pooling."""
-    if pooling != "cls-mlp":
+def simcse_mlp(encoder, mlp: bool):
+    """SimCSE's training head (``mlp``; ``--pooling cls-mlp``): a [D, D] linear layer and tanh over
+    [CLS] (BERT's pooler initialisation), the encoder switched to [CLS]; None without it."""
+    if not mlp:
         return None
     encoder.pooling = "cls"
     d, std = encoder.dim, encoder.bert.config.initializer_range
@@ -22,6 +23,7 @@ def simcse_mlp(encoder, pooling: str):
     nn.init.normal_(mlp[0].weight, std=std)
     nn.init.zeros_(mlp[0].bias)
     return mlp
+
 
 class Mirror(Objective):
     """Mirror-BERT (Liu et al. 2021, "Fast, Effective, and Self-Supervised: Transforming Masked
@@ -39,22 +41,28 @@ class Mirror(Objective):
         one-sided, SimCSE's b, or Mirror-BERT's NT-Xent over the 2b views; under torch.distributed
         the candidates come from the global batch).
 
-    ``--pooling cls-mlp`` (SimCSE's training head): u = tanh(W [CLS] + c), an MLP the objective
+    Settings: ``SpanSettings`` and ``InfoNCESettings`` (``objectives.settings``); ``mlp=True``
+    (``--pooling cls-mlp``, SimCSE's training head): u = tanh(W [CLS] + c), an MLP the objective
     owns; evaluation and the checkpoint use [CLS] without it (the encoder pools ``cls``).
+    ``max_length``: the tokens of a view made on the text (``--span-unit char``; the run's
+    ``max_length``).
 
     --mini-batch-size M: the 2b views go through the encoder M at a time, with the gradient cache
     (``objectives.cache``); the spans are drawn before, the MLP and the loss run on all 2b vectors.
     """
 
     mini_batches = True
+    SETTINGS = (SpanSettings, InfoNCESettings)
+    RUN_SETTINGS = ("mlp", "max_length")
 
-    def __init__(self, encoder, args=None, generator=None):
-        super().__init__(encoder, args, generator)
-        self.span_p, self.span_cap = setting(args, "span_p"), setting(args, "span_cap")
-        self.span_unit, self.span_chars = setting(args, "span_unit"), int(setting(args, "span_chars"))
-        self.max_length = int(setting(args, "max_length"))
-        self.info_nce = InfoNCE(temperature=setting(args, "temperature"), negatives=setting(args, "negatives"))
-        self.mlp = simcse_mlp(encoder, setting(args, "pooling"))
+    def __init__(self, encoder, *, mlp: bool = False, max_length: int = 32, generator=None, mini_batch_size=None,
+                 **settings):
+        super().__init__(encoder, generator=generator, mini_batch_size=mini_batch_size, **settings)
+        s = self.settings
+        self.span_p, self.span_cap, self.span_unit, self.span_chars = s.span_p, s.span_cap, s.span_unit, s.span_chars
+        self.max_length = max_length
+        self.info_nce = InfoNCE(temperature=s.temperature, negatives=s.negatives)
+        self.mlp = simcse_mlp(encoder, mlp)
 
     @property
     def needs_text(self) -> bool:
@@ -92,6 +100,6 @@ class SimCSE(Mirror):
     (--span-cap 0). SimCSE's published loss and head are --negatives simcse --pooling cls-mlp
     (``--preset simcse-unsup``)."""
 
-    def __init__(self, encoder, args=None, generator=None):
-        super().__init__(encoder, args, generator)
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
         self.span_cap, self.span_unit = 0, "token"

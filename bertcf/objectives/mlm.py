@@ -12,7 +12,8 @@ from minbert.model import ACTIVATIONS, has_weights, load_state_dict_file, resolv
 
 from ..runs import resolve_encoder_path
 from ..utils.distributed import is_main_process, local_rows
-from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions, setting
+from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions
+from .settings import MLMSettings
 
 
 class MLMHead(nn.Module):
@@ -67,16 +68,20 @@ class MaskedLM(Objective):
     checkpoint's ``cls.predictions.*`` when it has them, else fresh) -> logits [n, V]:
 
         loss = cross-entropy of the original tokens at the selected positions only.
+
+    ``checkpoint``: where the encoder came from (a directory, hub name or run), whose MLM head
+    initialises ``head`` (``run_pretrain.py`` gives --init or --model).
     """
 
-    def __init__(self, encoder, args=None, generator=None, checkpoint=None):
-        super().__init__(encoder, args, generator)
-        self.probability = float(setting(args, "mlm_probability"))
+    SETTINGS = (MLMSettings,)
+    RUN_SETTINGS = ("checkpoint",)
+
+    def __init__(self, encoder, *, checkpoint=None, **settings):
+        super().__init__(encoder, **settings)
+        self.probability = float(self.settings.mlm_probability)
         config = encoder.bert.config
         self.vocab_size = config.vocab_size
         self.head = MLMHead(config)
-        if checkpoint is None and args is not None:
-            checkpoint = getattr(args, "init", None) or getattr(args, "model", None)
         self.head_from_checkpoint = self.init_head(checkpoint) if checkpoint is not None else False
 
     def init_head(self, checkpoint) -> bool:

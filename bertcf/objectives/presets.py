@@ -4,13 +4,12 @@ BERT-CF's report changes the methods it builds on (one-sided InfoNCE with 2b - 1
 spans, mean pooling, batch 16), and its settings stay the defaults. A preset sets instead what a
 method's paper and released code use: the loss variant, pooling, augmentation, temperature,
 batch, learning rate, length, and the length of the run (one epoch of the corpus becomes
-``--steps``). A flag given on the command line wins over the preset. ``config.json`` records
-the preset (``preset``) and every value it set (``preset_values``); ``--resume`` continues with them.
+``--steps``). A flag given on the command line wins over the preset (``bertcf.config.pretrain``
+applies it). ``config.json`` records the preset (``preset``) and every value it set
+(``preset_values``); ``--resume`` continues with them.
 """
 from __future__ import annotations
 
-import math
-import sys
 from dataclasses import dataclass, field
 
 
@@ -99,35 +98,3 @@ PRESETS = {p.name: p for p in (
                    "process is SimCSE's 4 GPUs x 128 with the candidates gathered (the same loss), and needs the "
                    "memory of 1,536 sentences a step"),
 )}
-
-
-#: run_pretrain.py's corpus flags (dests), one of which gives the corpus: any one on the command line
-#: replaces a corpus the preset sets.
-CORPUS_FLAGS = ("corpus", "corpus_from_tasks", "corpus_words", "corpus_words_file")
-
-
-def apply(args, given: set[str]) -> None:
-    """Set ``args``'s settings from its ``args.preset`` (if any) where the command line did not give
-    them (``given``: their dests); records what it set in ``args.preset_values``."""
-    args.preset_values = {}
-    if not args.preset:
-        return
-    preset = PRESETS[args.preset]
-    corpus_given = bool(given & set(CORPUS_FLAGS))  # a corpus on the command line replaces the preset's
-    values = {k: v for k, v in preset.values.items() if k not in given and not (corpus_given and k in CORPUS_FLAGS)}
-    vars(args).update(values)
-    args.preset_values = values
-    args.preset_epochs = preset.epochs if "steps" not in given else None
-    args.preset_warmup = preset.warmup if "warmup_steps" not in given else None
-    shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
-    print(f"note: --preset {preset.name} ({preset.source}): {shown}", file=sys.stderr)
-
-
-def set_length(args, sentences: int) -> None:
-    """--steps (and --warmup-steps) of a preset measured in epochs, once the corpus is read."""
-    if getattr(args, "preset_epochs", None):
-        args.steps = max(1, math.ceil(args.preset_epochs * sentences / args.batch_size))
-        args.preset_values["steps"] = args.steps
-    if getattr(args, "preset_warmup", None):
-        args.warmup_steps = max(1, round(args.preset_warmup * args.steps))
-        args.preset_values["warmup_steps"] = args.warmup_steps

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UsageError
-from .base import Examples
+from ..data.examples import Examples
 from .supervised import Supervised, read_labelled, sts_train_default
 
 #: What a pair file's labels are divided by to give the target in [0, 1].
@@ -27,8 +27,8 @@ class SBERTCosine(Supervised):
     """
 
     @classmethod
-    def read_examples(cls, args, corpus) -> Examples:
-        pairs = read_labelled(args, ("sts", "qqp"), sts_train_default(args))
+    def read_examples(cls, config, corpus) -> Examples:
+        pairs = read_labelled(config, ("sts", "qqp"), sts_train_default(config))
         gold = torch.tensor(pairs.labels, dtype=torch.float32) / SCALE[pairs.kind]
         return Examples([pairs.sentence1, pairs.sentence2], gold, (),
                         f"{len(pairs):,} {pairs.kind} pairs from {', '.join(pairs.sources)}")

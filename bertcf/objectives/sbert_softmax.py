@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import UsageError
-from .base import Examples
+from ..data.examples import Examples
 from .supervised import Supervised, read_labelled
 
 
@@ -23,19 +23,22 @@ class SBERTSoftmax(Supervised):
 
     The classifier (W, c: ``classifier``, PyTorch's default initialisation, as
     sentence-transformers' SoftmaxLoss) trains with the encoder; last/ keeps it for --resume, the
-    encoder's checkpoint does not: SBERT throws it away after training.
+    encoder's checkpoint does not: SBERT throws it away after training. ``num_labels``: C.
     """
 
-    def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
-        super().__init__(encoder, args, generator, examples)
-        classes = len(examples.classes) if examples is not None else 3
-        self.classifier = nn.Linear(3 * encoder.dim, classes)
+    def __init__(self, encoder, *, num_labels: int = 3, **settings):
+        super().__init__(encoder, **settings)
+        self.classifier = nn.Linear(3 * encoder.dim, num_labels)
 
     @classmethod
-    def read_examples(cls, args, corpus) -> Examples:
-        pairs = read_labelled(args, ("nli", "qqp"))
+    def read_examples(cls, config, corpus) -> Examples:
+        pairs = read_labelled(config, ("nli", "qqp"))
         return Examples([pairs.sentence1, pairs.sentence2], torch.tensor(pairs.labels, dtype=torch.long),
                         pairs.classes, f"{len(pairs):,} {pairs.kind} pairs from {', '.join(pairs.sources)}")
+
+    @classmethod
+    def from_examples(cls, examples: Examples) -> dict:
+        return {"num_labels": len(examples.classes)}
 
     def logits(self, u, v) -> torch.Tensor:
         """[b, C] float32: the classifier on [u; v; |u - v|]."""

@@ -6,9 +6,11 @@ import torch
 from ..data.nli import nli_triples, read_nli
 from ..data.pairs import pair_kind
 from ..errors import DataError, UsageError
-from .base import Examples, pair_scalars, setting
+from ..data.examples import Examples
+from .base import pair_scalars
 from .contrastive import InfoNCE
 from .mirror import simcse_mlp
+from .settings import InfoNCESettings
 from .supervised import Supervised, train_files
 
 
@@ -26,23 +28,25 @@ class SupervisedSimCSE(Supervised):
         --negatives simcse is the published loss (``--preset simcse-sup``). Under torch.distributed
         the candidates come from the global batch.
 
-    ``--pooling cls-mlp``: SimCSE's MLP over [CLS] in training (h = tanh(W [CLS] + c)); the
-    encoder and its checkpoint keep [CLS] without it.
+    Settings: ``InfoNCESettings``; ``mlp=True`` (``--pooling cls-mlp``): SimCSE's MLP over [CLS] in
+    training (h = tanh(W [CLS] + c)); the encoder and its checkpoint keep [CLS] without it.
 
     ``--mini-batch-size``: the three columns go through the encoder M rows at a time with the
     gradient cache (``objectives.cache``), so its batch 512 fits in the memory of M rows.
     """
 
     mini_batches = True
+    SETTINGS = (InfoNCESettings,)
+    RUN_SETTINGS = ("mlp",)
 
-    def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
-        super().__init__(encoder, args, generator, examples)
-        self.info_nce = InfoNCE(temperature=setting(args, "temperature"), negatives=setting(args, "negatives"))
-        self.mlp = simcse_mlp(encoder, setting(args, "pooling"))
+    def __init__(self, encoder, *, mlp: bool = False, **settings):
+        super().__init__(encoder, **settings)
+        self.info_nce = InfoNCE(temperature=self.settings.temperature, negatives=self.settings.negatives)
+        self.mlp = simcse_mlp(encoder, mlp)
 
     @classmethod
-    def read_examples(cls, args, corpus) -> Examples:
-        files = train_files(args)
+    def read_examples(cls, config, corpus) -> Examples:
+        files = train_files(config)
         other = [f"{f} ({kind})" for f in files if (kind := pair_kind(f)) != "nli"]
         if other:
             raise UsageError(f"--method simcse-sup trains on NLI triples, and {', '.join(other)} is not NLI")

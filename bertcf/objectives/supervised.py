@@ -7,61 +7,65 @@ from pathlib import Path
 
 import torch
 
+from ..data.examples import Examples
 from ..data.pairs import FORMATS, LabelledPairs, read_pairs
 from ..data.tasks import task_file
 from ..errors import UsageError
 from ..utils.distributed import local_rows
-from .base import Examples, Objective
+from .base import Objective
 
 
-def train_files(args, default=None) -> list[Path]:
-    """--train-file's files, or ``default`` (a list) when none is given; a UsageError when there is
-    neither."""
-    files = getattr(args, "train_file", None) or default
+def train_files(config, default=None) -> list[Path]:
+    """--train-file's files (``config.train_file``), or ``default`` (a list) when none is given; a
+    UsageError when there is neither."""
+    files = config.train_file or default
     if not files:
-        raise UsageError(f"--method {args.method} needs --train-file FILE [FILE ...] ({FORMATS})")
+        raise UsageError(f"--method {config.method} needs --train-file FILE [FILE ...] ({FORMATS})")
     return [Path(f) for f in files]
 
 
-def read_labelled(args, kinds: tuple[str, ...], default=None) -> LabelledPairs:
+def read_labelled(config, kinds: tuple[str, ...], default=None) -> LabelledPairs:
     """The labelled pairs of --train-file (or ``default``), which must be of one of ``kinds``
     (``data.pairs``: nli, qqp, sts)."""
-    pairs = read_pairs(train_files(args, default))
+    pairs = read_pairs(train_files(config, default))
     if pairs.kind not in kinds:
-        raise UsageError(f"--method {args.method} trains on {' or '.join(kinds)} pairs, and "
+        raise UsageError(f"--method {config.method} trains on {' or '.join(kinds)} pairs, and "
                          f"{', '.join(pairs.sources)} holds {pairs.kind} pairs")
     return pairs
 
 
-def sts_train_default(args) -> list[Path]:
+def sts_train_default(config) -> list[Path]:
     """The CS224N STS training file of --data-dir (sbert-cosine's default --train-file)."""
-    return [task_file(getattr(args, "data_dir", "data"), "sts", "train")]
+    return [task_file(config.data_dir, "sts", "train")]
 
 
 class Supervised(Objective):
-    """An objective that trains on labelled tuples of sentences rather than a corpus. The class
-    reads them from the run's flags (``read_examples``) before the encoder is built, so a preset can
-    measure the run in epochs; the objective is then built with them (``examples``), which size its
-    heads (SBERT's classifier: one output per class; distillation's projection: the teacher's width).
+    """An objective that trains on labelled tuples of sentences rather than a corpus. The command
+    reads them with the class (``read_examples``, from the run's settings) before the encoder is
+    built, so a preset can measure the run in epochs; what sizes an objective's head comes from
+    them (``from_examples``: SBERT's classifier, one output per class; distillation's projection,
+    the teacher's width). From Python: ``SBERTSoftmax(encoder, num_labels=3)`` and an ``Examples``.
 
     A batch is the global batch of B examples, its ``len(columns)`` columns stacked: ids, mask,
     special [k B, t] (column j in rows j B .. (j + 1) B - 1, e.g. premises then hypotheses), and
     ``labels`` [B, ...] (the examples' rows of ``Examples.labels``)."""
 
-    def __init__(self, encoder, args=None, generator=None, examples: Examples | None = None):
-        super().__init__(encoder, args, generator)
-
     @classmethod
-    def reads_corpus(cls, args) -> bool:
+    def reads_corpus(cls, config) -> bool:
         """Whether the run reads the pretraining corpus (--corpus, --corpus-from-tasks, Wiki1M by
         default); the labelled methods read --train-file instead."""
         return False
 
     @classmethod
-    def read_examples(cls, args, corpus) -> Examples:
-        """The run's examples, from ``args`` (--train-file ...); ``corpus()`` returns the sentences of
-        --corpus / --corpus-from-tasks, for an objective that can train on them."""
+    def read_examples(cls, config, corpus) -> Examples:
+        """The run's examples, from ``config`` (--train-file ...); ``corpus()`` returns the sentences
+        of --corpus / --corpus-from-tasks, for an objective that can train on them."""
         raise NotImplementedError
+
+    @classmethod
+    def from_examples(cls, examples: Examples) -> dict:
+        """The keyword arguments that ``examples`` give this objective (its head's size)."""
+        return {}
 
     def column_embeddings(self, ids, mask, columns: int, rank: int, world: int) -> list[torch.Tensor]:
         """This rank's rows of each of the ``columns`` columns, encoded in one pass: ``columns``

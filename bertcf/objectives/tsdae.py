@@ -9,8 +9,9 @@ from minbert import pad_batch
 from minbert.model import BertSelfOutput
 
 from ..utils.distributed import local_rows
-from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions, setting
+from .base import IGNORE_INDEX, Objective, ensure_one, maskable_positions
 from .mlm import MLMHead
+from .settings import TSDAESettings
 
 
 class CrossAttention(nn.Module):
@@ -87,9 +88,11 @@ class TSDAE(Objective):
     (tests/test_reference.py).
     """
 
-    def __init__(self, encoder, args=None, generator=None):
-        super().__init__(encoder, args, generator)
-        self.deletion_ratio = float(setting(args, "deletion_ratio"))
+    SETTINGS = (TSDAESettings,)
+
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
+        self.deletion_ratio = float(self.settings.deletion_ratio)
         self.decoder = TSDAEDecoder(encoder.bert.config)
 
     def delete(self, ids, mask, special) -> tuple[torch.Tensor, torch.Tensor]:

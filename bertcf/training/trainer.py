@@ -1,288 +1,163 @@
-"""The training loop of every training command (``Trainer``) and what it keeps: seeds, the
-checkpoints (best/, last/, --resume) in the run directory (``bertcf.runs``); progress,
-evaluation, non-finite losses and Ctrl-C. The optimiser is ``training.optim``, the data order
-``training.sampler``.
+"""``Trainer``: an objective trained on examples, by the settings of a ``TrainConfig``, into a run
+directory (config.json, metrics.jsonl, TensorBoard, best/, last/, --resume): what
+``run_pretrain.py`` runs, and what a script or a notebook runs the same way.
 
-A command (pretraining, multitask) supplies three functions to ``Trainer.fit``: ``step_fn(step)``
-returning the loss and some scalars to log, ``evaluate(step)`` returning metrics, and
-``save_model(dir)``.
+    set_seed(11711)
+    encoder = SentenceEncoder.from_pretrained("bert-base-uncased")
+    objective = objectives.SimCSE(encoder, temperature=0.05)
+    Trainer(objective, sentences, TrainConfig(steps=1000, out_dir="runs/simcse"),
+            evaluator=STSDevEvaluator(read_sts("data/sts-dev.csv"))).fit()
 """
 from __future__ import annotations
 
-import contextlib
-import math
-import random
-import signal
-import sys
-import time
-
-import numpy as np
 import torch
 
-from minbert import CheckpointError
+from minbert import pad_batch
+from minbert.model import load_state_dict_file
 
-from ..errors import NonFiniteLossError, UsageError
-from ..export.model_card import write_model_card
-from ..runs import STATE_FILE, Run
-from ..utils.distributed import dist_info, mean_over_ranks, seed_dropout
-from ..utils.files import recover_dir, save_dir_atomic
-from ..utils.progress import Progress
-from .optim import update
+from .. import runs
+from ..config.train import TrainConfig
+from ..data.examples import Examples
+from ..utils.distributed import dist_info, wrap_ddp
+from ..utils.files import recover_dir
+from .loop import TrainingLoop
+from .optim import make_optimizer, make_scheduler
+from .sampler import EpochSampler
 
-#: A loss whose size passes this many times its first step's (or 1, when that is smaller) is
-#: diverging: the run stops as for a non-finite loss (e.g. a flow whose loss went from 0.1 to 3e26).
-DIVERGENCE_FACTOR = 10_000
-
-
-# ---- seeds -------------------------------------------------------------------------------------
-def set_seed(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
+#: Held-out sentences for an objective's own metrics (MLM's accuracy), at most this many.
+HELDOUT_SENTENCES = 512
 
 
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+class GeneratorState:
+    """Makes a torch.Generator's state part of a checkpoint (the objective's random choices)."""
 
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
 
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    def state_dict(self):
+        return {"state": self.generator.get_state()}
 
-
-# ---- the loop ------------------------------------------------------------------------------------
-#: The signals that stop a run cleanly: the step is finished and last/ written (Ctrl-C; a batch
-#: scheduler's SIGTERM before it preempts the job). The command then exits with 128 + the signal.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    def load_state_dict(self, state):
+        self.generator.set_state(state["state"])
 
 
 class Trainer:
-    """The training loop of every training command.
+    """Train ``objective`` (an ``objectives.Objective``, which owns the encoder) on ``data``.
 
-    ``modules``: name -> nn.Module whose state dicts go into last/ (the encoder, heads, flow);
-    ``samplers``: name -> EpochSampler; ``metric``: the evaluate() key that picks best/
-    (higher is better); ``upgrade_state``: applied to a resumed state before it is loaded, for
-    names that changed since it was written."""
+    - ``data``: an ``Examples`` (columns of sentences and labels) or a list of sentences (a corpus);
+    - ``config``: a ``TrainConfig`` (steps, batch, lr, schedule, precision, evaluation, seed,
+      ``out_dir``, ``resume``); a command's larger config (every field of TrainConfig) is one too;
+    - ``evaluator``: called on the encoder at every evaluation, returning metrics (an
+      ``evaluation`` object such as ``STSDevEvaluator``); its ``main_metric`` picks best/ unless
+      ``metric`` names another ("last_step": the latest evaluation). Without one, best/ is the last;
+    - ``heldout``: sentences for the objective's own metrics (MLM's held-out accuracy);
+    - ``record``: what config.json records (default: the config and the objective's settings).
 
-    def __init__(self, args, run: Run, modules: dict, optimizer, scheduler, samplers: dict,
-                 metric: str, save_model, evaluate, items_per_step: int, extra_state=None, upgrade_state=None):
-        self.args, self.run = args, run
-        self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
-        self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
-        self.items_per_step = items_per_step
-        self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
-        self.upgrade_state = upgrade_state
-        self.rank, self.world = dist_info()
-        self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
-        self.scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
-        self._stop = False
-        self.stop_signal = None   # the name of the signal that stopped the run (SIGINT, SIGTERM)
-        self._saving = False      # a checkpoint is being written: a second signal waits for it
-        self.progress: Progress | None = None  # while fit runs
+    The Trainer seeds the objective's generator with ``config.seed``; the modules' initial
+    weights are drawn when they are built, so seed first (``set_seed``) for a run that repeats.
+    ``fit()`` returns the summary: step, first and best score, best step, whether interrupted."""
 
-    # -- state ---------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"step": self.step, "best": self.best, "best_step": self.best_step, "first_score": self.first_score,
-                "modules": {k: m.state_dict() for k, m in self.modules.items()},
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(),
-                "samplers": {k: s.state_dict() for k, s in self.samplers.items()},
-                "extra": {k: s.state_dict() for k, s in self.extra_state.items()},
-                "rng": rng_state()}
+    def __init__(self, objective, data, config: TrainConfig | None = None, evaluator=None, *, metric: str | None = None,
+                 heldout: list[str] | None = None, record: dict | None = None):
+        self.objective = objective
+        self.examples = data if isinstance(data, Examples) else Examples([list(data)])
+        self.config = (config or TrainConfig()).on_device()
+        if self.config.out_dir is None:
+            self.config = self.config.replace(out_dir=runs.default_out_dir("train", type(objective).__name__.lower()))
+        self.evaluator = evaluator
+        self.metric = metric or getattr(evaluator, "main_metric", None) or "last_step"
+        self.heldout = heldout or []
+        self.record = record if record is not None else self.config.to_dict() | objective.description()
 
-    def load_state_dict(self, state: dict) -> None:
-        self.step, self.best, self.best_step = state["step"], state["best"], state["best_step"]
-        self.first_score = state["first_score"]
-        for k, m in self.modules.items():
-            m.load_state_dict(state["modules"][k])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        for k, s in self.samplers.items():
-            s.load_state_dict(state["samplers"][k])
-        for k, s in self.extra_state.items():
-            s.load_state_dict(state["extra"][k])
-        set_rng_state(state["rng"])
+    @property
+    def encoder(self):
+        return self.objective.encoder
 
-    @contextlib.contextmanager
-    def _checkpointing(self):
-        """A checkpoint is being written: a second stop signal is ignored until it is done."""
-        self._saving = True
-        try:
-            yield
-        finally:
-            self._saving = False
+    def _broadcast_out_dir(self, world: int) -> None:
+        """Under torchrun every rank takes rank 0's --out-dir (a default one names the time)."""
+        if world > 1:
+            out_dir = [self.config.out_dir]
+            torch.distributed.broadcast_object_list(out_dir, src=0)
+            self.config = self.config.replace(out_dir=out_dir[0])
 
-    def save_last(self) -> None:
-        if self.rank != 0:
-            return
-        state = self.state_dict()
+    def _batches(self):
+        """The step's inputs: rows of the examples as padded ids, mask and special-token mask."""
+        tokenizer = self.encoder.tokenizer
+        columns = [tokenizer(c, truncation=True, max_length=self.config.max_length)["input_ids"]
+                   for c in self.examples.columns]
+        special_ids = torch.tensor(tokenizer.all_special_ids)
 
-        def write(tmp):
-            self.save_model(tmp)
-            torch.save(state, tmp / STATE_FILE)
-        with self._checkpointing():
-            save_dir_atomic(self.run.dir / "last", write)
+        def batch(ids_list):
+            ids, mask = pad_batch(ids_list, tokenizer.pad_token_id)
+            return ids, mask, torch.isin(ids, special_ids) | (mask == 0)
+        return columns, batch
 
-    def resume(self) -> None:
-        last = recover_dir(self.run.dir / "last")
-        if not (last / STATE_FILE).is_file():
-            raise UsageError(f"--resume: {self.run.dir} never reached its first checkpoint ({last / STATE_FILE} "
-                             f"is missing); start it again without --resume, after deleting {self.run.dir} "
-                             f"or with another --out-dir")
-        try:
-            state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=False)
-        except Exception as e:  # a truncated zip, a corrupt pickle
-            raise CheckpointError(f"{last / STATE_FILE} is truncated or corrupt ({type(e).__name__}: "
-                                  f"{str(e)[:120]}); --resume cannot continue from it") from None
-        if self.upgrade_state is not None:
-            state = self.upgrade_state(state)
-        if set(state["modules"]) != set(self.modules):
-            raise UsageError(f"--resume: {last / STATE_FILE} holds {', '.join(sorted(state['modules']))}, not "
-                             f"{', '.join(sorted(self.modules))}: it was written by another version of this "
-                             f"command; start a new run")
-        try:
-            self.load_state_dict(state)
-        except RuntimeError as e:  # a module whose parameters changed since (missing or unexpected keys)
-            raise UsageError(f"--resume: {last / STATE_FILE} does not fit this version's modules "
-                             f"({' '.join(str(e).split())[:160]}); start a new run") from None
+    def fit(self, device=None) -> dict:
+        """Train (or, with ``config.resume``, continue) the run; ``device``: this process's (under
+        torchrun, its GPU), default ``config.device``."""
+        rank, world = dist_info()
+        self._broadcast_out_dir(world)
+        config, objective, examples = self.config, self.objective, self.examples
+        if not config.resume:
+            objective.generator.manual_seed(config.seed)
+        device = torch.device(device or config.device)
+        objective.to(device)
+        columns, batch = self._batches()
+        sampler = EpochSampler(len(examples), seed=config.seed)
+        if config.compile:  # minBERT layer by layer, in place, so evaluation runs compiled too
+            self.encoder.bert.compile_layers()
+        # What the step calls: under torchrun a DistributedDataParallel wrapper (gradients averaged
+        # over ranks); in one process the objective itself, which evaluation and checkpoints use.
+        step_objective = wrap_ddp(objective, device)
 
-    # -- evaluation ----------------------------------------------------------------------------------
-    def _evaluate_and_keep_best(self) -> None:
-        if self.rank == 0:
-            metrics = self.evaluate(self.step)
-            self.run.metrics(self.step, metrics)
-            score = metrics[self.metric]
-            if self.first_score is None:
-                self.first_score = score
-            if score > self.best:
-                self.best, self.best_step = score, self.step
+        def step_fn(step):
+            # The global batch, padded as one process would pad it; every rank draws the same. Its
+            # columns (pairs, triples) are stacked: column j in rows j*B .. (j+1)*B - 1.
+            rows = sampler.next(config.batch_size)
+            extra = {"texts": [examples.columns[0][i] for i in rows]} if objective.needs_text else {}
+            if examples.labels is not None:
+                extra["labels"] = examples.labels[torch.tensor(rows)]
+            return step_objective(*batch([c[i] for c in columns for i in rows]), rank=rank, world=world, **extra)
 
-                def write_best(tmp):
-                    self.save_model(tmp)
-                    write_model_card(tmp, self.run.config, self.metric, score, self.step)
-                with self._checkpointing():
-                    save_dir_atomic(self.run.dir / "best", write_best)
-            if self.progress is not None:
-                self.progress.evaluated(self.step, self.metric, score, self.best, self.best_step)
-        if self.world > 1:
-            torch.distributed.barrier()
+        run = runs.Run(config.out_dir, self.record, resume=config.resume)
+        loop = TrainingLoop(config, run, objective.checkpoint_modules(),
+                            *self._optimizer(device), {"corpus": sampler}, metric=self.metric,
+                            save_model=self._saver(run), evaluate=self._evaluation(run, batch),
+                            items_per_step=config.batch_size, extra_state={"span": GeneratorState(objective.generator)})
+        if config.resume:
+            if objective.encoder_frozen:  # the encoder as this run used it, whatever --init holds now
+                last = recover_dir(run.dir / "last")
+                self.encoder.bert.load_hf_state_dict(load_state_dict_file(last / "model.safetensors"), source=str(last))
+            loop.resume()
+        return loop.fit(step_fn, after_step=objective.after_step)
 
-    # -- the loop ------------------------------------------------------------------------------------
-    def fit(self, step_fn, after_step=None) -> dict:
-        """Run ``step_fn(step) -> (loss, scalars)`` until --steps, evaluating every
-        --eval-every steps (and at step 0 and at the end) and writing last/ at each evaluation and
-        every --save-every steps. ``after_step()``, when given, runs after every optimiser step
-        (e.g. an EMA update). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns
-        a summary ("signal": the stopping signal's name, or None)."""
-        args = self.args
-        save_every = getattr(args, "save_every", None) or args.eval_every
-        self.run.start(self.step)
-        self.progress = Progress(getattr(args, "progress", "auto"), self.run.dir.name, args.steps, self.step,
-                                 enabled=self.rank == 0)
-        if self.step == 0 and self.first_score is None:
-            self._evaluate_and_keep_best()
-        previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
-        self._tick, self._tick_step, interrupted = time.perf_counter(), self.step, False
-        self._bad = None  # (step, loss, limit) of the first non-finite or diverging loss, on the device
-        try:
-            while self.step < args.steps:
-                for m in self.modules.values():
-                    m.train()
-                seed_dropout(args.seed, self.step)
-                loss, scalars = update(self.optimizer, self.scaler, lambda: step_fn(self.step), args.device,
-                                       args.precision, args.max_grad_norm)
-                if after_step is not None:
-                    after_step()
-                self.scheduler.step()
-                self.step += 1
-                loss_d = loss.detach().float()
-                self._watch(loss_d)
-                log_now = self.step % args.log_every == 0 or self.step == args.steps
-                # Under torchrun every rank gets the Ctrl-C or SIGTERM (torchrun forwards it), but not
-                # at the same step: the ranks agree to stop at the logging interval (below), since a
-                # rank that left the loop alone would leave the others waiting in a collective.
-                stop = self._stop and self.world == 1
-                if log_now or self.step % args.eval_every == 0 or stop:
-                    # Checked before anything is logged or checkpointed, so last/ never holds
-                    # weights updated by a non-finite loss.
-                    self._raise_if_diverged()
-                if log_now:
-                    stop = self._log(loss_d, scalars) or stop
-                self.progress.step(self.step)
-                if self.step % args.eval_every == 0 or self.step == args.steps:
-                    self._evaluate_and_keep_best()
-                    self.save_last()
-                elif stop or self.step % save_every == 0:
-                    self.save_last()
-                if stop:
-                    interrupted = True
-                    break
-        finally:
-            self.progress.close()
-            self.progress = None
-            for s, handler in previous_handlers.items():
-                signal.signal(s, handler)
-        if interrupted and self.rank == 0:
-            last = self.run.dir / "last"
-            if self.stop_signal == "SIGINT":
-                print(f"interrupted at step {self.step}: state saved in {last}; "
-                      f"continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
-            else:
-                print(f"stopped by {self.stop_signal or 'a signal'} at step {self.step}; "
-                      f"checkpoint in {last}; continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
-        self.run.close()
-        return {"step": self.step, "first": self.first_score, "best": self.best, "best_step": self.best_step,
-                "interrupted": interrupted, "signal": self.stop_signal if interrupted else None}
+    def _optimizer(self, device):
+        optimizer = make_optimizer(self.objective.parameter_groups(), self.config.lr, self.config.weight_decay, device)
+        return optimizer, make_scheduler(optimizer, self.config.lr_schedule, self.config.warmup_steps,
+                                         self.config.steps)
 
-    def _watch(self, loss) -> None:
-        """Remember the first non-finite or diverging loss, on the device (no sync per step)."""
-        if self._bad is None:
-            self._bad = (torch.full((), -1, dtype=torch.long, device=loss.device), loss,
-                         DIVERGENCE_FACTOR * loss.abs().clamp_min(1))
-        bad_step, bad_loss, limit = self._bad
-        first = (~torch.isfinite(loss) | (loss.abs() > limit)) & (bad_step < 0)
-        self._bad = torch.where(first, self.step, bad_step), torch.where(first, loss, bad_loss), limit
+    def _evaluation(self, run, batch):
+        """evaluate(step) of the loop (rank 0 only; the other ranks wait at a barrier): the evaluator
+        and the objective's own metrics on the held-out sentences."""
+        tokenizer = self.encoder.tokenizer
+        heldout = batch(tokenizer(self.heldout[:HELDOUT_SENTENCES], truncation=True,
+                                  max_length=self.config.max_length)["input_ids"]) if self.heldout else None
 
-    def _raise_if_diverged(self) -> None:
-        bad_step, bad_loss, _ = self._bad
-        if int(bad_step) < 0:
-            return
-        last = self.run.dir / "last"
-        kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
-        diverging = (f" (diverging: over {DIVERGENCE_FACTOR:,} times the first step's)"
-                     if math.isfinite(float(bad_loss)) else "")
-        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}{diverging}; "
-                                 f"stopped, {kept} (try a lower --lr or --precision fp32)")
+        def evaluate(step):
+            result = self.evaluator(self.encoder) if self.evaluator is not None else {}
+            if heldout is not None:
+                result |= self.objective.heldout_metrics(*heldout)
+            if "cosines" in result:
+                run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
+            return result | ({"last_step": step} if self.metric == "last_step" else {})  # the latest is the best
+        return evaluate
 
-    def _log(self, loss, scalars: dict) -> bool:
-        """Log the step's loss and scalars; returns whether any rank was asked to stop. The only
-        host-device synchronisation of the loop, once per logging interval. Under torchrun the
-        losses are averaged over the ranks: the global batch's."""
-        values = mean_over_ranks({"loss": loss, **scalars, "stop": float(self._stop)}, loss.device)
-        stop = values.pop("stop") > 0
-        elapsed = time.perf_counter() - self._tick
-        rate = (self.step - self._tick_step) * self.items_per_step / max(elapsed, 1e-9)
-        self._tick, self._tick_step = time.perf_counter(), self.step
-        values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
-        self.run.scalars(self.step, values, prefix="train/")
-        self.progress.loss(values["loss"])
-        return stop
-
-    def _request_stop(self, signum, frame):
-        name = signal.Signals(signum).name
-        if self._stop:
-            if self._saving:  # never abort a checkpoint half-written: the stop comes right after it
-                return
-            raise KeyboardInterrupt  # a second signal stops at once
-        self._stop, self.stop_signal = True, name
-        if self.rank == 0:
-            when = "this step" if self.world == 1 else "the steps up to the next logging interval (--log-every)"
-            what = "Ctrl-C" if name == "SIGINT" else name
-            print(f"\n{what}: finishing {when} and saving last/ (a second signal aborts)", file=sys.stderr)
+    def _saver(self, run):
+        def save_model(directory):
+            """The encoder (and flow) checkpoint. A frozen encoder never changes during the run, so
+            once a checkpoint of it exists its weights are hard-linked rather than written again at
+            every evaluation (twice: last/ and best/)."""
+            written = [d / "model.safetensors" for d in (run.dir / "last", run.dir / "best")]
+            reuse = next((f for f in written if f.is_file()), None) if self.objective.encoder_frozen else None
+            self.encoder.save_pretrained(directory, link_weights_from=reuse)
+        return save_model

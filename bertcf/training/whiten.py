@@ -27,7 +27,7 @@ from ..data.senteval import (
 )
 from ..data.tasks import read_sts, task_file
 from ..errors import DataError, UsageError
-from ..export.model_card import write_model_card
+from ..models.model_card import write_model_card
 from ..models.whitening import fit_whitening
 from ..runs import Run
 from ..utils import progress
@@ -90,24 +90,25 @@ def whiten(encoder, sentences: list[str], dim: int | None, show_progress_bar: bo
             "eigenvalue_ratio": float(kept[0] / kept[-1])}
 
 
-def run(args, encoder, sentences: list[str], evaluator, metric: str) -> dict:
-    """The whole stage: ``encoder`` (on its device) whitened on ``sentences`` (``args.whiten_on``),
-    scored by ``evaluator`` (the STS-dev evaluator of ``--select-on``, whose ``metric`` the card
-    names) before and after, written into ``args.out_dir``. Returns the summary of a training run
-    (step 0, "first": the unwhitened score, "best": the whitened one)."""
-    if args.resume:
+def run(settings, encoder, sentences: list[str], evaluator, metric: str) -> dict:
+    """The whole stage: ``encoder`` (on its device) whitened on ``sentences`` (``settings``: a
+    ``PretrainConfig`` of --stage whiten), scored by ``evaluator`` (the STS-dev evaluator of
+    ``--select-on``, whose ``metric`` the card names) before and after, written into its out_dir.
+    Returns the summary of a training run (step 0, "first": the unwhitened score, "best": the
+    whitened one)."""
+    if settings.resume:
         raise UsageError("--stage whiten has nothing to resume (one closed-form fit): run it again with a new --out-dir")
-    if args.whiten_dim is not None and args.whiten_dim > encoder.dim:
-        raise UsageError(f"--whiten-dim {args.whiten_dim} is more than the encoder's {encoder.dim} dimensions")
+    if settings.whiten_dim is not None and settings.whiten_dim > encoder.dim:
+        raise UsageError(f"--whiten-dim {settings.whiten_dim} is more than the encoder's {encoder.dim} dimensions")
     started = time.perf_counter()
-    config = vars(args)
-    run_dir = Run(args.out_dir, config)
+    config = settings.to_dict() | {"steps": 0}  # config.json says what ran: no optimiser step
+    run_dir = Run(settings.out_dir, config)
     run_dir.start(0)
-    show = progress.resolve(args.progress) == "bar"
+    show = progress.resolve(settings.progress) == "bar"
     had_head = encoder.dense is not None
     encoder.dense = None
     before = evaluator(encoder)[metric]
-    info = whiten(encoder, sentences, args.whiten_dim, show) | {"fitted_on": f"--whiten-on {args.whiten_on}",
+    info = whiten(encoder, sentences, settings.whiten_dim, show) | {"fitted_on": f"--whiten-on {settings.whiten_on}",
                                                                  "replaced_a_head": had_head}
     result = evaluator(encoder)
     run_dir.histogram(0, "eval/sts_dev_cosines", result.pop("cosines"))

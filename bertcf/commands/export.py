@@ -4,10 +4,8 @@
 """
 from __future__ import annotations
 
-import sys
-
+from ..backend.onnx_export import CONFIG_FILE, DEFAULT_OPSET, QUANTIZED_SUFFIX, export_onnx
 from ..cli import ArgumentParser, checked, run_main
-from .onnx import CONFIG_FILE, DEFAULT_OPSET, QUANTIZED_SUFFIX, export_onnx
 
 #: The opsets tried with torch 2.13's exporter (torch.export + onnxscript): 18 (the tests) and 20.
 OPSET = checked(int, lambda v: 18 <= v <= 20, "from 18 to 20")
@@ -35,7 +33,7 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv=None) -> dict:
+def run(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     out, meta = export_onnx(args.model, args.out, args.quantize, args.opset)
     parity = ", ".join(f"{name} {check['max_abs_diff']:.1e}" for name, check in meta["parity"].items())
@@ -49,9 +47,5 @@ def main(argv=None) -> dict:
     return meta
 
 
-def command() -> int:
-    return run_main(main)
-
-
-if __name__ == "__main__":
-    sys.exit(command())
+def main(argv=None) -> int:
+    return run_main(run, argv)

@@ -1,6 +1,6 @@
 """Sentence vectors from an ONNX export of a BERT-CF encoder, without PyTorch.
 
-    from bertcf.onnx import OnnxEncoder          # or, beside an export: from bertcf_onnx import OnnxEncoder
+    from bertcf.backend.onnx_runtime import OnnxEncoder   # or, beside an export: from bertcf_onnx import OnnxEncoder
     encoder = OnnxEncoder("runs/<run>/best/onnx")  # a directory written by `bertcf-export onnx`
     vectors = encoder.encode(["A man plays a guitar.", "Someone plays music."])  # np.ndarray [2, D], float32
 
@@ -21,7 +21,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-CONFIG_FILE = "onnx_encoder.json"  # written by bertcf/export/onnx.py
+CONFIG_FILE = "onnx_encoder.json"  # written by bertcf/backend/onnx_export.py
 TOKENIZER_FILE = "tokenizer.json"
 FORMAT = "bertcf-onnx-encoder"
 

@@ -13,10 +13,10 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
                          the file sentence-transformers' ``backend="onnx"`` loads from a checkpoint's
                          ``onnx/`` folder (it runs the pooling, the flow, Dense and Normalize itself, in torch);
                          model_qint8.onnx beside it with --quantize int8
-    onnx_encoder.json    what bertcf.onnx.OnnxEncoder needs: the graphs, dimension, max_length,
+    onnx_encoder.json    what OnnxEncoder (onnx_runtime.py) needs: the graphs, dimension, max_length,
                          pad id, whether the graph normalises; and the parity measured at export
     tokenizer files      tokenizer.json (read by the ``tokenizers`` library), vocab.txt, ...
-    bertcf_onnx.py       a copy of bertcf/onnx.py: OnnxEncoder, which imports onnxruntime, numpy and
+    bertcf_onnx.py       a copy of bertcf/backend/onnx_runtime.py: OnnxEncoder, which imports onnxruntime, numpy and
                          tokenizers only, so the folder serves where neither PyTorch nor BERT-CF is installed
 
 minBERT exports through its padded path (``unpad=False``: scaled_dot_product_attention with a
@@ -39,11 +39,11 @@ from ..models.encoder import SentenceEncoder, pool
 from ..runs import resolve_encoder_path
 from ..utils.files import save_dir_atomic, write_json_atomic
 
-CONFIG_FILE = "onnx_encoder.json"  # bertcf/onnx.py reads it (its own copy of these names)
+CONFIG_FILE = "onnx_encoder.json"  # onnx_runtime.py reads it (its own copy of these names)
 GRAPH_FILE = "encoder.onnx"
 ST_GRAPH_FILE = "model.onnx"  # sentence-transformers' name in a checkpoint's onnx/ folder
 QUANTIZED_SUFFIX = {"int8": "_qint8"}
-RUNTIME_FILE = "bertcf_onnx.py"  # the copy of bertcf/onnx.py
+RUNTIME_FILE = "bertcf_onnx.py"  # the copy of onnx_runtime.py
 DEFAULT_OPSET = 18
 #: A sentence of each kind for the export's own parity check (and the traced example batch).
 CHECK_SENTENCES = ["A man is playing a guitar.", "Hello", "Two dogs run across the park in the morning sun, "
@@ -163,7 +163,7 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
         raise RuntimeError(f"the exported graph differs from the encoder by {checked['fp32']:.2e} (max abs); "
                            f"this is a bug of the exporter")
     encoder.tokenizer.save_pretrained(str(directory))
-    shutil.copyfile(Path(__file__).parents[1] / "onnx.py", directory / RUNTIME_FILE)
+    shutil.copyfile(Path(__file__).with_name("onnx_runtime.py"), directory / RUNTIME_FILE)
     meta = {"format": "bertcf-onnx-encoder", "version": 1, "graphs": graphs,
             "inputs": list(inputs), "outputs": output_names(encoder), "dim": encoder.output_dim,
             "max_length": encoder._max_length(), "max_position_embeddings": config.max_position_embeddings,

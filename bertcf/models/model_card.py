@@ -38,6 +38,7 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
     base = config.get("init") or config.get("encoder") or config.get("model")
     hub = hub_base(config)
     what = (f"stage `{config['stage']}`, method `{config['method']}`" if "stage" in config
+            else f"objective `{config['objective']}` (the Python API)" if "objective" in config
             else "multitask fine-tuning (SST-5, QQP, STS)")
     if whitening:
         what += (f": BERT-whitening (Su et al. 2021, arXiv:2103.15316), a linear map fitted in closed form on "
@@ -86,7 +87,7 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
 def write_model_card(directory, config: dict, metric: str, score: float, step: int,
                      whitening: dict | None = None) -> None:
     """The card of the checkpoint written in ``directory``."""
-    from ..models import st_format
+    from . import st_format
 
     remote = st_format.needs_remote_code(directory)
     write_text_atomic(Path(directory) / CARD_FILE, model_card(config, metric, score, step, remote, whitening))

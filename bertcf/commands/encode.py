@@ -1,0 +1,171 @@
+"""The encoding command: the sentences of a file to a .npy of vectors, one row per sentence.
+
+    bertcf-encode --model DIR --input FILE --output FILE.npy [--backend auto|torch|onnx] [--batch-size N]
+                  [--column NAME] [--quantized] [--threads N] [--max-length N]
+
+FILE is a text file (one sentence a line; row i of the output is line i + 1, blank lines included)
+or, with ``--column``, a CSV or TSV file with a header (the delimiter is a tab when the header has
+one, as in the CS224N files, else a comma). The sentences are encoded longest first (less padding)
+and each batch's vectors written to their input rows of a memory-mapped .npy, so an input larger
+than memory's worth of vectors works; the file is written under a temporary name and renamed
+when complete. ``--backend onnx`` (``auto`` picks it for a directory written by ``bertcf-export
+onnx``) runs the export under ONNX Runtime (``bertcf.backend.onnx_runtime.OnnxEncoder``); ``torch``, the
+checkpoint under PyTorch (``SentenceEncoder``). Both return the model's vectors (unit vectors when
+it normalises).
+"""
+from __future__ import annotations
+
+import csv
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..cli import AT_LEAST_1, ArgumentParser, run_main
+from ..errors import DataError, UsageError
+from ..utils import progress
+from ..utils.files import atomic_path
+
+BACKENDS = ("auto", "torch", "onnx")
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m bertcf.encode", description="Encode the sentences of a file to a .npy of vectors.")
+    p.add_argument("--model", required=True,
+                   help="a checkpoint or run directory (torch), or a directory written by bertcf-export onnx (onnx)")
+    p.add_argument("--input", required=True, help="a text file (one sentence a line), or a CSV/TSV file with --column")
+    p.add_argument("--output", required=True, help="the .npy file to write: float32 [sentences, dim], input order")
+    p.add_argument("--column", default=None, help="the CSV/TSV column that holds the sentences")
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help="onnx: ONNX Runtime on an export; torch: PyTorch on a checkpoint; auto: onnx when --model is "
+                        "an export")
+    p.add_argument("--quantized", action="store_true", help="onnx: the int8 graph (an export made with --quantize int8)")
+    p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="sentences encoded at once")
+    p.add_argument("--max-length", type=AT_LEAST_1, default=None,
+                   help="tokens per sentence after truncation (default: the model's max_length)")
+    p.add_argument("--threads", type=AT_LEAST_1, default=None,
+                   help="CPU threads (torch.set_num_threads; ONNX Runtime's intra-op threads) (default: the library's)")
+    p.add_argument("--device", default=None, help="torch: cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--progress", choices=progress.MODES, default="auto",
+                   help="a tqdm bar (on a terminal, with auto), plain lines (in a log file, with auto), or none")
+    return p
+
+
+def check_output(path: Path) -> None:
+    """Refuse, before any work, an output that cannot be written: one line, exit status 2."""
+    if path.suffix != ".npy":
+        raise UsageError(f"--output {path}: give a .npy file name")
+    if path.is_dir():
+        raise UsageError(f"--output {path} is a directory; give a .npy file name")
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir():
+        raise UsageError(f"--output {path}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--output {path}: cannot write in {parent} (permission denied)")
+
+
+def read_sentences(path: Path, column: str | None) -> list[str]:
+    """The sentences of a text file (every line) or of a CSV/TSV ``column``, in file order."""
+    if not path.is_file():
+        raise DataError(f"--input {path} not found")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"--input {path} is not UTF-8 text (byte {e.start})") from None
+    lines = text.splitlines()
+    if column is None:
+        sentences = lines
+    else:
+        header = lines[0] if lines else ""
+        delimiter = "\t" if path.suffix == ".tsv" or "\t" in header else ","
+        reader = csv.DictReader(lines, delimiter=delimiter)
+        if column not in (reader.fieldnames or []):
+            raise DataError(f"--input {path} has no column {column!r} (its columns: "
+                            f"{', '.join(reader.fieldnames or []) or 'none'})")
+        sentences = [row[column] or "" for row in reader]
+    if not sentences:
+        raise DataError(f"--input {path} holds no sentences" + (f" (no rows under {column!r})" if column else ""))
+    return sentences
+
+
+class Backend:
+    """One interface over both encoders: ``tokenize(sentences)`` -> id lists, ``run(id lists)`` ->
+    float32 [b, D] in the model's final form (unit vectors when it normalises), ``dim``, ``name``."""
+
+    def __init__(self, model, backend: str, quantized: bool, threads: int | None, device: str | None,
+                 max_length: int | None):
+        from ..backend.onnx_runtime import CONFIG_FILE, OnnxEncoder, OnnxModelError
+
+        self.max_length = max_length
+        if backend == "auto":
+            backend = "onnx" if (Path(model) / CONFIG_FILE).is_file() else "torch"
+        if quantized and backend != "onnx":
+            raise UsageError("--quantized runs the int8 ONNX graph: give --backend onnx and an export as --model")
+        self.name = backend + (" int8" if quantized else " fp32")
+        if backend == "onnx":
+            from minbert import CheckpointError
+            try:
+                self.onnx = OnnxEncoder(model, quantized=quantized, threads=threads)
+            except OnnxModelError as e:
+                raise CheckpointError(str(e)) from None
+            self.dim = self.onnx.dim
+            return
+        import torch
+
+        from ..models.encoder import SentenceEncoder
+        from ..utils.precision import resolve_device
+        if threads:
+            torch.set_num_threads(threads)
+        self.onnx, self.torch = None, SentenceEncoder.from_pretrained(model).to(resolve_device(device)).eval()
+        self.dim = self.torch.output_dim
+
+    def tokenize(self, sentences: list[str]) -> list[list[int]]:
+        if self.onnx is not None:
+            return self.onnx.tokenize(sentences, self.max_length)
+        encoder = self.torch
+        return encoder.tokenizer(sentences, truncation=True, max_length=encoder._max_length(self.max_length))["input_ids"]
+
+    def run(self, id_lists) -> np.ndarray:
+        if self.onnx is not None:
+            return self.onnx.run(id_lists, self.onnx.normalize)
+        from torch.nn.functional import normalize
+        vectors = self.torch.encode_ids(id_lists, batch_size=len(id_lists))
+        return (normalize(vectors, dim=-1) if self.torch.normalize else vectors).numpy()
+
+
+def write_vectors(backend: Backend, token_ids: list, output: Path, batch_size: int, mode: str) -> None:
+    """Encode longest first, each batch's rows into a memory-mapped .npy renamed into place at the end."""
+    order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))
+    starts = range(0, len(order), batch_size)
+    shown = progress.Progress(mode, "encode", total=len(starts))
+    with atomic_path(output) as tmp:
+        vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(token_ids), backend.dim))
+        for step, start in enumerate(starts, start=1):
+            rows = order[start:start + batch_size]
+            vectors[rows] = backend.run([token_ids[i] for i in rows])
+            shown.step(step)
+        vectors.flush()
+        del vectors
+    shown.close()
+
+
+def run(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    output, source = Path(args.output), Path(args.input)
+    check_output(output)
+    if args.column is None and source.suffix in (".csv", ".tsv"):
+        raise UsageError(f"--input {source} is a {source.suffix[1:].upper()} file: give --column NAME")
+    backend = Backend(args.model, args.backend, args.quantized, args.threads, args.device, args.max_length)
+    sentences = read_sentences(source, args.column)
+    start = time.perf_counter()
+    write_vectors(backend, backend.tokenize(sentences), output, args.batch_size, args.progress)
+    seconds = time.perf_counter() - start
+    print(f"{output}: {len(sentences)} vectors of {backend.dim} dimensions ({backend.name}, "
+          f"{len(sentences) / seconds:,.0f} sentences/s)")
+    return {"output": str(output), "sentences": len(sentences), "dim": backend.dim, "backend": backend.name,
+            "seconds": seconds}
+
+
+def main(argv=None) -> int:
+    return run_main(run, argv)

@@ -1,0 +1,69 @@
+"""``python -m bertcf.evaluate``'s settings (``EvaluateConfig``), resolved once by ``parse``: which
+encoder, which tasks on which data, how they are scored, and with what."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import cli
+from ..evaluation.evaluators import PAIR_FEATURES
+from ..evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
+from ..evaluation.probe import usable_cores
+from ..evaluation.retrieval import SCORES
+from ..evaluation.senteval import MODES, PROBES
+from .fields import Settings, option, redefault
+from .model import ModelConfig
+from .train import TrainConfig
+
+
+@dataclass(frozen=True)
+class EvaluateConfig(Settings):
+    """Every setting of a ``python -m bertcf.evaluate`` run."""
+
+    encoder: str = option(None, "checkpoint, run directory or Hugging Face BERT name/directory", required=True)
+    vocab: str | None = redefault(ModelConfig, "vocab", group=None)
+    pooling: str | None = redefault(ModelConfig, "pooling", group=None)
+    senteval_dir: str = option("data/SentEval", "SentEval's data/downstream/ layout (see data/README.md)")
+    tasks: str = option("sts", "comma-separated: sts, transfer, SentEval task names, lexical (word similarity, needs "
+                               "--lexical-dir), retrieval (needs --retrieval-dir)")
+    lexical_dir: str = option("data/lexical", "--tasks lexical: every .txt/.tsv file here is a word-similarity task "
+                                              "(SimLex-999's layout, or word1<TAB>word2<TAB>score)")
+    lexical_pooling: str | None = option(None, "--tasks lexical: the word vector, [CLS] or the mean of the word's "
+                                               "tokens (default: the encoder's pooling)", choices=LEXICAL_POOLINGS)
+    mode: str = option("test", "test; dev (STS-B dev + SICK-R trial); fasttest (SentEval's prototyping settings: 5 "
+                               "folds; with --probe sklearn a fixed C)", choices=MODES)
+    probe: str = option("senteval", "the transfer tasks' classifier: senteval = SentEval's PyTorch probe "
+                                    "(usepytorch=True, as the published tables); sklearn = scikit-learn's logistic "
+                                    "regression (usepytorch=False)", choices=PROBES)
+    threads: int | None = option(None, "torch threads (set explicitly) and the processes that train the transfer "
+                                       "tasks' probes (default: the cores this process may use)", type=cli.AT_LEAST_1)
+    mrpc_features: str = option("senteval", "the MRPC probe's features of a pair (u, v): senteval = [|u-v|, u*v], as "
+                                            "SentEval and the published tables; full = [u, v, |u-v|, u*v]",
+                                choices=PAIR_FEATURES)
+    retrieval_dir: str | None = option(None, "a set in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) for "
+                                             "--tasks retrieval")
+    retrieval_score: str | None = option(None, "retrieval's score: cos or dot (default: the model's sentence-"
+                                               "transformers similarity_fn_name, else cos; the same for an encoder "
+                                               "that normalises its vectors)", choices=SCORES)
+    batch_size: int = option(64, "sentences encoded at once", type=cli.AT_LEAST_1)
+    max_length: int | None = option(None, "tokens per sentence (default: whole sentences, up to the model's maximum)",
+                                    type=cli.AT_LEAST_1)
+    device: str | None = redefault(TrainConfig, "device", group=None)
+    precision: str | None = redefault(TrainConfig, "precision", group=None)
+    json: str | None = option(None, "write the results to this JSON file (with \"environment\": versions, device, "
+                                    "CPU, command)")
+    no_progress: bool = option(False, "no progress bars (there are none either when stderr is not a terminal)",
+                               switch=True)
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(prog="python -m bertcf.evaluate",
+                                description="SentEval's STS and transfer tasks, word similarity, and retrieval on a "
+                                            "set in BEIR's layout, on a sentence encoder.")
+    EvaluateConfig.add_arguments(parser)
+    return parser
+
+
+def parse(argv=None) -> EvaluateConfig:
+    """The evaluation of ``argv``: --threads resolved to the cores this process may use."""
+    config = EvaluateConfig(**vars(build_parser().parse_args(argv)))
+    return config.replace(threads=config.threads or usable_cores())

@@ -1,0 +1,263 @@
+"""``run_pretrain.py``'s settings (``PretrainConfig``), resolved once by ``parse``: the flags (with
+--resume, the run's config.json), a --preset's values, the data of an --init run, the stage's
+defaults (method, lr, out dir) and the checks that need more than one flag, all before any data is
+read. After it a config changes only through two named steps: ``with_data`` (a preset measured in
+epochs gets its steps once the corpus is counted) and ``with_model`` (the evaluation's length,
+the model's limit). ``config.json`` is ``to_dict()`` of the final object."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import cli, runs
+from ..errors import UsageError
+from ..models.encoder import POOLINGS
+from ..objectives import METHODS as OBJECTIVE_METHODS
+from ..objectives import MINI_BATCH_METHODS, SUPERVISED, objective_class
+from ..objectives.presets import PRESETS
+from ..objectives.settings import (
+    BSLSettings,
+    CTSettings,
+    FlowSettings,
+    InfoNCESettings,
+    JointLossSettings,
+    MemorySettings,
+    MLMSettings,
+    SpanSettings,
+    TSDAESettings,
+)
+from ..training.whiten import METHOD as WHITEN_METHOD
+from ..training.whiten import WHITEN_ON
+from ..utils.distributed import launch_world_size
+from ..data.corpus import CORPUS_SETTINGS
+from .data import AT_LEAST_2, CorpusConfig, DataConfig, TrainFilesConfig
+from .fields import Settings, derived, option, redefault
+from .model import ModelConfig
+from .train import TrainConfig
+
+STAGES = tuple(OBJECTIVE_METHODS) + ("whiten",)
+METHODS = OBJECTIVE_METHODS | {"whiten": (WHITEN_METHOD,)}
+STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4, "supervised": 2e-5}  # whiten has no optimiser
+#: --select-on -> the evaluation's metric that picks best/.
+SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy",
+             "last": "last_step"}
+SELECTION_LABEL = {"cs224n-sts": "STS dev Spearman", "stsb-dev": "STS-B dev Spearman",
+                   "mlm-heldout": "held-out masked-token accuracy"}  # --select-on last has a line of its own
+#: The poolings of training: the encoder's, and SimCSE's MLP over [CLS] (the objective's, in training only).
+TRAINING_POOLINGS = POOLINGS + ("cls-mlp",)
+#: What a run given to --init passes on to this one, unless the command line gives it: its data.
+RUN_DATA = ("data_dir", "corpus", "corpus_from_tasks", "min_words", "max_sentences", "senteval_dir")
+
+
+@dataclass(frozen=True)
+class StageConfig(Settings):
+    stage: str = option("mirror", "the report's stages: mirror pretrains the encoder (by --method), joint learns a "
+                                  "flow on it by BERT-CF's loss, flow a flow by L_flow alone; supervised trains the "
+                                  "encoder on labelled pairs or by a teacher (not the report's); whiten fits "
+                                  "BERT-whitening (Su et al. 2021) in closed form, without training", choices=STAGES)
+    method: str | None = option(None, "mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
+                                      "--stage mirror; flow for --stage flow; sbert-softmax (default), sbert-cosine, "
+                                      "simcse-sup or distill for --stage supervised; whitening for --stage whiten")
+    preset: str | None = option(None, "a method as its authors published it (loss variant, pooling, augmentation, "
+                                      "temperature, batch, lr, length, one epoch of the corpus); flags given here "
+                                      "win; docs/pretraining.md lists what each sets", choices=tuple(PRESETS))
+
+
+@dataclass(frozen=True)
+class SelectionConfig(Settings):
+    """What picks best/, and the evaluation that scores it."""
+
+    GROUP = "model selection"
+    select_on: str = option("cs224n-sts", "what picks best/: CS224N STS dev Spearman (the report's), SentEval's STS-B "
+                                          "dev Spearman, (--method mlm) the held-out masked-token accuracy, for an MLM "
+                                          "base whose STS falls as it learns, or last: the last evaluation (the run's "
+                                          "end, as Mirror-BERT's released code keeps)", choices=tuple(SELECTION))
+    senteval_dir: str | None = option(None, "SentEval's data (default DATA_DIR/SentEval; data/README.md)")
+    eval_max_length: int | None = option(None, "tokens per sentence in the STS-dev evaluation (default: the model's "
+                                               "max_position_embeddings, i.e. whole sentences, as SentEval); "
+                                               "--max-length is for training", type=AT_LEAST_2)
+
+
+@dataclass(frozen=True)
+class WhitenConfig(Settings):
+    GROUP = "whitening (--stage whiten)"
+    whiten_on: str = option("corpus", "the sentences whose vectors the whitening is fitted on: " + "; ".join(
+        f"{k}, {v}" for k, v in WHITEN_ON.items()), choices=tuple(WHITEN_ON))
+    whiten_dim: int | None = option(None, "keep the first k whitened directions, those of largest variance (default: "
+                                          "all; at most the covariance's rank)", type=cli.AT_LEAST_1)
+
+
+STAGE_LR_HELP = ", ".join(f"{lr:g} {stage}" for stage, lr in STAGE_LR.items())
+
+
+@dataclass(frozen=True)
+class PretrainConfig(WhitenConfig, MLMSettings, TSDAESettings, CTSettings, BSLSettings, JointLossSettings, FlowSettings,
+                     TrainFilesConfig, MemorySettings, InfoNCESettings, SpanSettings, SelectionConfig, TrainConfig,
+                     ModelConfig, CorpusConfig, DataConfig, StageConfig):
+    """Every setting of a ``run_pretrain.py`` run (the bases, one per concern, in --help's order
+    reversed)."""
+
+    lr: float | None = redefault(TrainConfig, "lr", None, help=f"AdamW's learning rate (default, by --stage: "
+                                                              f"{STAGE_LR_HELP})")
+    pooling: str = redefault(ModelConfig, "pooling", "mean", choices=TRAINING_POOLINGS, group="encoder",
+                             help="the sentence vector: the mean of the last layer over tokens, or [CLS]'s; cls-mlp "
+                                  "(SimCSE): an MLP over [CLS] in training, [CLS] without it in evaluation and the "
+                                  "checkpoint; first-last-avg (BERT-flow, BERT-whitening): the average of the first "
+                                  "and the last transformer layer's token means")
+    mini_batch_size: int | None = redefault(MemorySettings, "mini_batch_size", group=f"memory ({MINI_BATCH_METHODS})")
+    command: str | None = derived(help="the command line that started the run")
+    preset_values: dict = derived(default_factory=dict, help="what --preset set (flags given on the command line win)")
+    preset_epochs: float | None = derived(help="the preset's length in passes over the data (sets steps)")
+    preset_warmup: float | None = derived(help="the preset's share of warm-up steps")
+    word_list: str | None = derived(help="where a lexical corpus's words come from")
+
+    def with_data(self, examples: int, word_list: str | None = None) -> PretrainConfig:
+        """The config once the data is read (``examples`` of them): a preset measured in epochs gets
+        its --steps (and --warmup-steps); a lexical corpus records its word list."""
+        changes, values = {"word_list": word_list}, dict(self.preset_values)
+        if self.preset_epochs and not self.resume:
+            changes["steps"] = values["steps"] = max(1, math.ceil(self.preset_epochs * examples / self.batch_size))
+        if self.preset_warmup and not self.resume:
+            steps = changes.get("steps", self.steps)
+            changes["warmup_steps"] = values["warmup_steps"] = max(1, round(self.preset_warmup * steps))
+        return self.replace(**changes, preset_values=values)
+
+    def with_model(self, max_positions: int) -> PretrainConfig:
+        """The config for an encoder of ``max_positions`` tokens: --eval-max-length at most that
+        (whole sentences when not given), as config.json records it."""
+        return self.replace(eval_max_length=min(self.eval_max_length or max_positions, max_positions))
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(prog="run_pretrain.py", description="The self-supervised and supervised stages of "
+                                "BERT-CF: pretraining of the encoder, the flow, whitening.")
+    PretrainConfig.add_arguments(parser)
+    return parser
+
+
+def parse(argv=None) -> PretrainConfig:
+    """The run of ``argv``, resolved (see the module's docstring)."""
+    parser = build_parser()
+    config = PretrainConfig(**vars(cli.parse_args(parser, argv))).on_device()
+    given = cli.given_flags(parser, argv)
+    config = config.replace(**(saved_preset(config) if config.resume else preset_values(config, given)))
+    config = config.replace(**data_from_init(config, given, parser), command=cli.command_line("run_pretrain.py", argv))
+    check_world(config)
+    config = config.replace(**stage_defaults(config))
+    check(config)
+    return config.replace(out_dir=config.out_dir or runs.default_out_dir(config.stage, config.method))
+
+
+def saved_preset(config: PretrainConfig) -> dict:
+    """--resume: the run goes on with what its preset set (its config.json), not the preset anew."""
+    saved = json.loads((Path(config.out_dir) / "config.json").read_text())
+    return {"preset_values": saved.get("preset_values", {})}
+
+
+def preset_values(config: PretrainConfig, given: set[str]) -> dict:
+    """The settings ``config.preset`` sets where the command line (``given``: the settings it gave)
+    does not, and what it records of them; a note on stderr says what it set."""
+    if not config.preset:
+        return {}
+    preset = PRESETS[config.preset]
+    corpus_given = bool(given & set(CORPUS_SETTINGS))  # a corpus on the command line replaces the preset's
+    values = {k: v for k, v in preset.values.items() if k not in given and not (corpus_given and k in CORPUS_SETTINGS)}
+    shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in values.items())
+    print(f"note: --preset {preset.name} ({preset.source}): {shown}", file=sys.stderr)
+    return values | {"preset_values": values, "preset_epochs": preset.epochs if "steps" not in given else None,
+                     "preset_warmup": preset.warmup if "warmup_steps" not in given else None}
+
+
+def data_from_init(config: PretrainConfig, given: set[str], parser) -> dict:
+    """With --init RUN (a run directory or its best/ checkpoint), RUN's data settings (RUN_DATA, from
+    its config.json) where the command line gives none, so the README's stage-2 command needs none;
+    --corpus or --corpus-from-tasks keeps both of RUN's out. Says on stderr what it took."""
+    found = runs.run_settings(config.init) if config.init and not config.resume else None
+    if found is None:
+        return {}
+    run_dir, settings = found
+    missing = set(RUN_DATA) - given
+    if not {"corpus", "corpus_from_tasks"} <= missing or config.corpus_words or config.corpus_words_file:
+        missing -= {"corpus", "corpus_from_tasks"}
+    taken = {k: settings[k] for k in RUN_DATA
+             if k in missing and k in settings and settings[k] != parser.get_default(k)}
+    if taken:
+        flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in taken.items())
+        print(f"note: --init {run_dir}: its data, as no flag here gives them: {flags}", file=sys.stderr)
+    return taken
+
+
+def check_world(config: PretrainConfig) -> None:
+    world = launch_world_size()
+    if config.batch_size % world:  # every rank stops here, before any data is read or collective run
+        raise UsageError(f"--batch-size {config.batch_size} (the global batch) is not divisible by the {world} "
+                         f"processes")
+
+
+def stage_defaults(config: PretrainConfig) -> dict:
+    """The stage's defaults: its first method, its learning rate; simcse's view has no span; the
+    whitening stage has no optimiser step (config.json says what ran)."""
+    methods = METHODS[config.stage]
+    method = config.method or methods[0]
+    if method not in methods:
+        raise UsageError(f"--method {method!r} is not a method of --stage {config.stage} "
+                         f"(choose from {', '.join(methods)})")
+    changes = {"method": method, "lr": STAGE_LR.get(config.stage) if config.lr is None else config.lr}
+    if method == "simcse":
+        changes["span_cap"] = 0
+    return changes
+
+
+def check(config: PretrainConfig) -> None:
+    """What the fields' own checks cannot see: settings that belong to other stages or methods."""
+    if config.batch_size < 2:
+        raise UsageError(f"--batch-size must be at least 2 for contrastive learning, not {config.batch_size}")
+    if config.select_on == "mlm-heldout" and config.method != "mlm":
+        raise UsageError("--select-on mlm-heldout is for --method mlm")
+    if config.stage != "whiten" and (config.whiten_dim is not None or config.whiten_on != "corpus"):
+        raise UsageError("--whiten-on and --whiten-dim are for --stage whiten")
+    if config.stage == "whiten":
+        if config.select_on == "last":
+            raise UsageError("--select-on last is for training stages: --stage whiten has one evaluation")
+        if config.mini_batch_size:
+            raise UsageError("--mini-batch-size is for the training stages: --stage whiten has no batches")
+    if config.stage != "joint" and config.unfreeze_encoder:
+        raise UsageError("--unfreeze-encoder is for --stage joint")
+    if config.mini_batch_size and not objective_class(config.stage, config.method).mini_batches:
+        raise UsageError(f"--mini-batch-size is for the objectives that compare a batch's sentence vectors "
+                         f"({MINI_BATCH_METHODS}); --method {config.method}'s loss is a sum over each sentence's "
+                         f"tokens, whose memory a cache of sentence vectors would not bound")
+    if config.pooling == "cls-mlp" and (config.stage, config.method) not in (
+            ("mirror", "mirror"), ("mirror", "simcse"), ("supervised", "simcse-sup")):
+        raise UsageError("--pooling cls-mlp (SimCSE's training head) is for --stage mirror --method mirror|simcse and "
+                         "--stage supervised --method simcse-sup")
+    check_supervised(config)
+
+
+def check_supervised(config: PretrainConfig) -> None:
+    """The supervised group's settings belong to their methods."""
+    method = config.method if config.stage == "supervised" else None
+    if config.train_file and method is None:
+        raise UsageError("--train-file is for --stage supervised (its methods read labelled files)")
+    if method in ("sbert-softmax", "simcse-sup") and not config.train_file:
+        raise UsageError(f"--method {method} needs --train-file FILE [FILE ...] (NLI: SNLI/MultiNLI .jsonl or "
+                         f".txt, or a premise<TAB>hypothesis<TAB>label TSV" + (", or a CS224N QQP file)"
+                                                                                 if method == "sbert-softmax" else ")"))
+    if method == "distill" and not config.teacher:
+        raise UsageError("--method distill needs --teacher DIR|NAME (the encoder to distil)")
+    if method != "distill" and (config.teacher or config.teacher_cache):
+        raise UsageError("--teacher and --teacher-cache are for --stage supervised --method distill")
+    if method == "simcse-sup" and config.negatives == "ntxent":
+        raise UsageError("--negatives ntxent (two views of one sentence) does not apply to simcse-sup: "
+                         "choose report or simcse")
+
+
+def reads_corpus(config: PretrainConfig) -> bool:
+    """Whether the run reads the pretraining corpus: every method but the supervised ones that train
+    on --train-file, and the whitening fitted on the corpus."""
+    if config.stage == "whiten":
+        return config.whiten_on == "corpus"
+    return config.stage != "supervised" or SUPERVISED[config.method].reads_corpus(config)

@@ -1,6 +1,0 @@
-"""``python -m bertcf.export onnx ...``: see bertcf/export/cli.py."""
-import sys
-
-from .cli import command
-
-sys.exit(command())

@@ -1,0 +1,288 @@
+"""The training loop under every training run (``TrainingLoop``) and what it keeps: seeds, the
+checkpoints (best/, last/, --resume) in the run directory (``bertcf.runs``); progress,
+evaluation, non-finite losses and Ctrl-C. The optimiser is ``training.optim``, the data order
+``training.sampler``.
+
+Its users (``training.Trainer`` for an objective, multitask fine-tuning) supply three functions
+to ``TrainingLoop.fit``: ``step_fn(step)`` returning the loss and some scalars to log,
+``evaluate(step)`` returning metrics, and ``save_model(dir)``.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import signal
+import sys
+import time
+
+import numpy as np
+import torch
+
+from minbert import CheckpointError
+
+from ..errors import NonFiniteLossError, UsageError
+from ..models.model_card import write_model_card
+from ..runs import STATE_FILE, Run
+from ..utils.distributed import dist_info, mean_over_ranks, seed_dropout
+from ..utils.files import recover_dir, save_dir_atomic
+from ..utils.progress import Progress
+from .optim import update
+
+#: A loss whose size passes this many times its first step's (or 1, when that is smaller) is
+#: diverging: the run stops as for a non-finite loss (e.g. a flow whose loss went from 0.1 to 3e26).
+DIVERGENCE_FACTOR = 10_000
+
+
+# ---- seeds -------------------------------------------------------------------------------------
+def set_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- the loop ------------------------------------------------------------------------------------
+#: The signals that stop a run cleanly: the step is finished and last/ written (Ctrl-C; a batch
+#: scheduler's SIGTERM before it preempts the job). The command then exits with 128 + the signal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingLoop:
+    """The training loop of every training run, on the settings of ``config`` (a ``TrainConfig``).
+
+    ``modules``: name -> nn.Module whose state dicts go into last/ (the encoder, heads, flow);
+    ``samplers``: name -> EpochSampler; ``metric``: the evaluate() key that picks best/
+    (higher is better); ``upgrade_state``: applied to a resumed state before it is loaded, for
+    names that changed since it was written."""
+
+    def __init__(self, config, run: Run, modules: dict, optimizer, scheduler, samplers: dict,
+                 metric: str, save_model, evaluate, items_per_step: int, extra_state=None, upgrade_state=None):
+        self.config, self.run = config, run
+        self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
+        self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
+        self.items_per_step = items_per_step
+        self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
+        self.upgrade_state = upgrade_state
+        self.rank, self.world = dist_info()
+        self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
+        self._stop = False
+        self.stop_signal = None   # the name of the signal that stopped the run (SIGINT, SIGTERM)
+        self._saving = False      # a checkpoint is being written: a second signal waits for it
+        self.progress: Progress | None = None  # while fit runs
+
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"step": self.step, "best": self.best, "best_step": self.best_step, "first_score": self.first_score,
+                "modules": {k: m.state_dict() for k, m in self.modules.items()},
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "samplers": {k: s.state_dict() for k, s in self.samplers.items()},
+                "extra": {k: s.state_dict() for k, s in self.extra_state.items()},
+                "rng": rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.best, self.best_step = state["step"], state["best"], state["best_step"]
+        self.first_score = state["first_score"]
+        for k, m in self.modules.items():
+            m.load_state_dict(state["modules"][k])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        for k, s in self.samplers.items():
+            s.load_state_dict(state["samplers"][k])
+        for k, s in self.extra_state.items():
+            s.load_state_dict(state["extra"][k])
+        set_rng_state(state["rng"])
+
+    @contextlib.contextmanager
+    def _checkpointing(self):
+        """A checkpoint is being written: a second stop signal is ignored until it is done."""
+        self._saving = True
+        try:
+            yield
+        finally:
+            self._saving = False
+
+    def save_last(self) -> None:
+        if self.rank != 0:
+            return
+        state = self.state_dict()
+
+        def write(tmp):
+            self.save_model(tmp)
+            torch.save(state, tmp / STATE_FILE)
+        with self._checkpointing():
+            save_dir_atomic(self.run.dir / "last", write)
+
+    def resume(self) -> None:
+        last = recover_dir(self.run.dir / "last")
+        if not (last / STATE_FILE).is_file():
+            raise UsageError(f"--resume: {self.run.dir} never reached its first checkpoint ({last / STATE_FILE} "
+                             f"is missing); start it again without --resume, after deleting {self.run.dir} "
+                             f"or with another --out-dir")
+        try:
+            state = torch.load(last / STATE_FILE, map_location="cpu", weights_only=False)
+        except Exception as e:  # a truncated zip, a corrupt pickle
+            raise CheckpointError(f"{last / STATE_FILE} is truncated or corrupt ({type(e).__name__}: "
+                                  f"{str(e)[:120]}); --resume cannot continue from it") from None
+        if self.upgrade_state is not None:
+            state = self.upgrade_state(state)
+        if set(state["modules"]) != set(self.modules):
+            raise UsageError(f"--resume: {last / STATE_FILE} holds {', '.join(sorted(state['modules']))}, not "
+                             f"{', '.join(sorted(self.modules))}: it was written by another version of this "
+                             f"command; start a new run")
+        try:
+            self.load_state_dict(state)
+        except RuntimeError as e:  # a module whose parameters changed since (missing or unexpected keys)
+            raise UsageError(f"--resume: {last / STATE_FILE} does not fit this version's modules "
+                             f"({' '.join(str(e).split())[:160]}); start a new run") from None
+
+    # -- evaluation ----------------------------------------------------------------------------------
+    def _evaluate_and_keep_best(self) -> None:
+        if self.rank == 0:
+            metrics = self.evaluate(self.step)
+            self.run.metrics(self.step, metrics)
+            score = metrics[self.metric]
+            if self.first_score is None:
+                self.first_score = score
+            if score > self.best:
+                self.best, self.best_step = score, self.step
+
+                def write_best(tmp):
+                    self.save_model(tmp)
+                    write_model_card(tmp, self.run.config, self.metric, score, self.step)
+                with self._checkpointing():
+                    save_dir_atomic(self.run.dir / "best", write_best)
+            if self.progress is not None:
+                self.progress.evaluated(self.step, self.metric, score, self.best, self.best_step)
+        if self.world > 1:
+            torch.distributed.barrier()
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def fit(self, step_fn, after_step=None) -> dict:
+        """Run ``step_fn(step) -> (loss, scalars)`` until --steps, evaluating every
+        --eval-every steps (and at step 0 and at the end) and writing last/ at each evaluation and
+        every --save-every steps. ``after_step()``, when given, runs after every optimiser step
+        (e.g. an EMA update). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns
+        a summary ("signal": the stopping signal's name, or None)."""
+        config = self.config
+        save_every = config.save_every or config.eval_every
+        self.run.start(self.step)
+        self.progress = Progress(config.progress, self.run.dir.name, config.steps, self.step,
+                                 enabled=self.rank == 0)
+        if self.step == 0 and self.first_score is None:
+            self._evaluate_and_keep_best()
+        previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
+        self._tick, self._tick_step, interrupted = time.perf_counter(), self.step, False
+        self._bad = None  # (step, loss, limit) of the first non-finite or diverging loss, on the device
+        try:
+            while self.step < config.steps:
+                for m in self.modules.values():
+                    m.train()
+                seed_dropout(config.seed, self.step)
+                loss, scalars = update(self.optimizer, self.scaler, lambda: step_fn(self.step), config.device,
+                                       config.precision, config.max_grad_norm)
+                if after_step is not None:
+                    after_step()
+                self.scheduler.step()
+                self.step += 1
+                loss_d = loss.detach().float()
+                self._watch(loss_d)
+                log_now = self.step % config.log_every == 0 or self.step == config.steps
+                # Under torchrun every rank gets the Ctrl-C or SIGTERM (torchrun forwards it), but not
+                # at the same step: the ranks agree to stop at the logging interval (below), since a
+                # rank that left the loop alone would leave the others waiting in a collective.
+                stop = self._stop and self.world == 1
+                if log_now or self.step % config.eval_every == 0 or stop:
+                    # Checked before anything is logged or checkpointed, so last/ never holds
+                    # weights updated by a non-finite loss.
+                    self._raise_if_diverged()
+                if log_now:
+                    stop = self._log(loss_d, scalars) or stop
+                self.progress.step(self.step)
+                if self.step % config.eval_every == 0 or self.step == config.steps:
+                    self._evaluate_and_keep_best()
+                    self.save_last()
+                elif stop or self.step % save_every == 0:
+                    self.save_last()
+                if stop:
+                    interrupted = True
+                    break
+        finally:
+            self.progress.close()
+            self.progress = None
+            for s, handler in previous_handlers.items():
+                signal.signal(s, handler)
+        if interrupted and self.rank == 0:
+            last = self.run.dir / "last"
+            if self.stop_signal == "SIGINT":
+                print(f"interrupted at step {self.step}: state saved in {last}; "
+                      f"continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
+            else:
+                print(f"stopped by {self.stop_signal or 'a signal'} at step {self.step}; "
+                      f"checkpoint in {last}; continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
+        self.run.close()
+        return {"step": self.step, "first": self.first_score, "best": self.best, "best_step": self.best_step,
+                "interrupted": interrupted, "signal": self.stop_signal if interrupted else None}
+
+    def _watch(self, loss) -> None:
+        """Remember the first non-finite or diverging loss, on the device (no sync per step)."""
+        if self._bad is None:
+            self._bad = (torch.full((), -1, dtype=torch.long, device=loss.device), loss,
+                         DIVERGENCE_FACTOR * loss.abs().clamp_min(1))
+        bad_step, bad_loss, limit = self._bad
+        first = (~torch.isfinite(loss) | (loss.abs() > limit)) & (bad_step < 0)
+        self._bad = torch.where(first, self.step, bad_step), torch.where(first, loss, bad_loss), limit
+
+    def _raise_if_diverged(self) -> None:
+        bad_step, bad_loss, _ = self._bad
+        if int(bad_step) < 0:
+            return
+        last = self.run.dir / "last"
+        kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
+        diverging = (f" (diverging: over {DIVERGENCE_FACTOR:,} times the first step's)"
+                     if math.isfinite(float(bad_loss)) else "")
+        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}{diverging}; "
+                                 f"stopped, {kept} (try a lower --lr or --precision fp32)")
+
+    def _log(self, loss, scalars: dict) -> bool:
+        """Log the step's loss and scalars; returns whether any rank was asked to stop. The only
+        host-device synchronisation of the loop, once per logging interval. Under torchrun the
+        losses are averaged over the ranks: the global batch's."""
+        values = mean_over_ranks({"loss": loss, **scalars, "stop": float(self._stop)}, loss.device)
+        stop = values.pop("stop") > 0
+        elapsed = time.perf_counter() - self._tick
+        rate = (self.step - self._tick_step) * self.items_per_step / max(elapsed, 1e-9)
+        self._tick, self._tick_step = time.perf_counter(), self.step
+        values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
+        self.run.scalars(self.step, values, prefix="train/")
+        self.progress.loss(values["loss"])
+        return stop
+
+    def _request_stop(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self._stop:
+            if self._saving:  # never abort a checkpoint half-written: the stop comes right after it
+                return
+            raise KeyboardInterrupt  # a second signal stops at once
+        self._stop, self.stop_signal = True, name
+        if self.rank == 0:
+            when = "this step" if self.world == 1 else "the steps up to the next logging interval (--log-every)"
+            what = "Ctrl-C" if name == "SIGINT" else name
+            print(f"\n{what}: finishing {when} and saving last/ (a second signal aborts)", file=sys.stderr)

@@ -1,0 +1,162 @@
+"""The stages of ``run_pretrain.py`` from a resolved ``PretrainConfig`` (``run``): the data the
+run reads (fetched when missing), the encoder, the objective of its stage and method, the
+evaluation that picks best/, and the ``Trainer``; ``--stage whiten`` fits in closed form instead
+(``training.whiten``). Every stage and method also runs data-parallel under ``torchrun
+--nproc_per_node N`` (--batch-size stays the global batch; see ``train``)."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from .. import objectives, runs
+from ..config.pretrain import SELECTION, SELECTION_LABEL, PretrainConfig, reads_corpus
+from ..data.corpus import CORPUS_SETTINGS, load_corpus
+from ..data.download import WIKI1M_NAME, fetch_missing
+from ..data.examples import Examples
+from ..data.senteval import STSB_FILES, read_stsb
+from ..data.tasks import TASK_FILES, TASKS, read_sts, task_file
+from ..errors import DataError, UsageError
+from ..evaluation.metrics import STSDevEvaluator
+from ..models.encoder import SentenceEncoder
+from ..utils.distributed import dist_info, run_distributed
+from . import whiten
+from .loop import set_seed
+from .trainer import Trainer
+
+
+def run(config: PretrainConfig) -> dict:
+    """The run of ``config``, in the run directory it names (held for this process: one run per
+    directory)."""
+    with runs.hold(config.out_dir):  # one run per directory, from before anything is written
+        fetch_data(config)
+        return run_distributed(train_whiten if config.stage == "whiten" else train, config)
+
+
+def fetch_data(config: PretrainConfig) -> None:
+    """The files this run reads from --data-dir by default (Wiki1M unless --corpus or
+    --corpus-from-tasks, the task train files for the latter, the CS224N STS dev file to select
+    on), downloaded when missing; when that fails, the line a missing file has always given, with
+    why it was not downloaded."""
+    data = Path(config.data_dir)
+    reads = reads_corpus(config)
+    default_corpus = reads and not any(getattr(config, f) for f in CORPUS_SETTINGS)
+    names = ([WIKI1M_NAME] if default_corpus else []) \
+        + ([TASK_FILES[t, "train"] for t in TASKS] if config.corpus_from_tasks and reads else []) \
+        + ([TASK_FILES["sts", "dev"]] if config.select_on == "cs224n-sts" else [])
+    why = fetch_missing(data, names)
+    if why is None:
+        return
+    if default_corpus and not (data / WIKI1M_NAME).is_file():
+        raise UsageError(f"no corpus: give --corpus FILE or --corpus-from-tasks ({data / WIKI1M_NAME} not found; "
+                         f"{why})")
+    missing = ", ".join(str(data / n) for n in names if not (data / n).is_file())
+    raise DataError(f"{missing} not found ({why})")
+
+
+def load_examples(config: PretrainConfig, rank: int = 0) -> tuple[Examples, PretrainConfig]:
+    """What the run trains on: the corpus, or a supervised method's examples (from --train-file, or
+    the corpus with a teacher's vectors); and the config with what reading them settled
+    (``PretrainConfig.with_data``: a preset's steps, a word list)."""
+    word_list = None
+
+    def corpus():
+        nonlocal word_list
+        sentences, word_list = load_corpus(config)
+        return sentences
+
+    if config.stage == "supervised":
+        examples = objectives.SUPERVISED[config.method].read_examples(config, corpus)
+        if rank == 0:
+            print(f"note: training on {examples.what}", file=sys.stderr)
+    else:
+        sentences = corpus()
+        examples = Examples([sentences], what=f"{len(sentences):,} corpus sentences")
+    return examples, config.with_data(len(examples), word_list)
+
+
+def load_encoder(config: PretrainConfig) -> tuple[SentenceEncoder, PretrainConfig]:
+    """The encoder to start from (--init, a run directory or checkpoint, or --model), evaluating
+    (and later encoding) whole sentences up to --eval-max-length in the run's precision; and the
+    config with that length resolved to the model's limit (``PretrainConfig.with_model``)."""
+    source = runs.resolve_encoder_path(config.init) if config.init else config.model
+    pooling = "cls" if config.pooling == "cls-mlp" else config.pooling  # the MLP is the objective's (training only)
+    encoder = SentenceEncoder.from_pretrained(source, pooling=pooling, vocab=config.vocab,
+                                              hidden_dropout_prob=config.dropout,
+                                              attention_probs_dropout_prob=config.dropout)
+    config = config.with_model(encoder.bert.config.max_position_embeddings)
+    encoder.max_length = config.eval_max_length
+    encoder.precision = config.precision  # evaluation (encode) in the run's precision
+    return encoder, config
+
+
+def build_objective(config: PretrainConfig, encoder, examples: Examples) -> objectives.Objective:
+    """The objective of the run's stage and method on ``encoder``, from its settings: the fields of
+    its families (``Objective.SETTINGS``), what the run's own settings give it (SimCSE's MLP for
+    --pooling cls-mlp, the training length, the checkpoint of MLM's head) and what its examples
+    size (a supervised head)."""
+    cls = objectives.objective_class(config.stage, config.method)
+    run_settings = {"mlp": config.pooling == "cls-mlp", "max_length": config.max_length,
+                    "checkpoint": config.init or config.model}
+    kwargs = {name: getattr(config, name) for name in cls.setting_names()}
+    kwargs |= {k: v for k, v in run_settings.items() if k in cls.RUN_SETTINGS}
+    if config.stage == "supervised":
+        kwargs |= cls.from_examples(examples)
+    return cls(encoder, mini_batch_size=config.mini_batch_size, **kwargs)
+
+
+def dev_pairs(config: PretrainConfig):
+    """The pairs of the evaluation that picks best/ (--select-on)."""
+    return (read_stsb(Path(config.senteval_dir or Path(config.data_dir) / "SentEval") / STSB_FILES["dev"])
+            if config.select_on == "stsb-dev" else read_sts(task_file(config.data_dir, "sts", "dev")))
+
+
+def train(config: PretrainConfig, device) -> dict:
+    """The run of ``config`` on ``device``. Under torchrun every rank runs this: each draws the same
+    global batch, the objective draws its views of all of it and encodes this rank's rows, and it
+    is DistributedDataParallel, so an update equals one process's on the global batch; rank 0
+    alone evaluates, logs and writes the run directory (``Trainer``)."""
+    rank, _ = dist_info()
+    set_seed(config.seed)
+    examples, config = load_examples(config, rank)
+    pairs = dev_pairs(config)
+    encoder, config = load_encoder(config)
+    objective = build_objective(config, encoder, examples)
+    # The dev pairs' first sentences are the held-out sentences of an objective's own metrics
+    # (MLM's accuracy): no training corpus here holds them.
+    trainer = Trainer(objective, examples, config, STSDevEvaluator(pairs), metric=SELECTION[config.select_on],
+                      heldout=[p.sentence1 for p in pairs], record=config.to_dict())
+    summary = trainer.fit(device)
+    if rank == 0:
+        run_dir = Path(trainer.config.out_dir)
+        print(final_line(summary, run_dir, SELECTION_LABEL[config.select_on]) if config.select_on != "last"
+              else f"best checkpoint (the last evaluation, step {summary['best_step']}): {run_dir / 'best'}")
+    return summary
+
+
+def train_whiten(config: PretrainConfig, device) -> dict:
+    """--stage whiten on ``device``, in one process (``training.whiten``: no training loop)."""
+    if dist_info()[0] != 0:  # under torchrun, rank 0 fits alone
+        return {}
+    if config.whiten_on == "corpus":
+        sentences, word_list = load_corpus(config)
+        config = config.replace(word_list=word_list)
+    else:
+        sentences = whiten.target_sentences(config.whiten_on, config.data_dir,
+                                            config.senteval_dir or Path(config.data_dir) / "SentEval")
+    evaluator = STSDevEvaluator(dev_pairs(config))
+    encoder, config = load_encoder(config)
+    summary = whiten.run(config, encoder.to(device), sentences, evaluator, SELECTION[config.select_on])
+    print(whiten.final_line(summary, config.out_dir, SELECTION_LABEL[config.select_on]))
+    return summary
+
+
+def final_line(summary: dict, run_dir, label: str = "STS dev Spearman") -> str:
+    """The closing line: the selection metric (``label``) at step 0 and at its best, and where the
+    best checkpoint is."""
+    def score(x):
+        return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
+    if summary["best_step"] is None:  # every evaluation gave nan (e.g. constant cosines)
+        return f"{label}: step 0 {score(summary['first'])}; no best checkpoint written"
+    return (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
+            f"{summary['best_step']}; best checkpoint: {Path(run_dir) / 'best'}")

@@ -1,0 +1,77 @@
+"""The Python API: the README's training example runs as printed (its model, data and length
+swapped for a tiny BERT and a few steps) and gives the weights of the command it names, bit for
+bit; objectives are built from keyword arguments, checked as their flags are."""
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertcf import objectives
+from bertcf.commands import pretrain
+from bertcf.config.train import TrainConfig
+from bertcf.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def readme_example() -> tuple[str, str]:
+    """The README's Python training example and the command it says it equals."""
+    section = (REPO / "README.md").read_text().split("## Train from Python", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    command = re.search(r"```\n(python run_pretrain.py [^\n]*)\n```", section).group(1)
+    return code, command
+
+
+def test_the_readme_example_is_short_and_names_its_command():
+    code, command = readme_example()
+    assert len(code.strip().splitlines()) < 15
+    assert "Trainer(" in code and ".fit()" in code and command.startswith("python run_pretrain.py")
+
+
+def test_the_readme_example_gives_the_commands_weights_bit_for_bit(tiny_bert_dir, tiny_data_dir, tmp_path):
+    """Both in this process, one after the other: the example with a tiny BERT, the test data and 6
+    steps, and the command it names with the same."""
+    (tiny_data_dir / "wiki1m_for_simcse.txt").write_text(
+        "\n".join(f"the man number {i} plays a red guitar in the park today" for i in range(24)) + "\n")
+    code, command = readme_example()
+    small = "steps=6, batch_size=4, eval_every=3, device='cpu', precision='fp32', progress='none'"
+    code = (code.replace('"bert-base-uncased"', repr(str(tiny_bert_dir))).replace('"data/', f'"{tiny_data_dir}/')
+            .replace('out_dir="runs/', f'out_dir="{tmp_path}/python/').replace("steps=10_000, batch_size=16", small))
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(code, "README.md", "exec"), {})
+        argv = command.split()[2:] + ["--model", str(tiny_bert_dir), "--data-dir", str(tiny_data_dir), "--steps",
+                                      "6", "--batch-size", "4", "--eval-every", "3", "--device", "cpu",
+                                      "--precision", "fp32", "--progress", "none"]
+        argv[argv.index("--out-dir") + 1] = str(tmp_path / "command" / Path(argv[argv.index("--out-dir") + 1]).name)
+        pretrain.run(argv)
+    python_run, command_run = next((tmp_path / "python").iterdir()), next((tmp_path / "command").iterdir())
+    for checkpoint in ("best", "last"):
+        ours, theirs = (load_file(str(run / checkpoint / "model.safetensors")) for run in (python_run, command_run))
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), checkpoint
+    lines = [(run / "metrics.jsonl").read_text().splitlines() for run in (python_run, command_run)]
+    assert lines[0] == lines[1]
+
+
+def test_objectives_take_keyword_settings_checked_as_their_flags(tiny_bert_dir):
+    from bertcf import SentenceEncoder
+
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    objective = objectives.SimCSE(encoder, temperature=0.1, negatives="simcse")
+    assert (objective.info_nce.temperature, objective.info_nce.negatives, objective.span_cap) == (0.1, "simcse", 0)
+    assert objective.description() | {"temperature": 0.1} == objective.description()
+    with pytest.raises(UsageError, match="temperature must be positive, not -1"):
+        objectives.SimCSE(encoder, temperature=-1)
+    with pytest.raises(UsageError, match="negatives must be one of report, simcse, ntxent"):
+        objectives.Mirror(encoder, negatives="all")
+    with pytest.raises(UsageError, match="SimCSE has no setting temprature"):
+        objectives.SimCSE(encoder, temprature=0.1)
+    with pytest.raises(UsageError, match="steps must be at least 1, not 0"):
+        TrainConfig(steps=0)
+    with pytest.raises(UsageError, match="lr_schedule must be one of constant, linear"):
+        TrainConfig(lr_schedule="cosine")
