@@ -33,6 +33,6 @@ def __getattr__(name):
         from .training.loop import set_seed
         return set_seed
     if name == "objectives":
-        from . import objectives
+        import bertcf.objectives as objectives  # not "from . import": that asks this function again
         return objectives
     raise AttributeError(f"module 'bertcf' has no attribute {name!r}")

@@ -271,7 +271,7 @@ class Report:
         if any(PRETRAININGS[r.pretraining].preset for r in rows if r.pretraining):
             text = ("Each method at its paper's settings (`run_pretrain.py --preset NAME`: its loss variant, "
                     "pooling, augmentation, temperature, batch, learning rate, length, one epoch of the corpus; "
-                    "README's table of methods says what still differs), from --model, with the choice of "
+                    "docs/pretraining.md's table of presets says what still differs), from --model, with the choice of "
                     "the best STS-dev checkpoint of this project. MLM has no preset: it runs as in `objectives`. "
                     "The report has no numbers for these, so their (report) cells are empty.\n\n")
         else:
