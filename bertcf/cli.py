@@ -57,6 +57,18 @@ NON_NEGATIVE = checked(float, lambda v: 0 <= v < math.inf, "a number >= 0")
 PROBABILITY = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
 
 
+def comma_list(convert, good, what: str):
+    """An argparse ``type`` for a comma-separated list ("384,256,128") -> a tuple of ``convert``ed
+    items, refused in one line unless ``good(the tuple)``; a list given from Python is checked alike."""
+    def items(text: str) -> tuple:
+        try:
+            return tuple(convert(t) for t in text.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text}") from None
+    items.__name__ = f"comma-separated {convert.__name__}"
+    return checked(items, lambda v: len(v) > 0 and good(tuple(v)), what)
+
+
 def add_renamed_flags(parser: argparse.ArgumentParser, renames: dict) -> None:
     """Accept each old flag of ``renames`` (old -> new) as the new one, with a note on stderr,
     so that commands written before a rename still run; --help shows the new names only."""

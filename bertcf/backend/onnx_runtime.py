@@ -95,16 +95,22 @@ class OnnxEncoder:
         return [e.ids for e in self.tokenizer.encode_batch(list(sentences))]
 
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
-               normalize: bool | None = None, max_length: int | None = None) -> np.ndarray:
+               normalize: bool | None = None, max_length: int | None = None,
+               truncate_dim: int | None = None) -> np.ndarray:
         """Encode sentences to a float32 array [n, D] (a single string gives [D]), as
         ``SentenceEncoder.encode``: length-sorted batches, rows in input order, unit vectors when
-        the model normalises (``normalize`` overrides it)."""
+        the model normalises (``normalize`` overrides it); ``truncate_dim``: the first k dimensions,
+        after the normalisation (a Matryoshka-trained model's smaller widths)."""
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
         if not sentences:
             return np.empty((0, self.dim), dtype=np.float32)
         vectors = self.encode_ids(self.tokenize(sentences, max_length), batch_size, show_progress_bar,
                                   self.normalize if normalize is None else normalize)
+        if truncate_dim is not None:
+            if not 1 <= truncate_dim <= self.dim:
+                raise OnnxModelError(f"truncate_dim {truncate_dim}: the export's vectors have {self.dim} dimensions")
+            vectors = vectors[:, :truncate_dim]
         return vectors[0] if single else vectors
 
     def encode_ids(self, token_ids, batch_size: int = 64, show_progress_bar: bool = False,

@@ -1,10 +1,13 @@
 """``python -m bertcf.data COMMAND``: ``download`` (the CS224N files, Wiki1M and SentEval's data,
-verified; ``bertcf.data.download``) and ``beir-quora`` (a BEIR-layout retrieval set from the CS224N
-Quora files; ``bertcf.data.beir``). Neither imports torch, so the downloader runs on a fresh machine."""
+verified; ``bertcf.data.download``), ``beir-quora`` (a BEIR-layout retrieval set from the CS224N
+Quora files; ``bertcf.data.beir``) and ``mine-negatives`` (hard negatives for (query, positive)
+pairs; ``bertcf.data.negatives``). The first two import no torch, so the downloader runs on a fresh
+machine."""
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..data import beir, download
 from ..errors import DataError, WriteError
@@ -16,12 +19,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     add_download(commands)
     add_beir_quora(commands)
+    add_mine_negatives(commands)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     return args.run(args)
+
 
 
 def add_download(commands) -> None:
@@ -104,3 +109,80 @@ def run_beir_quora(args) -> int:
     print(f"{args.out}: {len(built.queries)} queries (duplicate pairs of {', '.join(splits)}), "
           f"{len(built.corpus)} documents, {relevant} relevant pairs")
     return 0
+
+
+def add_mine_negatives(commands) -> None:
+    """``mine-negatives``: the subcommand of ``python -m bertcf.data``."""
+    from ..cli import AT_LEAST_0, AT_LEAST_1
+
+    p = commands.add_parser(
+        "mine-negatives", help="mine hard negatives for (query, positive) pairs with an encoder",
+        description="For each (query, positive) pair, the corpus entries the encoder ranks nearest that are not a "
+                    "positive, filtered and drawn as sentence-transformers' mine_hard_negatives; written as "
+                    "anchor<TAB>positive<TAB>negative rows (one per negative) that --method simcse-sup trains on.")
+    p.add_argument("--encoder", required=True, help="a checkpoint, run directory or Hugging Face BERT name/directory")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--pairs", help="a file of query<TAB>positive lines")
+    source.add_argument("--nli", help="an NLI file: its entailment pairs (premise, hypothesis)")
+    source.add_argument("--beir", help="a set in BEIR's layout: its queries and relevant documents; its corpus the "
+                                       "candidates")
+    p.add_argument("--corpus", help="more candidates, one a line (default: the positives, and a BEIR set's corpus)")
+    p.add_argument("--out", required=True, help="the triplets file to write (anchor, positive, negative)")
+    p.add_argument("--num-negatives", type=AT_LEAST_1, default=3, help="negatives per pair (default: 3)")
+    p.add_argument("--range-min", type=AT_LEAST_0, default=0,
+                   help="skip this many nearest candidates (likely unlabelled positives) (default: 0)")
+    p.add_argument("--range-max", type=AT_LEAST_1, default=None,
+                   help="consider candidates up to this rank (default: range-min + negatives + the most positives a "
+                        "query has, ten times the negatives with a margin or --max-score)")
+    p.add_argument("--max-score", type=float, default=None, help="skip candidates scoring above this cosine")
+    p.add_argument("--min-score", type=float, default=None, help="skip candidates scoring below this cosine")
+    p.add_argument("--absolute-margin", type=float, default=None,
+                   help="keep a candidate only if it scores at least this much below the query's positive")
+    p.add_argument("--relative-margin", type=float, default=None,
+                   help="keep a candidate only if it scores this share of the positive's magnitude below it")
+    p.add_argument("--sampling", choices=("top", "random"), default="top",
+                   help="the best remaining candidates, or a seeded random draw among them (default: top)")
+    p.add_argument("--seed", type=int, default=0, help="the random draw's seed (default: 0)")
+    p.add_argument("--chunk-size", type=AT_LEAST_1, default=16384,
+                   help="queries and corpus entries scored at once: memory stays O(chunk^2) (default: 16384)")
+    p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="sentences encoded at once (default: 64)")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=run_mine_negatives)
+
+
+def run_mine_negatives(args) -> int:
+    from ..cli import run_main
+    return run_main(lambda _: mine_negatives(args))
+
+
+def mine_negatives(args) -> dict:
+    """The ``mine-negatives`` subcommand: read the pairs, encode, mine, write (bad input: one line, 2)."""
+    from ..data import negatives  # torch: not for the downloader
+    from ..data.reading import read_lines
+    from ..models.encoder import SentenceEncoder
+    from ..utils.precision import resolve_device
+
+    if args.pairs:
+        queries, positives = negatives.read_query_pairs(args.pairs)
+        corpus = []
+    elif args.nli:
+        queries, positives = negatives.nli_pairs(args.nli)
+        corpus = []
+    else:
+        queries, positives, corpus = negatives.beir_pairs(args.beir)
+    if args.corpus:
+        corpus += [line.strip() for line in read_lines(Path(args.corpus), "corpus file") if line.strip()]
+    settings = negatives.Mining(args.num_negatives, args.range_min, args.range_max, args.max_score, args.min_score,
+                                args.absolute_margin, args.relative_margin, args.sampling, args.seed, args.chunk_size)
+    encoder = SentenceEncoder.from_pretrained(args.encoder).to(resolve_device(args.device))
+
+    def embed(texts):
+        return encoder.encode(texts, batch_size=args.batch_size, show_progress_bar=not args.no_progress,
+                              normalize=True)
+    rows = negatives.mine(queries, positives, corpus, embed, settings)
+    negatives.write_triplets(args.out, rows)
+    pairs = len(dict.fromkeys(zip(queries, positives)))
+    print(f"{args.out}: {len(rows)} (anchor, positive, negative) rows for {pairs} pairs "
+          f"({len(rows) / max(pairs, 1):.2f} negatives a pair; asked {args.num_negatives})")
+    return {"rows": len(rows), "pairs": pairs}

@@ -44,6 +44,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="sentences encoded at once")
     p.add_argument("--max-length", type=AT_LEAST_1, default=None,
                    help="tokens per sentence after truncation (default: the model's max_length)")
+    p.add_argument("--truncate-dim", type=AT_LEAST_1, default=None,
+                   help="write each vector's first k dimensions, after the normalisation (a Matryoshka-trained "
+                        "model's smaller widths; sentence-transformers' truncate_dim)")
     p.add_argument("--threads", type=AT_LEAST_1, default=None,
                    help="CPU threads (torch.set_num_threads; ONNX Runtime's intra-op threads) (default: the library's)")
     p.add_argument("--device", default=None, help="torch: cpu, cuda, cuda:N (default: cuda when available)")
@@ -94,7 +97,7 @@ class Backend:
     float32 [b, D] in the model's final form (unit vectors when it normalises), ``dim``, ``name``."""
 
     def __init__(self, model, backend: str, quantized: bool, threads: int | None, device: str | None,
-                 max_length: int | None):
+                 max_length: int | None, truncate_dim: int | None = None):
         from ..backend.onnx_runtime import CONFIG_FILE, OnnxEncoder, OnnxModelError
 
         self.max_length = max_length
@@ -109,7 +112,7 @@ class Backend:
                 self.onnx = OnnxEncoder(model, quantized=quantized, threads=threads)
             except OnnxModelError as e:
                 raise CheckpointError(str(e)) from None
-            self.dim = self.onnx.dim
+            self.dim = self.truncate(self.onnx.dim, truncate_dim)
             return
         import torch
 
@@ -118,7 +121,13 @@ class Backend:
         if threads:
             torch.set_num_threads(threads)
         self.onnx, self.torch = None, SentenceEncoder.from_pretrained(model).to(resolve_device(device)).eval()
-        self.dim = self.torch.output_dim
+        self.dim = self.truncate(self.torch.output_dim, truncate_dim)
+
+    def truncate(self, width: int, truncate_dim: int | None) -> int:
+        """The width of what ``run`` returns: ``truncate_dim`` when given (at most ``width``)."""
+        if truncate_dim is not None and truncate_dim > width:
+            raise UsageError(f"--truncate-dim {truncate_dim}: {self.name}'s vectors have {width} dimensions")
+        return truncate_dim or width
 
     def tokenize(self, sentences: list[str]) -> list[list[int]]:
         if self.onnx is not None:
@@ -128,10 +137,10 @@ class Backend:
 
     def run(self, id_lists) -> np.ndarray:
         if self.onnx is not None:
-            return self.onnx.run(id_lists, self.onnx.normalize)
+            return self.onnx.run(id_lists, self.onnx.normalize)[:, :self.dim]
         from torch.nn.functional import normalize
         vectors = self.torch.encode_ids(id_lists, batch_size=len(id_lists))
-        return (normalize(vectors, dim=-1) if self.torch.normalize else vectors).numpy()
+        return (normalize(vectors, dim=-1) if self.torch.normalize else vectors)[:, :self.dim].numpy()
 
 
 def write_vectors(backend: Backend, token_ids: list, output: Path, batch_size: int, mode: str) -> None:
@@ -156,7 +165,8 @@ def run(argv=None) -> dict:
     check_output(output)
     if args.column is None and source.suffix in (".csv", ".tsv"):
         raise UsageError(f"--input {source} is a {source.suffix[1:].upper()} file: give --column NAME")
-    backend = Backend(args.model, args.backend, args.quantized, args.threads, args.device, args.max_length)
+    backend = Backend(args.model, args.backend, args.quantized, args.threads, args.device, args.max_length,
+                      args.truncate_dim)
     sentences = read_sentences(source, args.column)
     start = time.perf_counter()
     write_vectors(backend, backend.tokenize(sentences), output, args.batch_size, args.progress)

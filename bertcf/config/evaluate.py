@@ -47,6 +47,9 @@ class EvaluateConfig(Settings):
     batch_size: int = option(64, "sentences encoded at once", type=cli.AT_LEAST_1)
     max_length: int | None = option(None, "tokens per sentence (default: whole sentences, up to the model's maximum)",
                                     type=cli.AT_LEAST_1)
+    truncate_dim: int | None = option(None, "score each task on the vectors' first k dimensions (a Matryoshka-trained "
+                                            "model's smaller widths; sentence-transformers' truncate_dim)",
+                                      type=cli.AT_LEAST_1)
     device: str | None = redefault(TrainConfig, "device", group=None)
     precision: str | None = redefault(TrainConfig, "precision", group=None)
     json: str | None = option(None, "write the results to this JSON file (with \"environment\": versions, device, "

@@ -94,6 +94,7 @@ class MultitaskConfig(PredictionConfig, TaskFilesConfig, TaskBatchesConfig, Trai
     out_dir: str | None = redefault(TrainConfig, "out_dir", help="run directory (default runs/multitask-<encoder>-"
                                                                  "<time>, <encoder> the name of --encoder's directory; "
                                                                  "--predict-only: the --checkpoint's run directory)")
+    batch_sampler: str | None = redefault(TrainConfig, "batch_sampler", cli=False)  # each task has its own order
     command: str | None = derived(help="the command line that started the run")
 
     def task_file(self, task: str, split: str) -> str | None:

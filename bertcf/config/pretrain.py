@@ -20,10 +20,12 @@ from ..objectives import MINI_BATCH_METHODS, SUPERVISED, objective_class
 from ..objectives.presets import PRESETS
 from ..objectives.settings import (
     BSLSettings,
+    CoSENTSettings,
     CTSettings,
     FlowSettings,
     InfoNCESettings,
     JointLossSettings,
+    MatryoshkaSettings,
     MemorySettings,
     MLMSettings,
     SpanSettings,
@@ -60,7 +62,8 @@ class StageConfig(Settings):
                                   "BERT-whitening (Su et al. 2021) in closed form, without training", choices=STAGES)
     method: str | None = option(None, "mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
                                       "--stage mirror; flow for --stage flow; sbert-softmax (default), sbert-cosine, "
-                                      "simcse-sup or distill for --stage supervised; whitening for --stage whiten")
+                                      "simcse-sup, distill, cosent or angle for --stage supervised; whitening for "
+                                      "--stage whiten")
     preset: str | None = option(None, "a method as its authors published it (loss variant, pooling, augmentation, "
                                       "temperature, batch, lr, length, one epoch of the corpus); flags given here "
                                       "win; docs/pretraining.md lists what each sets", choices=tuple(PRESETS))
@@ -95,8 +98,8 @@ STAGE_LR_HELP = ", ".join(f"{lr:g} {stage}" for stage, lr in STAGE_LR.items())
 
 @dataclass(frozen=True)
 class PretrainConfig(WhitenConfig, MLMSettings, TSDAESettings, CTSettings, BSLSettings, JointLossSettings, FlowSettings,
-                     TrainFilesConfig, MemorySettings, InfoNCESettings, SpanSettings, SelectionConfig, TrainConfig,
-                     ModelConfig, CorpusConfig, DataConfig, StageConfig):
+                     MatryoshkaSettings, CoSENTSettings, TrainFilesConfig, MemorySettings, InfoNCESettings, SpanSettings,
+                     SelectionConfig, TrainConfig, ModelConfig, CorpusConfig, DataConfig, StageConfig):
     """Every setting of a ``run_pretrain.py`` run (the bases, one per concern, in --help's order
     reversed)."""
 
@@ -141,7 +144,7 @@ def build_parser() -> cli.ArgumentParser:
 def parse(argv=None) -> PretrainConfig:
     """The run of ``argv``, resolved (see the module's docstring)."""
     parser = build_parser()
-    config = PretrainConfig(**vars(cli.parse_args(parser, argv))).on_device()
+    config = PretrainConfig(**vars(cli.parse_args(parser, argv, upgrade=upgrade_saved))).on_device()
     given = cli.given_flags(parser, argv)
     config = config.replace(**(saved_preset(config) if config.resume else preset_values(config, given)))
     config = config.replace(**data_from_init(config, given, parser), command=cli.command_line("run_pretrain.py", argv))
@@ -149,6 +152,12 @@ def parse(argv=None) -> PretrainConfig:
     config = config.replace(**stage_defaults(config))
     check(config)
     return config.replace(out_dir=config.out_dir or runs.default_out_dir(config.stage, config.method))
+
+
+def upgrade_saved(saved: dict) -> dict:
+    """--resume of a run written before a setting existed: the behaviour it ran with then (every
+    run drew its batches at random before --batch-sampler)."""
+    return {"batch_sampler": "random"} | saved
 
 
 def saved_preset(config: PretrainConfig) -> dict:
@@ -206,6 +215,8 @@ def stage_defaults(config: PretrainConfig) -> dict:
         raise UsageError(f"--method {method!r} is not a method of --stage {config.stage} "
                          f"(choose from {', '.join(methods)})")
     changes = {"method": method, "lr": STAGE_LR.get(config.stage) if config.lr is None else config.lr}
+    if config.stage != "whiten" and config.batch_sampler is None:
+        changes["batch_sampler"] = "no-duplicates" if objective_class(config.stage, method).no_duplicates else "random"
     if method == "simcse":
         changes["span_cap"] = 0
     return changes
@@ -226,7 +237,14 @@ def check(config: PretrainConfig) -> None:
             raise UsageError("--mini-batch-size is for the training stages: --stage whiten has no batches")
     if config.stage != "joint" and config.unfreeze_encoder:
         raise UsageError("--unfreeze-encoder is for --stage joint")
-    if config.mini_batch_size and not objective_class(config.stage, config.method).mini_batches:
+    cls = objective_class(config.stage, config.method) if config.stage != "whiten" else None
+    if config.matryoshka_dims and MatryoshkaSettings not in getattr(cls, "SETTINGS", ()):
+        raise UsageError(f"--matryoshka-dims is for the objectives that compare pairs of vectors "
+                         f"({MatryoshkaSettings.GROUP.split('(')[1].rstrip(')')}), not --stage {config.stage} "
+                         f"--method {config.method}")
+    if config.scale != CoSENTSettings.scale and CoSENTSettings not in getattr(cls, "SETTINGS", ()):
+        raise UsageError("--scale is for --stage supervised --method cosent|angle")
+    if config.mini_batch_size and not cls.mini_batches:
         raise UsageError(f"--mini-batch-size is for the objectives that compare a batch's sentence vectors "
                          f"({MINI_BATCH_METHODS}); --method {config.method}'s loss is a sum over each sentence's "
                          f"tokens, whose memory a cache of sentence vectors would not bound")

@@ -10,6 +10,7 @@ from ..utils.progress import MODES as PROGRESS_MODES
 from .fields import Settings, option
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+BATCH_SAMPLERS = ("random", "no-duplicates")
 LR_SCHEDULES = ("constant", "linear")
 
 
@@ -35,7 +36,15 @@ class TrainConfig(Settings):
     save_every: int | None = option(None, "steps between writes of last/, the checkpoint --resume continues from, "
                                           "without evaluating (default: --eval-every)", type=AT_LEAST_1)
     log_every: int = option(10, "steps between logged training scalars", type=AT_LEAST_1)
+    patience: int | None = option(None, "early stopping: end the run after this many evaluations without a better "
+                                        "selection metric (best/ is kept as it is; default: train every step)",
+                                  type=AT_LEAST_1)
     max_length: int = option(32, "tokens per sentence after truncation", type=AT_LEAST_1)
+    batch_sampler: str | None = option(None, "random: each epoch a seeded permutation of the examples; no-duplicates: "
+                                             "the same, but no text twice in a batch (default: no-duplicates for the "
+                                             "objectives whose in-batch negatives a repeated text would make false, "
+                                             "supervised SimCSE's NLI premises; random for the others)",
+                                       choices=BATCH_SAMPLERS)
     seed: int = option(11711, "seed of every random draw (data order, dropout, masks)", type=int)
     device: str | None = option(None, "cpu, cuda, cuda:N (default: cuda when available)")
     precision: str | None = option(None, "autocast precision (default: bf16 on a GPU that supports it, else fp32)",

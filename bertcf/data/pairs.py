@@ -44,7 +44,7 @@ class LabelledPairs:
 
 
 def pair_kind(path: Path) -> str:
-    """nli, qqp or sts: by the extension (.jsonl is NLI) or the header line."""
+    """nli, qqp, sts or triplets: by the extension (.jsonl is NLI) or the header line."""
     if path.suffix == ".jsonl":
         return "nli"
     with open_text(path, "training file", newline="\n") as handle:
@@ -54,6 +54,8 @@ def pair_kind(path: Path) -> str:
             raise not_text(path, error, "training file") from None
     if "gold_label" in header or header == ["premise", "hypothesis", "label"]:
         return "nli"
+    if header == ["anchor", "positive", "negative"]:  # mined hard negatives (bertcf.data.negatives)
+        return "triplets"
     if {"sentence1", "sentence2"} <= set(header):
         for kind, label in (("qqp", "is_duplicate"), ("sts", "similarity")):
             if label in header:
@@ -70,6 +72,10 @@ def read_pairs(paths) -> LabelledPairs:
     if len(set(kinds.values())) > 1:
         raise DataError("the training files are of different kinds: "
                         + ", ".join(f"{p} ({k})" for p, k in kinds.items()) + "; give files of one kind")
+    triplets = [str(p) for p, k in kinds.items() if k == "triplets"]
+    if triplets:
+        raise DataError(f"{', '.join(triplets)} holds (anchor, positive, negative) triplets, which --method simcse-sup "
+                        f"trains on, not labelled pairs")
     out = LabelledPairs(next(iter(kinds.values())))
     for path in paths:
         if out.kind == "nli":

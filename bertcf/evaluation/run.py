@@ -35,6 +35,10 @@ def run(config) -> dict:
     device = resolve_device(config.device)
     encoder = SentenceEncoder.from_pretrained(config.encoder, pooling=config.pooling, vocab=config.vocab).to(device)
     encoder.precision = resolve_precision(config.precision, device)
+    if config.truncate_dim and config.truncate_dim > encoder.output_dim:
+        raise UsageError(f"--truncate-dim {config.truncate_dim}: the encoder's vectors have {encoder.output_dim} "
+                         f"dimensions")
+    encoder.truncate_dim = config.truncate_dim  # every task encodes through encode(): scored at that width
     show = not config.no_progress and progress.resolve("auto") == "bar"
     result = evaluate(encoder, config.senteval_dir, tasks, config.mode, config.batch_size, config.max_length,
                       show_progress_bar=show, mrpc_features=config.mrpc_features, probe=config.probe,
@@ -45,6 +49,7 @@ def run(config) -> dict:
                                                  config.retrieval_score or model_score(config.encoder),
                                                  config.batch_size, show_progress_bar=show)
     result["encoder"] = str(config.encoder)
+    result["truncate_dim"] = config.truncate_dim
     result["environment"] = environment.collect(device, encoder.precision)  # what the scores were computed with
     print("\n".join(([format_table(result)] if tasks else []) + ([format_retrieval(result["retrieval"])]
                                                                   if retrieval else [])))

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 
+from ..errors import UsageError
 from ..runs import resolve_encoder_path
 from ..utils.files import atomic_path, write_json_atomic
 from ..utils.precision import autocast
@@ -80,6 +81,8 @@ class SentenceEncoder(nn.Module):
         self.max_length = max_length
         self.normalize = normalize  # encode() returns unit vectors (a sentence-transformers Normalize module)
         self.precision = None  # autocast in encode(): bf16|fp16|fp32; None: bf16 on a GPU that has it, else fp32
+        self.matryoshka_dims = None  # the widths it was trained at (Matryoshka), kept in its checkpoint
+        self.truncate_dim = None  # encode() returns the first k dimensions (after any normalisation)
 
     @property
     def dim(self) -> int:
@@ -121,13 +124,16 @@ class SentenceEncoder(nn.Module):
         return tokenize(self.tokenizer, sentences, self._max_length(max_length))
 
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
-               normalize: bool | None = None, max_length: int | None = None) -> torch.Tensor:
+               normalize: bool | None = None, max_length: int | None = None,
+               truncate_dim: int | None = None) -> torch.Tensor:
         """Encode sentences to a float32 CPU tensor [n, D] (a single string gives [D]).
 
         Runs in eval mode under ``torch.inference_mode``; sentences of similar length are
         batched together (less padding) and the rows come back in input order. The result
         is an ordinary tensor (not an inference tensor), so it can feed autograd (e.g. a flow
-        fitted on cached embeddings)."""
+        fitted on cached embeddings). ``truncate_dim`` (default the encoder's ``truncate_dim``):
+        the vectors' first k dimensions, after the normalisation, as sentence-transformers'
+        ``truncate_dim`` (a Matryoshka-trained model's smaller widths)."""
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
         if not sentences:
@@ -136,7 +142,18 @@ class SentenceEncoder(nn.Module):
         vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
         if self.normalize if normalize is None else normalize:
             vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        vectors = self.truncated(vectors, truncate_dim)
         return vectors[0] if single else vectors
+
+    def truncated(self, vectors: torch.Tensor, truncate_dim: int | None = None) -> torch.Tensor:
+        """``vectors`` [..., output_dim] cut to their first ``truncate_dim`` (default the encoder's
+        ``truncate_dim``; none: all) dimensions."""
+        k = truncate_dim or self.truncate_dim
+        if k is None:
+            return vectors
+        if not 1 <= k <= self.output_dim:
+            raise UsageError(f"--truncate-dim {k}: the encoder's vectors have {self.output_dim} dimensions")
+        return vectors[..., :k]
 
     def encode_ids(self, token_ids, batch_size: int = 64, precision: str | None = None,
                    show_progress_bar: bool = False) -> torch.Tensor:
@@ -178,6 +195,8 @@ class SentenceEncoder(nn.Module):
         self.tokenizer.save_pretrained(str(directory))
         meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None,
                 "normalize": self.normalize, "dense": self.dense is not None}
+        if self.matryoshka_dims:
+            meta["matryoshka_dims"] = list(self.matryoshka_dims)
         write_json_atomic(directory / ENCODER_FILE, meta)
         if self.flow is not None:
             with atomic_path(directory / FLOW_FILE) as tmp:
@@ -218,6 +237,8 @@ class SentenceEncoder(nn.Module):
         dense = st_format.read_dense(layout["dense"], flow.dim if flow is not None else bert.config.hidden_size) \
             if layout.get("dense") is not None else None
         settings = layout | meta  # this project's own file first
-        return cls(bert, tokenizer, pooling=pooling or settings.get("pooling", "mean"), flow=flow,
-                   max_length=max_length or settings.get("max_length", 128),
-                   normalize=bool(settings.get("normalize", False)), dense=dense)
+        encoder = cls(bert, tokenizer, pooling=pooling or settings.get("pooling", "mean"), flow=flow,
+                      max_length=max_length or settings.get("max_length", 128),
+                      normalize=bool(settings.get("normalize", False)), dense=dense)
+        encoder.matryoshka_dims = tuple(meta["matryoshka_dims"]) if meta.get("matryoshka_dims") else None
+        return encoder

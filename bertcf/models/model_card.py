@@ -64,6 +64,8 @@ def model_card(config: dict, metric: str, score: float, step: int, flow: bool = 
               f"- Steps: {config.get('steps')} (batch {config.get('batch_size')}, lr {config.get('lr')}, "
               f"seed {config.get('seed')})"),
              f"- Best dev metric: {metric} = {score:.4f} at step {step}",
+             *([f"- Matryoshka widths: {', '.join(map(str, config['matryoshka_dims']))} (trained at each: encode "
+                f"with `truncate_dim=k` for a smaller vector)"] if config.get("matryoshka_dims") else []),
              f"- Software: {environment.summary(software or environment.versions())} (the whole record, device "
              f"and CPU included: `environment.json` in the run directory)", ""]
     lines += (["## Evaluation", ""] + evaluation) if evaluation else []

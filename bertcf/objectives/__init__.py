@@ -9,7 +9,7 @@ a checkpoint keeps. ``bertcf.Trainer`` trains one; the bench times the same obje
   --stage joint:       joint (BERT-CF; --method simcse gives SimCSE-joint: span_cap 0)
   --stage flow:        flow (the flow alone: MinBERT-flow, Mirror-flow)
   --stage supervised:  sbert-softmax, sbert-cosine (Sentence-BERT), simcse-sup (supervised SimCSE),
-                       distill (knowledge distillation); each reads its own examples
+                       distill (knowledge distillation), cosent, angle; each reads its own examples
                        (``read_examples``: labelled pairs or triples from --train-file, or the
                        corpus with a teacher's vectors) instead of the corpus alone
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 from ..data.examples import Examples
 from .base import Objective
 from .bsl import BSL
+from .cosent import AnglE, CoSENT
 from .ct import ContrastiveTension
 from .distill import Distill
 from .joint import FlowOnly, Joint
@@ -33,7 +34,7 @@ OBJECTIVES = {"mirror": Mirror, "simcse": SimCSE, "bsl": BSL, "ct": ContrastiveT
               "mlm": MaskedLM}
 #: ``--method`` of ``--stage supervised`` -> its objective (``supervised.Supervised``).
 SUPERVISED = {"sbert-softmax": SBERTSoftmax, "sbert-cosine": SBERTCosine, "simcse-sup": SupervisedSimCSE,
-              "distill": Distill}
+              "distill": Distill, "cosent": CoSENT, "angle": AnglE}
 #: Each stage's methods; the first is its default.
 METHODS = {"mirror": tuple(OBJECTIVES), "joint": ("mirror", "simcse"), "flow": ("flow",),
            "supervised": tuple(SUPERVISED)}
@@ -49,4 +50,4 @@ def objective_class(stage: str, method: str) -> type[Objective]:
 
 __all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "MINI_BATCH_METHODS", "Examples", "Objective", "objective_class",
            "Mirror", "SimCSE", "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE", "MaskedLM", "SBERTSoftmax",
-           "SBERTCosine", "SupervisedSimCSE", "Distill"]
+           "SBERTCosine", "SupervisedSimCSE", "Distill", "CoSENT", "AnglE"]

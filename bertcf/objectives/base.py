@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..config.fields import Settings
 from ..errors import UsageError
@@ -78,6 +79,7 @@ class Objective(nn.Module):
     uses_dense = False
     needs_text = False
     mini_batches = False
+    no_duplicates = False  # batches without a repeated text by default (``TrainConfig.batch_sampler``)
     SETTINGS: tuple[type[Settings], ...] = ()  # the families of settings this objective takes
     #: Its own keywords that a pretraining run fills from the run's settings (``training.pretraining``):
     #: mlp (--pooling cls-mlp), max_length (--max-length), checkpoint (--init or --model).
@@ -119,6 +121,28 @@ class Objective(nn.Module):
         for family in cls.SETTINGS:
             values |= family(**family.pick(settings)).to_dict()
         return SimpleNamespace(**values)
+
+    def matryoshka_widths(self, width: int) -> None:
+        """Check --matryoshka-dims (``matryoshka_dims``, when this objective takes them) against
+        ``width``, the vectors' width, and record them in the encoder (its checkpoint keeps them)."""
+        dims = getattr(self.settings, "matryoshka_dims", None)
+        if dims and max(dims) > width:
+            raise UsageError(f"--matryoshka-dims {max(dims)} is wider than the {width} dimensions of "
+                             f"{type(self).__name__}'s vectors")
+        self.encoder.matryoshka_dims = tuple(dims) if dims else None
+
+    def at_widths(self, loss_fn, vectors: list[torch.Tensor], labels=None) -> torch.Tensor:
+        """``loss_fn(vectors, labels)``, or with --matryoshka-dims the weighted sum of it over the
+        widths, as sentence-transformers' MatryoshkaLoss computes it: at width k each vector's first
+        k dimensions, L2-normalised, and labels that are vectors of the same width (a teacher's)
+        cut to their first k."""
+        dims = getattr(self.settings, "matryoshka_dims", None)
+        if not dims:
+            return loss_fn(vectors, labels)
+        weights = self.settings.matryoshka_weights or (1.0,) * len(dims)
+        cut = labels is not None and labels.ndim >= 2 and labels.shape[-1] == vectors[0].shape[-1]
+        return sum(w * loss_fn([F.normalize(v[..., :k], dim=-1) for v in vectors], labels[..., :k] if cut else labels)
+                   for k, w in zip(dims, weights))
 
     def description(self) -> dict:
         """What the objective is, with its settings (a run's config.json from the Python API)."""

@@ -18,6 +18,7 @@ from ..utils import progress
 from ..utils.distributed import dist_info
 from ..utils.files import save_tensors_atomic
 from ..data.examples import Examples
+from .settings import MatryoshkaSettings
 from .supervised import Supervised
 
 CACHE_VERSION = "1"  # part of every cache key: bump it when what a cached file holds changes
@@ -106,10 +107,12 @@ class Distill(Supervised):
 
     MSE the mean over the b rows and D' dimensions, as sentence-transformers' MSELoss; with one
     column, loss = MSE(P f(s), T(s)): the teacher distilled into the student. ``width``: D' (default:
-    the student's own output width); ``columns``: 1 (sentences) or 2 (parallel pairs).
+    the student's own output width); ``columns``: 1 (sentences) or 2 (parallel pairs). Settings:
+    ``MatryoshkaSettings`` (the teacher's vectors cut to each width, as sentence-transformers').
     """
 
     uses_dense = True  # the projection is trained here, and part of the student
+    SETTINGS = (MatryoshkaSettings,)
 
     def __init__(self, encoder, *, width: int | None = None, columns: int = 1, **settings):
         super().__init__(encoder, **settings)
@@ -120,6 +123,7 @@ class Distill(Supervised):
         if encoder.dense is None and encoder.dim != width:
             encoder.dense = nn.Linear(encoder.dim, width)  # PyTorch's initialisation, as sentence-transformers' Dense
         self.columns = columns
+        self.matryoshka_widths(width)
 
     @classmethod
     def reads_corpus(cls, config) -> bool:
@@ -161,7 +165,7 @@ class Distill(Supervised):
             raise UsageError("distill needs the teacher's vectors (labels)")
         target = self.local_labels(labels, ids.shape[0] // self.columns, rank, world).float()
         students = [self.student(u) for u in self.column_embeddings(ids, mask, self.columns, rank, world)]
-        loss = torch.stack([F.mse_loss(s, target) for s in students]).mean()
+        loss = self.at_widths(lambda s, t: torch.stack([F.mse_loss(c, t) for c in s]).mean(), students, target)
         with torch.no_grad():
             scalars = {"mse_source": F.mse_loss(students[0], target),
                        "teacher_cosine": F.cosine_similarity(students[0], target).mean()}

@@ -9,7 +9,7 @@ from minbert import pad_batch
 from ..utils.distributed import local_rows
 from .base import Objective, pair_scalars
 from .contrastive import InfoNCE, char_span_mask, span_mask
-from .settings import InfoNCESettings, SpanSettings
+from .settings import InfoNCESettings, MatryoshkaSettings, SpanSettings
 
 
 def simcse_mlp(encoder, mlp: bool):
@@ -41,7 +41,8 @@ class Mirror(Objective):
         one-sided, SimCSE's b, or Mirror-BERT's NT-Xent over the 2b views; under torch.distributed
         the candidates come from the global batch).
 
-    Settings: ``SpanSettings`` and ``InfoNCESettings`` (``objectives.settings``); ``mlp=True``
+    Settings: ``SpanSettings``, ``InfoNCESettings`` and ``MatryoshkaSettings`` (the loss at several
+    widths; ``objectives.settings``); ``mlp=True``
     (``--pooling cls-mlp``, SimCSE's training head): u = tanh(W [CLS] + c), an MLP the objective
     owns; evaluation and the checkpoint use [CLS] without it (the encoder pools ``cls``).
     ``max_length``: the tokens of a view made on the text (``--span-unit char``; the run's
@@ -52,7 +53,7 @@ class Mirror(Objective):
     """
 
     mini_batches = True
-    SETTINGS = (SpanSettings, InfoNCESettings)
+    SETTINGS = (SpanSettings, InfoNCESettings, MatryoshkaSettings)
     RUN_SETTINGS = ("mlp", "max_length")
 
     def __init__(self, encoder, *, mlp: bool = False, max_length: int = 32, generator=None, mini_batch_size=None,
@@ -63,6 +64,7 @@ class Mirror(Objective):
         self.max_length = max_length
         self.info_nce = InfoNCE(temperature=s.temperature, negatives=s.negatives)
         self.mlp = simcse_mlp(encoder, mlp)
+        self.matryoshka_widths(encoder.output_dim)
 
     @property
     def needs_text(self) -> bool:
@@ -91,7 +93,7 @@ class Mirror(Objective):
 
     def loss(self, ids, mask, special, rank=0, world=1, texts=None):
         u, u_masked = self.views(ids, mask, special, rank, world, texts)
-        return self.info_nce(u, u_masked), pair_scalars(u, u_masked)
+        return self.at_widths(lambda v, _: self.info_nce(*v), [u, u_masked]), pair_scalars(u, u_masked)
 
 
 class SimCSE(Mirror):

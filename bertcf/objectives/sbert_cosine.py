@@ -6,6 +6,7 @@ import torch.nn.functional as F
 
 from ..errors import UsageError
 from ..data.examples import Examples
+from .settings import MatryoshkaSettings
 from .supervised import Supervised, read_labelled, sts_train_default
 
 #: What a pair file's labels are divided by to give the target in [0, 1].
@@ -24,7 +25,14 @@ class SBERTCosine(Supervised):
 
     --train-file defaults to the CS224N STS training file of --data-dir. That split holds pairs
     of STS-B's test set, so an STS-B test score after it is not a held-out number.
+    Settings: ``MatryoshkaSettings``.
     """
+
+    SETTINGS = (MatryoshkaSettings,)
+
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
+        self.matryoshka_widths(encoder.output_dim)
 
     @classmethod
     def read_examples(cls, config, corpus) -> Examples:
@@ -39,7 +47,8 @@ class SBERTCosine(Supervised):
         u, v = self.column_embeddings(ids, mask, 2, rank, world)
         y = self.local_labels(labels, ids.shape[0] // 2, rank, world).float()
         cosine = F.cosine_similarity(u.float(), v.float())
-        loss = F.mse_loss(cosine, y)
+        loss = self.at_widths(lambda w, gold: F.mse_loss(F.cosine_similarity(w[0].float(), w[1].float()), gold),
+                              [u, v], y)
         with torch.no_grad():
             scalars = {"pair_cosine": cosine.mean(), "gold": y.mean()}
         return loss, scalars

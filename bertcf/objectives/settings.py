@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, checked
+from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, checked, comma_list
 from ..config.fields import Settings, option
+from ..errors import UsageError
 from ..models.flow import FLOW_LOSS_UNITS, PERMUTATIONS
 from .contrastive import NEGATIVES
 
 CONTRASTIVE = "contrastive (mirror, simcse, joint, bsl)"
+SUPERVISED = "supervised (--stage supervised)"
 FLOW = "flow (--stage joint and flow)"
 OTHERS = "bsl, ct, tsdae, mlm (--stage mirror)"
 SPAN_UNITS = ("token", "char")
@@ -106,3 +108,35 @@ class MemorySettings(Settings):
         None, "embed the batch M rows at a time and cache the loss's gradient on the sentence vectors (GradCache): "
               "the encoder holds M rows' activations whatever --batch-size, the update is the whole batch's, and a "
               "step costs one more forward pass of the encoder", type=AT_LEAST_1, metavar="M")
+
+
+@dataclass(frozen=True)
+class CoSENTSettings(Settings):
+    """CoSENT's and AnglE's ranking of the batch's pairs."""
+
+    GROUP = SUPERVISED
+    scale: float = option(20.0, "cosent, angle: the scale of the score differences, an inverse temperature "
+                                "(sentence-transformers' 20)", type=POSITIVE)
+
+
+WIDTHS = comma_list(int, lambda v: all(d >= 1 for d in v) and len(set(v)) == len(v),
+                    "comma-separated distinct widths of at least 1, e.g. 384,256,128,64")
+WEIGHTS = comma_list(float, lambda v: all(w >= 0 for w in v), "comma-separated weights >= 0, e.g. 1,1,1,1")
+
+
+@dataclass(frozen=True)
+class MatryoshkaSettings(Settings):
+    """Matryoshka representation learning (Kusupati et al. 2022): the loss at several widths."""
+
+    GROUP = "matryoshka (mirror, simcse, simcse-sup, sbert-cosine, cosent, angle, distill)"
+    matryoshka_dims: tuple[int, ...] | None = option(
+        None, "train at several nested widths at once: the loss summed over the widths, each on the vectors' first k "
+              "dimensions, L2-normalised (as sentence-transformers' MatryoshkaLoss), e.g. 384,256,128,64", type=WIDTHS)
+    matryoshka_weights: tuple[float, ...] | None = option(
+        None, "the weight of each width's loss, in the order of --matryoshka-dims (default: 1 each)", type=WEIGHTS)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.matryoshka_weights is not None and len(self.matryoshka_weights) != len(self.matryoshka_dims or ()):
+            raise UsageError(f"--matryoshka-weights gives {len(self.matryoshka_weights)} weights for "
+                             f"{len(self.matryoshka_dims or ())} --matryoshka-dims")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..data.negatives import read_triplets
 from ..data.nli import nli_triples, read_nli
 from ..data.pairs import pair_kind
 from ..errors import DataError, UsageError
@@ -10,7 +11,7 @@ from ..data.examples import Examples
 from .base import pair_scalars
 from .contrastive import InfoNCE
 from .mirror import simcse_mlp
-from .settings import InfoNCESettings
+from .settings import InfoNCESettings, MatryoshkaSettings
 from .supervised import Supervised, train_files
 
 
@@ -28,7 +29,7 @@ class SupervisedSimCSE(Supervised):
         --negatives simcse is the published loss (``--preset simcse-sup``). Under torch.distributed
         the candidates come from the global batch.
 
-    Settings: ``InfoNCESettings``; ``mlp=True`` (``--pooling cls-mlp``): SimCSE's MLP over [CLS] in
+    Settings: ``InfoNCESettings``, ``MatryoshkaSettings``; ``mlp=True`` (``--pooling cls-mlp``): SimCSE's MLP over [CLS] in
     training (h = tanh(W [CLS] + c)); the encoder and its checkpoint keep [CLS] without it.
 
     ``--mini-batch-size``: the three columns go through the encoder M rows at a time with the
@@ -36,20 +37,29 @@ class SupervisedSimCSE(Supervised):
     """
 
     mini_batches = True
-    SETTINGS = (InfoNCESettings,)
+    no_duplicates = True  # a premise recurs in its triples: as another row's negative it would be a false one
+    SETTINGS = (InfoNCESettings, MatryoshkaSettings)
     RUN_SETTINGS = ("mlp",)
 
     def __init__(self, encoder, *, mlp: bool = False, **settings):
         super().__init__(encoder, **settings)
         self.info_nce = InfoNCE(temperature=self.settings.temperature, negatives=self.settings.negatives)
         self.mlp = simcse_mlp(encoder, mlp)
+        self.matryoshka_widths(encoder.output_dim)
 
     @classmethod
     def read_examples(cls, config, corpus) -> Examples:
         files = train_files(config)
-        other = [f"{f} ({kind})" for f in files if (kind := pair_kind(f)) != "nli"]
-        if other:
-            raise UsageError(f"--method simcse-sup trains on NLI triples, and {', '.join(other)} is not NLI")
+        kinds = {f: pair_kind(f) for f in files}
+        other = [f"{f} ({kind})" for f, kind in kinds.items() if kind not in ("nli", "triplets")]
+        if other or len(set(kinds.values())) > 1:
+            raise UsageError(f"--method simcse-sup trains on NLI files or on (anchor, positive, negative) triplets "
+                             f"(python -m bertcf.data mine-negatives), of one kind: {', '.join(other) or 'mixed'}")
+        if "triplets" in kinds.values():
+            triples = [t for f in files for t in read_triplets(f)]
+            return Examples([list(c) for c in zip(*triples)], None, (),
+                            f"{len(triples):,} (anchor, positive, mined negative) triplets from "
+                            f"{', '.join(map(str, files))}")
         examples = [e for f in files for e in read_nli(f)]
         triples = nli_triples(examples)
         if not triples:
@@ -70,7 +80,7 @@ class SupervisedSimCSE(Supervised):
 
     def loss(self, ids, mask, special, rank=0, world=1, labels=None):
         anchors, positives, negatives = self.views(ids, mask, rank, world)
-        loss = self.info_nce(anchors, positives, negatives)
+        loss = self.at_widths(lambda v, _: self.info_nce(*v), [anchors, positives, negatives])
         with torch.no_grad():
             scalars = pair_scalars(anchors, positives)
             scalars["hard_negative_cosine"] = torch.nn.functional.cosine_similarity(

@@ -80,6 +80,7 @@ class TrainingLoop:
         self.upgrade_state = upgrade_state
         self.rank, self.world = dist_info()
         self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
+        self.stale = 0  # evaluations since the best one (--patience)
         self.scaler = torch.amp.GradScaler("cuda", enabled=config.precision == "fp16")
         self._stop = False
         self.stop_signal = None   # the name of the signal that stopped the run (SIGINT, SIGTERM)
@@ -89,6 +90,7 @@ class TrainingLoop:
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"step": self.step, "best": self.best, "best_step": self.best_step, "first_score": self.first_score,
+                "stale": self.stale,
                 "modules": {k: m.state_dict() for k, m in self.modules.items()},
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(),
@@ -98,7 +100,7 @@ class TrainingLoop:
 
     def load_state_dict(self, state: dict) -> None:
         self.step, self.best, self.best_step = state["step"], state["best"], state["best_step"]
-        self.first_score = state["first_score"]
+        self.first_score, self.stale = state["first_score"], state.get("stale", 0)  # none before --patience
         for k, m in self.modules.items():
             m.load_state_dict(state["modules"][k])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -161,8 +163,9 @@ class TrainingLoop:
             score = metrics[self.metric]
             if self.first_score is None:
                 self.first_score = score
+            self.stale += 1
             if score > self.best:
-                self.best, self.best_step = score, self.step
+                self.best, self.best_step, self.stale = score, self.step, 0
 
                 def write_best(tmp):
                     self.save_model(tmp)
@@ -219,6 +222,8 @@ class TrainingLoop:
                 if self.step % config.eval_every == 0 or self.step == config.steps:
                     self._evaluate_and_keep_best()
                     self.save_last()
+                    if self._out_of_patience():
+                        break
                 elif stop or self.step % save_every == 0:
                     self.save_last()
                 if stop:
@@ -239,7 +244,20 @@ class TrainingLoop:
                       f"checkpoint in {last}; continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
         self.run.close()
         return {"step": self.step, "first": self.first_score, "best": self.best, "best_step": self.best_step,
-                "interrupted": interrupted, "signal": self.stop_signal if interrupted else None}
+                "interrupted": interrupted, "signal": self.stop_signal if interrupted else None,
+                "stopped_early": self.step < config.steps and not interrupted}
+
+    def _out_of_patience(self) -> bool:
+        """--patience P: whether the last P evaluations found no better score (rank 0 decides, every
+        rank stops); says so in one line."""
+        patience = getattr(self.config, "patience", None)
+        stop = [bool(patience) and self.rank == 0 and self.stale >= patience]
+        if self.world > 1:
+            torch.distributed.broadcast_object_list(stop, src=0)
+        if stop[0] and self.rank == 0:
+            print(f"early stop at step {self.step}: no better {self.metric} in {patience} evaluations "
+                  f"(--patience {patience}); best {self.best:.4f} at step {self.best_step}", file=sys.stderr)
+        return stop[0]
 
     def _watch(self, loss) -> None:
         """Remember the first non-finite or diverging loss, on the device (no sync per step)."""

@@ -43,3 +43,53 @@ class EpochSampler:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.position = state["epoch"], state["position"]
         self._order = self._permutation()
+
+
+class NoDuplicatesSampler:
+    """An endless stream of batches in which no text appears twice (sentence-transformers'
+    NoDuplicatesBatchSampler, for losses whose in-batch negatives a repeated text would make false:
+    NLI premises recur across their triples).
+
+    Each epoch is a seeded permutation, as ``EpochSampler``'s; a batch takes the next examples in
+    that order whose texts (every column's) are not in the batch yet, and an example it skips
+    stays, in its place, for a later batch. A batch the epoch's remaining examples cannot fill goes
+    on into the next epoch's permutation. Its state is the epoch and the examples it has left, so
+    a resumed run draws exactly the batches an uninterrupted one would."""
+
+    def __init__(self, texts: list[tuple[str, ...]], seed: int):
+        if not texts:
+            raise UsageError("no examples to train on")
+        self.texts, self.seed = texts, seed
+        self.epoch, self.remaining = 0, self._permutation(0)
+
+    def _permutation(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed + 1_000_003 * epoch)
+        return torch.randperm(len(self.texts), generator=g).tolist()
+
+    def _take(self, candidates: list[int], k: int, batch: list[int], seen: set) -> list[int]:
+        """Add to ``batch`` the ``candidates`` whose texts ``seen`` lacks, up to k; return the others."""
+        left = []
+        for i in candidates:
+            if len(batch) < k and not seen.intersection(self.texts[i]):
+                batch.append(i)
+                seen.update(self.texts[i])
+            else:
+                left.append(i)
+        return left
+
+    def next(self, k: int) -> list[int]:
+        batch, seen = [], set()
+        self.remaining = self._take(self.remaining, k, batch, seen)
+        if len(batch) < k:  # the epoch is spent: the next one's permutation, after what this one left
+            self.epoch += 1
+            self.remaining = self.remaining + self._take(self._permutation(self.epoch), k, batch, seen)
+        if len(batch) < k:
+            raise UsageError(f"a batch of {k} examples without a repeated text cannot be made: the data has too few "
+                             f"distinct texts (give a smaller --batch-size, or --batch-sampler random)")
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "remaining": list(self.remaining)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.remaining = state["epoch"], list(state["remaining"])

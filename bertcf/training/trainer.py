@@ -22,7 +22,7 @@ from ..utils.distributed import dist_info, wrap_ddp
 from ..utils.files import recover_dir
 from .loop import TrainingLoop
 from .optim import make_optimizer, make_scheduler
-from .sampler import EpochSampler
+from .sampler import EpochSampler, NoDuplicatesSampler
 
 #: Held-out sentences for an objective's own metrics (MLM's accuracy), at most this many.
 HELDOUT_SENTENCES = 512
@@ -103,7 +103,7 @@ class Trainer:
         device = torch.device(device or config.device)
         objective.to(device)
         columns, batch = self._batches()
-        sampler = EpochSampler(len(examples), seed=config.seed)
+        sampler = self._sampler()
         if config.compile:  # minBERT layer by layer, in place, so evaluation runs compiled too
             self.encoder.bert.compile_layers()
         # What the step calls: under torchrun a DistributedDataParallel wrapper (gradients averaged
@@ -130,6 +130,13 @@ class Trainer:
                 self.encoder.bert.load_hf_state_dict(load_state_dict_file(last / "model.safetensors"), source=str(last))
             loop.resume()
         return loop.fit(step_fn, after_step=objective.after_step)
+
+    def _sampler(self):
+        """The data order: ``config.batch_sampler``, by default the objective's (``no_duplicates``)."""
+        kind = self.config.batch_sampler or ("no-duplicates" if self.objective.no_duplicates else "random")
+        if kind == "no-duplicates":
+            return NoDuplicatesSampler(list(zip(*self.examples.columns)), seed=self.config.seed)
+        return EpochSampler(len(self.examples), seed=self.config.seed)
 
     def _optimizer(self, device):
         optimizer = make_optimizer(self.objective.parameter_groups(), self.config.lr, self.config.weight_decay, device)

@@ -1,0 +1,220 @@
+"""Hard negatives mined for (query, positive) pairs (``mine``): for each query, the corpus entries
+an encoder ranks nearest that are not one of its positives, filtered and drawn as
+sentence-transformers' ``mine_hard_negatives`` does (rank range, score bounds, an absolute or
+relative margin to the positive, the top ones or a random draw), by exact search in chunks so that
+memory stays bounded on a large corpus; written as (anchor, positive, negative) rows
+(``write_triplets``) that supervised SimCSE trains on (``read_triplets``).
+
+The pairs come from a file of ``query<TAB>positive`` lines, an NLI file's entailment pairs, or a
+set in BEIR's layout (its queries and relevant documents, its corpus the candidates)."""
+from __future__ import annotations
+
+import csv
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import DataError, UsageError
+from ..utils.files import write_text_atomic
+from .nli import read_nli
+from .reading import not_text, open_text
+
+TRIPLET_HEADER = ("anchor", "positive", "negative")
+
+
+@dataclass(frozen=True)
+class Mining:
+    """How negatives are chosen, with ``mine_hard_negatives``' meaning and defaults: of the
+    candidates ranked ``range_min`` to ``range_max`` (default: ``range_min + num_negatives`` plus
+    the most positives a query has, ten times the negatives when a margin or ``max_score`` may
+    reject some), those scoring at most ``max_score`` and at least ``min_score``, and at least
+    ``absolute_margin`` below the query's lowest positive score, or ``relative_margin`` of its
+    magnitude below it; then the ``num_negatives`` best (``sampling`` "top") or a draw among them
+    ("random", seeded by ``seed``)."""
+
+    num_negatives: int = 3
+    range_min: int = 0
+    range_max: int | None = None
+    max_score: float | None = None
+    min_score: float | None = None
+    absolute_margin: float | None = None
+    relative_margin: float | None = None
+    sampling: str = "top"
+    seed: int = 0
+    chunk_size: int = 16384  # queries (and corpus entries) scored at once
+
+    def window(self, max_positives: int) -> int:
+        """``range_max`` (its default computed as the docstring says), checked."""
+        wide = any(v is not None for v in (self.absolute_margin, self.relative_margin, self.max_score))
+        range_max = self.range_max or self.range_min + self.num_negatives * (10 if wide else 1) + max_positives
+        if self.num_negatives < 1 or self.range_min < 0 or self.range_min >= range_max:
+            raise UsageError(f"--range-min {self.range_min} and --range-max {range_max} leave no candidate rank")
+        if self.num_negatives > range_max - self.range_min:
+            raise UsageError(f"--num-negatives {self.num_negatives}: only {range_max - self.range_min} candidate ranks "
+                             f"between --range-min {self.range_min} and --range-max {range_max}")
+        return range_max
+
+
+# ---- the pairs --------------------------------------------------------------------------------------
+def read_query_pairs(path) -> tuple[list[str], list[str]]:
+    """(queries, positives) of a file of ``query<TAB>positive`` lines (a first line ``query<TAB>positive``
+    or ``anchor<TAB>positive`` is a header); blank lines are skipped."""
+    path, queries, positives = Path(path), [], []
+    with open_text(path, "pairs file", newline="\n") as handle:
+        try:
+            for number, line in enumerate(handle, start=1):
+                fields = [f.strip() for f in line.rstrip("\r\n").split("\t")]
+                if not any(fields) or (number == 1 and fields[1:2] == ["positive"]):
+                    continue
+                if len(fields) != 2 or not all(fields):
+                    raise DataError(f"{path} line {number}: expected query<TAB>positive, found {len(fields)} "
+                                    f"tab-separated field(s)" + ("" if len(fields) != 2 else " with a blank one"))
+                queries.append(fields[0])
+                positives.append(fields[1])
+        except UnicodeDecodeError as error:
+            raise not_text(path, error, "pairs file") from None
+    if not queries:
+        raise DataError(f"{path} holds no (query, positive) pairs")
+    return queries, positives
+
+
+def nli_pairs(path) -> tuple[list[str], list[str]]:
+    """(premises, hypotheses) of an NLI file's entailment pairs."""
+    pairs = [(e.premise, e.hypothesis) for e in read_nli(path) if e.label == 0]
+    if not pairs:
+        raise DataError(f"{path}: no entailment pairs, so no (query, positive) pairs to mine negatives for")
+    return [p for p, _ in pairs], [h for _, h in pairs]
+
+
+def beir_pairs(directory) -> tuple[list[str], list[str], list[str]]:
+    """(queries, positives, corpus) of a set in BEIR's layout: each query with each document its
+    qrels call relevant (score > 0); the corpus is every document."""
+    from .beir import load
+
+    data = load(directory)
+    pairs = [(data.queries[q], data.corpus[d]) for q, docs in data.qrels.items() if q in data.queries
+             for d, score in docs.items() if score > 0 and d in data.corpus]
+    if not pairs:
+        raise DataError(f"{directory}: no query has a relevant document in the corpus")
+    return [q for q, _ in pairs], [p for _, p in pairs], list(data.corpus.values())
+
+
+# ---- the search -------------------------------------------------------------------------------------
+def nearest(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` highest scores of each query row against the corpus rows (dot products: unit vectors
+    give cosines) and their corpus indices, [q, k] each, best first; computed ``chunk`` queries
+    against ``chunk`` corpus rows at a time, the running best kept, so memory stays O(chunk^2 + q k).
+    A corpus of fewer than k rows pads with -inf and index -1."""
+    scores_out, indices_out = [], []
+    for q0 in range(0, len(queries), chunk):
+        q = queries[q0:q0 + chunk]
+        best_s = q.new_full((len(q), 0), float("-inf"))
+        best_i = torch.empty(len(q), 0, dtype=torch.long)
+        for c0 in range(0, len(corpus), chunk):
+            s = q @ corpus[c0:c0 + chunk].T
+            both_s = torch.cat([best_s, s], dim=1)
+            both_i = torch.cat([best_i, torch.arange(c0, c0 + s.shape[1]).expand(len(q), -1)], dim=1)
+            best_s, pos = torch.topk(both_s, min(k, both_s.shape[1]), dim=1)
+            best_i = both_i.gather(1, pos)
+        if best_s.shape[1] < k:
+            pad = k - best_s.shape[1]
+            best_s = torch.cat([best_s, best_s.new_full((len(q), pad), float("-inf"))], dim=1)
+            best_i = torch.cat([best_i, best_i.new_full((len(q), pad), -1)], dim=1)
+        scores_out.append(best_s)
+        indices_out.append(best_i)
+    return torch.cat(scores_out), torch.cat(indices_out)
+
+
+def mine(queries: list[str], positives: list[str], corpus: list[str] | None, embed,
+         settings: Mining = Mining()) -> list[tuple[str, str, str]]:
+    """(anchor, positive, negative) rows: for each (query, positive) pair (a query with several
+    positives has them all as positives), its ``num_negatives`` mined negatives, one row each, in
+    the order of the queries' first appearance, then their positives', then the negatives' rank.
+    ``corpus``: the candidates besides the positives (None: the positives alone). ``embed(texts)``:
+    their unit vectors [n, D]. A query whose candidates the filters exhaust gets fewer rows."""
+    corpus = list(dict.fromkeys((corpus or []) + positives))
+    where = {text: i for i, text in enumerate(corpus)}
+    unique = list(dict.fromkeys(queries))
+    counts = {}
+    for q in queries:
+        counts[q] = counts.get(q, 0) + 1
+    own: dict[str, list[int]] = {q: [] for q in unique}
+    for q, p in zip(queries, positives):
+        if where[p] not in own[q]:
+            own[q].append(where[p])
+    range_max = settings.window(max(counts.values()))
+    query_vectors, corpus_vectors = embed(unique).float(), embed(corpus).float()
+    scores, indices = nearest(query_vectors, corpus_vectors, range_max + max(counts.values()), settings.chunk_size)
+    floor = torch.stack([(query_vectors[i:i + 1] @ corpus_vectors[own[q]].T).min() for i, q in enumerate(unique)])
+    scores = filtered(scores, indices, [own[q] for q in unique], floor, settings)
+    negatives, negative_scores = choose(scores, indices, range_max, settings)
+    return [(q, corpus[p], corpus[int(n)]) for i, q in enumerate(unique) for p in own[q]
+            for n, s in zip(negatives[i], negative_scores[i]) if s != float("-inf")]
+
+
+def filtered(scores, indices, positives: list[list[int]], floor, s: Mining) -> torch.Tensor:
+    """``scores`` with -inf for every candidate that may not be a negative: padding, a positive of
+    its query, and those the margins (to ``floor``, each query's lowest positive score) and the
+    score bounds reject."""
+    scores = scores.clone()
+    scores[indices == -1] = float("-inf")
+    for i, own in enumerate(positives):
+        scores[i, torch.isin(indices[i], torch.tensor(own))] = float("-inf")
+    floor = floor[:, None]
+    if s.absolute_margin is not None:
+        scores[scores + s.absolute_margin > floor] = float("-inf")
+    if s.relative_margin is not None:
+        scores[scores > floor - floor.abs() * s.relative_margin] = float("-inf")
+    if s.max_score is not None:
+        scores[scores > s.max_score] = float("-inf")
+    if s.min_score is not None:
+        scores[scores < s.min_score] = float("-inf")
+    return scores
+
+
+def choose(scores, indices, range_max: int, s: Mining) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each query's negatives [q, num_negatives] and their scores: the best ``range_max`` candidates
+    after the filters, without the first ``range_min``, then the top ones or a seeded draw among
+    the valid ones (the draw's order: by score)."""
+    best, local = torch.topk(scores, k=range_max, dim=1)
+    chosen = indices.gather(1, local)[:, s.range_min:]
+    best = best[:, s.range_min:]
+    if s.sampling == "top":
+        return chosen[:, :s.num_negatives], best[:, :s.num_negatives]
+    g = torch.Generator().manual_seed(s.seed)
+    rows = []
+    for row_scores in best:
+        options = max(int(torch.isfinite(row_scores).sum()), s.num_negatives)
+        rows.append(torch.randperm(options, generator=g)[:s.num_negatives].sort().values)
+    picked = torch.stack(rows)
+    return chosen.gather(1, picked), best.gather(1, picked)
+
+
+# ---- the triplet files ------------------------------------------------------------------------------
+def write_triplets(path, rows: list[tuple[str, str, str]]) -> None:
+    """``anchor<TAB>positive<TAB>negative`` lines under that header, written atomically."""
+    if not rows:
+        raise DataError("no query got a negative: nothing to write (loosen --range-max, --max-score or the margins)")
+    lines = ["\t".join(TRIPLET_HEADER)] + ["\t".join(t.replace("\t", " ").replace("\n", " ") for t in row)
+                                          for row in rows]
+    write_text_atomic(path, "\n".join(lines) + "\n")
+
+
+def read_triplets(path: str | os.PathLike) -> list[tuple[str, str, str]]:
+    """The (anchor, positive, negative) rows of a file ``write_triplets`` wrote."""
+    path = Path(path)
+    with open_text(path, "triplets file", newline="") as handle:
+        try:
+            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+        except UnicodeDecodeError as error:
+            raise not_text(path, error, "triplets file") from None
+    if not rows or tuple(rows[0]) != TRIPLET_HEADER:
+        raise DataError(f"{path} line 1: expected the header anchor<TAB>positive<TAB>negative")
+    for number, row in enumerate(rows[1:], start=2):
+        if len(row) != 3 or not all(f.strip() for f in row):
+            raise DataError(f"{path} line {number}: expected anchor<TAB>positive<TAB>negative")
+    if len(rows) == 1:
+        raise DataError(f"{path} holds no triplets")
+    return [tuple(r) for r in rows[1:]]
