@@ -31,6 +31,7 @@ from ..objectives.settings import (
     SpanSettings,
     TSDAESettings,
 )
+from ..training.sampler import MIX_SAMPLINGS
 from ..training.whiten import METHOD as WHITEN_METHOD
 from ..training.whiten import WHITEN_ON
 from ..utils.distributed import launch_world_size
@@ -40,9 +41,12 @@ from .fields import Settings, derived, option, redefault
 from .model import ModelConfig
 from .train import TrainConfig
 
-STAGES = tuple(OBJECTIVE_METHODS) + ("whiten",)
-METHODS = OBJECTIVE_METHODS | {"whiten": (WHITEN_METHOD,)}
-STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4, "supervised": 2e-5}  # whiten has no optimiser
+STAGES = tuple(OBJECTIVE_METHODS) + ("whiten", "mix")
+METHODS = OBJECTIVE_METHODS | {"whiten": (WHITEN_METHOD,), "mix": ("mix",)}
+STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4, "supervised": 2e-5, "mix": 1e-4}  # whiten: no optimiser
+#: The methods a mixture's part may be: a corpus's (--stage mirror) or a labelled file's (--stage supervised).
+MIX_METHODS = {m: "mirror" for m in OBJECTIVE_METHODS["mirror"]} | {
+    m: "supervised" for m in OBJECTIVE_METHODS["supervised"] if m != "distill"}
 #: --select-on -> the evaluation's metric that picks best/.
 SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy",
              "last": "last_step"}
@@ -59,7 +63,8 @@ class StageConfig(Settings):
     stage: str = option("mirror", "the report's stages: mirror pretrains the encoder (by --method), joint learns a "
                                   "flow on it by BERT-CF's loss, flow a flow by L_flow alone; supervised trains the "
                                   "encoder on labelled pairs or by a teacher (not the report's); whiten fits "
-                                  "BERT-whitening (Su et al. 2021) in closed form, without training", choices=STAGES)
+                                  "BERT-whitening (Su et al. 2021) in closed form, without training; mix trains the "
+                                  "encoder on several (method, data) parts at once (--mix)", choices=STAGES)
     method: str | None = option(None, "mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
                                       "--stage mirror; flow for --stage flow; sbert-softmax (default), sbert-cosine, "
                                       "simcse-sup, distill, cosent or angle for --stage supervised; whitening for "
@@ -85,6 +90,31 @@ class SelectionConfig(Settings):
 
 
 @dataclass(frozen=True)
+class MixConfig(Settings):
+    """--stage mix: several (objective, data) parts on one encoder, one part's batch a step."""
+
+    GROUP = "mixture (--stage mix)"
+    mix: list[str] | None = option(None, "the parts, each METHOD=FILE: a --stage mirror method and its corpus (one "
+                                         "sentence a line), or a --stage supervised method (not distill) and its "
+                                         "--train-file; e.g. simcse=data/wiki1m_for_simcse.txt simcse-sup=data/snli.jsonl",
+                                   nargs="+", metavar="METHOD=FILE")
+    mix_sampling: str = option("proportional", "which part each step trains: proportional, a seeded draw weighted by "
+                                               "the parts' sizes, or round-robin, each in turn", choices=MIX_SAMPLINGS)
+
+    def mix_parts(self) -> list[tuple[str, str, str, str]]:
+        """(name, stage, method, file) of each part; a method given twice is named method-2, ..."""
+        parts, seen = [], {}
+        for entry in self.mix or ():
+            method, sep, file = entry.partition("=")
+            if not sep or not file or method not in MIX_METHODS:
+                raise UsageError(f"--mix {entry}: give METHOD=FILE, METHOD one of {', '.join(MIX_METHODS)}")
+            seen[method] = seen.get(method, 0) + 1
+            parts.append((method if seen[method] == 1 else f"{method}-{seen[method]}", MIX_METHODS[method], method,
+                          file))
+        return parts
+
+
+@dataclass(frozen=True)
 class WhitenConfig(Settings):
     GROUP = "whitening (--stage whiten)"
     whiten_on: str = option("corpus", "the sentences whose vectors the whitening is fitted on: " + "; ".join(
@@ -97,7 +127,7 @@ STAGE_LR_HELP = ", ".join(f"{lr:g} {stage}" for stage, lr in STAGE_LR.items())
 
 
 @dataclass(frozen=True)
-class PretrainConfig(WhitenConfig, MLMSettings, TSDAESettings, CTSettings, BSLSettings, JointLossSettings, FlowSettings,
+class PretrainConfig(MixConfig, WhitenConfig, MLMSettings, TSDAESettings, CTSettings, BSLSettings, JointLossSettings, FlowSettings,
                      MatryoshkaSettings, CoSENTSettings, TrainFilesConfig, MemorySettings, InfoNCESettings, SpanSettings,
                      SelectionConfig, TrainConfig, ModelConfig, CorpusConfig, DataConfig, StageConfig):
     """Every setting of a ``run_pretrain.py`` run (the bases, one per concern, in --help's order
@@ -215,7 +245,7 @@ def stage_defaults(config: PretrainConfig) -> dict:
         raise UsageError(f"--method {method!r} is not a method of --stage {config.stage} "
                          f"(choose from {', '.join(methods)})")
     changes = {"method": method, "lr": STAGE_LR.get(config.stage) if config.lr is None else config.lr}
-    if config.stage != "whiten" and config.batch_sampler is None:
+    if config.stage not in ("whiten", "mix") and config.batch_sampler is None:  # a mixture's parts: each its own
         changes["batch_sampler"] = "no-duplicates" if objective_class(config.stage, method).no_duplicates else "random"
     if method == "simcse":
         changes["span_cap"] = 0
@@ -237,14 +267,15 @@ def check(config: PretrainConfig) -> None:
             raise UsageError("--mini-batch-size is for the training stages: --stage whiten has no batches")
     if config.stage != "joint" and config.unfreeze_encoder:
         raise UsageError("--unfreeze-encoder is for --stage joint")
-    cls = objective_class(config.stage, config.method) if config.stage != "whiten" else None
-    if config.matryoshka_dims and MatryoshkaSettings not in getattr(cls, "SETTINGS", ()):
+    check_mix(config)
+    cls = objective_class(config.stage, config.method) if config.stage not in ("whiten", "mix") else None
+    if config.matryoshka_dims and config.stage != "mix" and MatryoshkaSettings not in getattr(cls, "SETTINGS", ()):
         raise UsageError(f"--matryoshka-dims is for the objectives that compare pairs of vectors "
                          f"({MatryoshkaSettings.GROUP.split('(')[1].rstrip(')')}), not --stage {config.stage} "
                          f"--method {config.method}")
     if config.scale != CoSENTSettings.scale and CoSENTSettings not in getattr(cls, "SETTINGS", ()):
         raise UsageError("--scale is for --stage supervised --method cosent|angle")
-    if config.mini_batch_size and not cls.mini_batches:
+    if config.mini_batch_size and cls is not None and not cls.mini_batches:
         raise UsageError(f"--mini-batch-size is for the objectives that compare a batch's sentence vectors "
                          f"({MINI_BATCH_METHODS}); --method {config.method}'s loss is a sum over each sentence's "
                          f"tokens, whose memory a cache of sentence vectors would not bound")
@@ -253,6 +284,19 @@ def check(config: PretrainConfig) -> None:
         raise UsageError("--pooling cls-mlp (SimCSE's training head) is for --stage mirror --method mirror|simcse and "
                          "--stage supervised --method simcse-sup")
     check_supervised(config)
+
+
+def check_mix(config: PretrainConfig) -> None:
+    """--mix belongs to --stage mix, which needs two or more parts and takes its data from them."""
+    if config.stage != "mix":
+        if config.mix:
+            raise UsageError("--mix is for --stage mix")
+        return
+    if len(config.mix_parts()) < 2:
+        raise UsageError("--stage mix needs --mix METHOD=FILE METHOD=FILE ... (two or more parts)")
+    given = [f"--{f.replace('_', '-')}" for f in (*CORPUS_SETTINGS, "train_file", "preset") if getattr(config, f)]
+    if given:
+        raise UsageError(f"--stage mix takes each part's data from --mix, not {', '.join(given)}")
 
 
 def check_supervised(config: PretrainConfig) -> None:
@@ -278,4 +322,6 @@ def reads_corpus(config: PretrainConfig) -> bool:
     on --train-file, and the whitening fitted on the corpus."""
     if config.stage == "whiten":
         return config.whiten_on == "corpus"
+    if config.stage == "mix":
+        return False  # each part names its own file
     return config.stage != "supervised" or SUPERVISED[config.method].reads_corpus(config)

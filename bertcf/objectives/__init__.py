@@ -23,6 +23,7 @@ from .ct import ContrastiveTension
 from .distill import Distill
 from .joint import FlowOnly, Joint
 from .mirror import Mirror, SimCSE
+from .mixture import Mixture
 from .mlm import MaskedLM
 from .sbert_cosine import SBERTCosine
 from .sbert_softmax import SBERTSoftmax
@@ -50,4 +51,4 @@ def objective_class(stage: str, method: str) -> type[Objective]:
 
 __all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "MINI_BATCH_METHODS", "Examples", "Objective", "objective_class",
            "Mirror", "SimCSE", "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE", "MaskedLM", "SBERTSoftmax",
-           "SBERTCosine", "SupervisedSimCSE", "Distill", "CoSENT", "AnglE"]
+           "SBERTCosine", "SupervisedSimCSE", "Distill", "CoSENT", "AnglE", "Mixture"]

@@ -202,6 +202,14 @@ class Objective(nn.Module):
             return self.loss(ids, mask, special, rank, world, texts=texts)
         return self.loss(ids, mask, special, rank, world)
 
+    def generators(self) -> dict[str, torch.Generator]:
+        """The generators of its random choices, by the name a checkpoint keeps their state under."""
+        return {"span": self.generator}
+
+    def evaluation_metrics(self) -> dict:
+        """Metrics of its own logged with every evaluation (a mixture's per-dataset losses); none."""
+        return {}
+
     def heldout_metrics(self, ids, mask, special) -> dict:
         """The objective's own metrics on a held-out batch (CPU [b, t], as for ``loss``), logged
         with every evaluation; none by default."""

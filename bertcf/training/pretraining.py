@@ -54,10 +54,20 @@ def fetch_data(config: PretrainConfig) -> None:
     raise DataError(f"{missing} not found ({why})")
 
 
-def load_examples(config: PretrainConfig, rank: int = 0) -> tuple[Examples, PretrainConfig]:
+def part_config(config: PretrainConfig, stage: str, method: str, file: str) -> PretrainConfig:
+    """The settings of one part of --stage mix: its stage and method, its file as its data."""
+    data = {"corpus": file} if stage == "mirror" else {"train_file": [file]}
+    return config.replace(stage=stage, method=method, mix=None, **data)
+
+
+def load_examples(config: PretrainConfig, rank: int = 0) -> tuple[Examples | dict, PretrainConfig]:
     """What the run trains on: the corpus, or a supervised method's examples (from --train-file, or
-    the corpus with a teacher's vectors); and the config with what reading them settled
-    (``PretrainConfig.with_data``: a preset's steps, a word list)."""
+    the corpus with a teacher's vectors), or for --stage mix each part's (name -> examples); and the
+    config with what reading them settled (``PretrainConfig.with_data``: a preset's steps, a word list)."""
+    if config.stage == "mix":
+        data = {name: load_examples(part_config(config, stage, method, file), rank)[0]
+                for name, stage, method, file in config.mix_parts()}
+        return data, config.with_data(sum(map(len, data.values())))
     word_list = None
 
     def corpus():
@@ -90,11 +100,15 @@ def load_encoder(config: PretrainConfig) -> tuple[SentenceEncoder, PretrainConfi
     return encoder, config
 
 
-def build_objective(config: PretrainConfig, encoder, examples: Examples) -> objectives.Objective:
+def build_objective(config: PretrainConfig, encoder, examples) -> objectives.Objective:
     """The objective of the run's stage and method on ``encoder``, from its settings: the fields of
     its families (``Objective.SETTINGS``), what the run's own settings give it (SimCSE's MLP for
     --pooling cls-mlp, the training length, the checkpoint of MLM's head) and what its examples
-    size (a supervised head)."""
+    size (a supervised head); for --stage mix, a ``Mixture`` of each part's."""
+    if config.stage == "mix":
+        return objectives.Mixture({name: build_objective(part_config(config, stage, method, file), encoder,
+                                                         examples[name])
+                                   for name, stage, method, file in config.mix_parts()})
     cls = objectives.objective_class(config.stage, config.method)
     run_settings = {"mlp": config.pooling == "cls-mlp", "max_length": config.max_length,
                     "checkpoint": config.init or config.model}
@@ -125,7 +139,7 @@ def train(config: PretrainConfig, device) -> dict:
     # The dev pairs' first sentences are the held-out sentences of an objective's own metrics
     # (MLM's accuracy): no training corpus here holds them.
     trainer = Trainer(objective, examples, config, STSDevEvaluator(pairs), metric=SELECTION[config.select_on],
-                      heldout=[p.sentence1 for p in pairs], record=config.to_dict())
+                      heldout=[p.sentence1 for p in pairs], record=config.to_dict(), mix_sampling=config.mix_sampling)
     summary = trainer.fit(device)
     if rank == 0:
         run_dir = Path(trainer.config.out_dir)

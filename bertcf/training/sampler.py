@@ -93,3 +93,38 @@ class NoDuplicatesSampler:
 
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.remaining = state["epoch"], list(state["remaining"])
+
+
+MIX_SAMPLINGS = ("proportional", "round-robin")
+
+
+class DatasetChooser:
+    """Which dataset of a mixture each step draws its batch from: ``round-robin``, each in turn, or
+    ``proportional``, a seeded draw weighted by their sizes (sentence-transformers'
+    MultiDatasetBatchSampler's two). Every rank draws alike; its state makes a resumed run draw on
+    exactly as an uninterrupted one."""
+
+    def __init__(self, sizes: dict[str, int], sampling: str, seed: int):
+        if sampling not in MIX_SAMPLINGS:
+            raise UsageError(f"a mixture's sampling is one of {', '.join(MIX_SAMPLINGS)}, not {sampling!r}")
+        empty = [name for name, n in sizes.items() if n < 1]
+        if empty:
+            raise UsageError(f"the mixture's dataset {', '.join(empty)} has no examples")
+        self.names, self.sampling, self.step = list(sizes), sampling, 0
+        self.weights = torch.tensor([float(sizes[n]) for n in self.names])
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next(self) -> str:
+        if self.sampling == "round-robin":
+            i = self.step % len(self.names)
+        else:
+            i = int(torch.multinomial(self.weights, 1, generator=self.generator))
+        self.step += 1
+        return self.names[i]
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        self.generator.set_state(state["generator"])

@@ -1,4 +1,5 @@
-"""``Trainer``: an objective trained on examples, by the settings of a ``TrainConfig``, into a run
+"""``Trainer``: an objective trained on examples (or a ``Mixture`` of objectives on their
+datasets), by the settings of a ``TrainConfig``, into a run
 directory (config.json, metrics.jsonl, TensorBoard, best/, last/, --resume): what
 ``run_pretrain.py`` runs, and what a script or a notebook runs the same way.
 
@@ -18,11 +19,12 @@ from minbert.model import load_state_dict_file
 from .. import runs
 from ..config.train import TrainConfig
 from ..data.examples import Examples
+from ..errors import UsageError
 from ..utils.distributed import dist_info, wrap_ddp
 from ..utils.files import recover_dir
 from .loop import TrainingLoop
 from .optim import make_optimizer, make_scheduler
-from .sampler import EpochSampler, NoDuplicatesSampler
+from .sampler import DatasetChooser, EpochSampler, NoDuplicatesSampler
 
 #: Held-out sentences for an objective's own metrics (MLM's accuracy), at most this many.
 HELDOUT_SENTENCES = 512
@@ -45,6 +47,8 @@ class Trainer:
     """Train ``objective`` (an ``objectives.Objective``, which owns the encoder) on ``data``.
 
     - ``data``: an ``Examples`` (columns of sentences and labels) or a list of sentences (a corpus);
+      for an ``objectives.Mixture``, a dict of them keyed as its parts, and ``mix_sampling``
+      (proportional or round-robin) says which one each step draws from;
     - ``config``: a ``TrainConfig`` (steps, batch, lr, schedule, precision, evaluation, seed,
       ``out_dir``, ``resume``); a command's larger config (every field of TrainConfig) is one too;
     - ``evaluator``: called on the encoder at every evaluation, returning metrics (an
@@ -53,25 +57,35 @@ class Trainer:
     - ``heldout``: sentences for the objective's own metrics (MLM's held-out accuracy);
     - ``record``: what config.json records (default: the config and the objective's settings).
 
-    The Trainer seeds the objective's generator with ``config.seed``; the modules' initial
+    The Trainer seeds the objective's generators with ``config.seed``; the modules' initial
     weights are drawn when they are built, so seed first (``set_seed``) for a run that repeats.
     ``fit()`` returns the summary: step, first and best score, best step, whether interrupted."""
 
     def __init__(self, objective, data, config: TrainConfig | None = None, evaluator=None, *, metric: str | None = None,
-                 heldout: list[str] | None = None, record: dict | None = None):
+                 heldout: list[str] | None = None, record: dict | None = None, mix_sampling: str = "proportional"):
         self.objective = objective
-        self.examples = data if isinstance(data, Examples) else Examples([list(data)])
+        self.mixture = hasattr(objective, "parts")
+        self.datasets = ({name: as_examples(d) for name, d in data.items()} if self.mixture else
+                         {"corpus": as_examples(data)})  # "corpus": the data order's name in checkpoints
+        if self.mixture and set(self.datasets) != set(objective.parts):
+            raise UsageError(f"the mixture's parts ({', '.join(objective.parts)}) and datasets "
+                             f"({', '.join(self.datasets)}) must have the same names")
         self.config = (config or TrainConfig()).on_device()
         if self.config.out_dir is None:
             self.config = self.config.replace(out_dir=runs.default_out_dir("train", type(objective).__name__.lower()))
         self.evaluator = evaluator
         self.metric = metric or getattr(evaluator, "main_metric", None) or "last_step"
         self.heldout = heldout or []
+        self.mix_sampling = mix_sampling
         self.record = record if record is not None else self.config.to_dict() | objective.description()
 
     @property
     def encoder(self):
         return self.objective.encoder
+
+    def part(self, name: str):
+        """The objective that trains on dataset ``name``."""
+        return self.objective.parts[name] if self.mixture else self.objective
 
     def _broadcast_out_dir(self, world: int) -> None:
         """Under torchrun every rank takes rank 0's --out-dir (a default one names the time)."""
@@ -80,30 +94,41 @@ class Trainer:
             torch.distributed.broadcast_object_list(out_dir, src=0)
             self.config = self.config.replace(out_dir=out_dir[0])
 
-    def _batches(self):
-        """The step's inputs: rows of the examples as padded ids, mask and special-token mask."""
+    def _batch(self, ids_list):
+        """Padded ids, mask and special-token mask [b, t] of token-id lists."""
         tokenizer = self.encoder.tokenizer
-        columns = [tokenizer(c, truncation=True, max_length=self.config.max_length)["input_ids"]
-                   for c in self.examples.columns]
-        special_ids = torch.tensor(tokenizer.all_special_ids)
+        ids, mask = pad_batch(ids_list, tokenizer.pad_token_id)
+        return ids, mask, torch.isin(ids, torch.tensor(tokenizer.all_special_ids)) | (mask == 0)
 
-        def batch(ids_list):
-            ids, mask = pad_batch(ids_list, tokenizer.pad_token_id)
-            return ids, mask, torch.isin(ids, special_ids) | (mask == 0)
-        return columns, batch
+    def _samplers(self) -> dict:
+        """Each dataset's data order (``config.batch_sampler``, by default its objective's
+        ``no_duplicates``), and a mixture's choice of dataset (``mixture``)."""
+        samplers = {}
+        for i, (name, examples) in enumerate(self.datasets.items()):
+            kind = self.config.batch_sampler or ("no-duplicates" if self.part(name).no_duplicates else "random")
+            seed = self.config.seed + 7919 * i
+            samplers[name] = (NoDuplicatesSampler(list(zip(*examples.columns)), seed) if kind == "no-duplicates"
+                              else EpochSampler(len(examples), seed))
+        if self.mixture:
+            samplers["mixture"] = DatasetChooser({n: len(e) for n, e in self.datasets.items()}, self.mix_sampling,
+                                                 self.config.seed)
+        return samplers
 
     def fit(self, device=None) -> dict:
         """Train (or, with ``config.resume``, continue) the run; ``device``: this process's (under
         torchrun, its GPU), default ``config.device``."""
         rank, world = dist_info()
         self._broadcast_out_dir(world)
-        config, objective, examples = self.config, self.objective, self.examples
+        config, objective = self.config, self.objective
+        generators = objective.generators()
         if not config.resume:
-            objective.generator.manual_seed(config.seed)
+            for i, generator in enumerate(generators.values()):
+                generator.manual_seed(config.seed + 1009 * i)
         device = torch.device(device or config.device)
         objective.to(device)
-        columns, batch = self._batches()
-        sampler = self._sampler()
+        columns = {name: [self.encoder.tokenizer(c, truncation=True, max_length=config.max_length)["input_ids"]
+                          for c in examples.columns] for name, examples in self.datasets.items()}
+        samplers = self._samplers()
         if config.compile:  # minBERT layer by layer, in place, so evaluation runs compiled too
             self.encoder.bert.compile_layers()
         # What the step calls: under torchrun a DistributedDataParallel wrapper (gradients averaged
@@ -113,17 +138,21 @@ class Trainer:
         def step_fn(step):
             # The global batch, padded as one process would pad it; every rank draws the same. Its
             # columns (pairs, triples) are stacked: column j in rows j*B .. (j+1)*B - 1.
-            rows = sampler.next(config.batch_size)
-            extra = {"texts": [examples.columns[0][i] for i in rows]} if objective.needs_text else {}
+            name = samplers["mixture"].next() if self.mixture else "corpus"
+            examples, rows = self.datasets[name], samplers[name].next(config.batch_size)
+            extra = {"dataset": name} if self.mixture else {}
+            if self.part(name).needs_text:
+                extra["texts"] = [examples.columns[0][i] for i in rows]
             if examples.labels is not None:
                 extra["labels"] = examples.labels[torch.tensor(rows)]
-            return step_objective(*batch([c[i] for c in columns for i in rows]), rank=rank, world=world, **extra)
+            ids = self._batch([c[i] for c in columns[name] for i in rows])
+            return step_objective(*ids, rank=rank, world=world, **extra)
 
         run = runs.Run(config.out_dir, self.record, resume=config.resume)
-        loop = TrainingLoop(config, run, objective.checkpoint_modules(),
-                            *self._optimizer(device), {"corpus": sampler}, metric=self.metric,
-                            save_model=self._saver(run), evaluate=self._evaluation(run, batch),
-                            items_per_step=config.batch_size, extra_state={"span": GeneratorState(objective.generator)})
+        loop = TrainingLoop(config, run, objective.checkpoint_modules(), *self._optimizer(device), samplers,
+                            metric=self.metric, save_model=self._saver(run), evaluate=self._evaluation(run),
+                            items_per_step=config.batch_size,
+                            extra_state={name: GeneratorState(g) for name, g in generators.items()})
         if config.resume:
             if objective.encoder_frozen:  # the encoder as this run used it, whatever --init holds now
                 last = recover_dir(run.dir / "last")
@@ -131,29 +160,23 @@ class Trainer:
             loop.resume()
         return loop.fit(step_fn, after_step=objective.after_step)
 
-    def _sampler(self):
-        """The data order: ``config.batch_sampler``, by default the objective's (``no_duplicates``)."""
-        kind = self.config.batch_sampler or ("no-duplicates" if self.objective.no_duplicates else "random")
-        if kind == "no-duplicates":
-            return NoDuplicatesSampler(list(zip(*self.examples.columns)), seed=self.config.seed)
-        return EpochSampler(len(self.examples), seed=self.config.seed)
-
     def _optimizer(self, device):
         optimizer = make_optimizer(self.objective.parameter_groups(), self.config.lr, self.config.weight_decay, device)
         return optimizer, make_scheduler(optimizer, self.config.lr_schedule, self.config.warmup_steps,
                                          self.config.steps)
 
-    def _evaluation(self, run, batch):
-        """evaluate(step) of the loop (rank 0 only; the other ranks wait at a barrier): the evaluator
-        and the objective's own metrics on the held-out sentences."""
+    def _evaluation(self, run):
+        """evaluate(step) of the loop (rank 0 only; the other ranks wait at a barrier): the evaluator,
+        the objective's own metrics on the held-out sentences, and its evaluation metrics."""
         tokenizer = self.encoder.tokenizer
-        heldout = batch(tokenizer(self.heldout[:HELDOUT_SENTENCES], truncation=True,
-                                  max_length=self.config.max_length)["input_ids"]) if self.heldout else None
+        heldout = self._batch(tokenizer(self.heldout[:HELDOUT_SENTENCES], truncation=True,
+                                        max_length=self.config.max_length)["input_ids"]) if self.heldout else None
 
         def evaluate(step):
             result = self.evaluator(self.encoder) if self.evaluator is not None else {}
             if heldout is not None:
                 result |= self.objective.heldout_metrics(*heldout)
+            result |= self.objective.evaluation_metrics()
             if "cosines" in result:
                 run.histogram(step, "eval/sts_dev_cosines", result.pop("cosines"))
             return result | ({"last_step": step} if self.metric == "last_step" else {})  # the latest is the best
@@ -168,3 +191,8 @@ class Trainer:
             reuse = next((f for f in written if f.is_file()), None) if self.objective.encoder_frozen else None
             self.encoder.save_pretrained(directory, link_weights_from=reuse)
         return save_model
+
+
+def as_examples(data) -> Examples:
+    """``data`` as ``Examples``: a list of sentences is a corpus (one column)."""
+    return data if isinstance(data, Examples) else Examples([list(data)])
