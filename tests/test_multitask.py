@@ -36,13 +36,8 @@ INPUT_FILES = {"sst": ("ids-sst-dev.csv", "ids-sst-test-student.csv", read_sst),
                "sts": ("sts-dev.csv", "sts-test-student.csv", read_sts)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on 2 shared cores: intra-op threads only add spin-waiting (x50 slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: conftest's one_thread: tiny models on 2 shared cores, where intra-op threads only add spin-waiting (x50 slower).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- losses by hand ---------------------------------------------------------------------------------

@@ -7,16 +7,17 @@ import math
 
 import pytest
 import torch
+from conftest import base_args, load, run_quiet, training_state
 from safetensors.torch import load_file
-from test_objectives import load
-from test_pretrain import base_args, data_dir, one_thread, run_quiet, training_state  # noqa: F401 (fixtures)
 
 from bertcf import SentenceEncoder
 from bertcf.data.corpus import CORPUS_SETTINGS
 from bertcf.objectives import Mirror, presets
 from bertcf.objectives.contrastive import char_span_mask
 
-CORPUS_SENTENCES = 40  # test_pretrain's data_dir corpus
+CORPUS_SENTENCES = 40  # conftest's data_dir corpus
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 
 def config(out) -> dict:

@@ -18,7 +18,16 @@ import math
 
 import pytest
 import torch
-from conftest import make_objective, record_pretrainings
+from conftest import (
+    CONTRADICTED,
+    ENTAILED,
+    NEUTRAL,
+    PREMISES,
+    load,
+    make_objective,
+    record_pretrainings,
+    stacked,
+)
 
 from bertcf.data.nli import LABELS, NLIExample, nli_triples, read_nli
 from bertcf.data.pairs import read_pairs, read_parallel
@@ -34,25 +43,6 @@ from bertcf.objectives import (
 )
 
 TAU = 0.05
-PREMISES = ["A man plays a guitar on the stage.", "Two dogs run across the green field.",
-            "A woman is slicing an onion in the kitchen.", "The children are singing a song near the market."]
-ENTAILED = ["A man plays music.", "Animals are running outside.", "Someone is cutting a vegetable.",
-            "Kids sing."]
-NEUTRAL = ["The man is famous.", "The dogs are brothers.", "The woman cooks for her family.",
-           "The song is about summer."]
-CONTRADICTED = ["The man is asleep in bed.", "Two cats sleep on the sofa.", "A woman is swimming.",
-                "The children are silent."]
-
-
-def load(path, dropout: float = 0.0) -> SentenceEncoder:
-    return SentenceEncoder.from_pretrained(path, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-
-
-def stacked(encoder, columns):
-    """ids, mask, special of k columns of b sentences stacked [k b, t], as pretrain's step builds them."""
-    tok = encoder.tokenizer([s for column in columns for s in column], padding=True, return_tensors="pt")
-    ids, mask = tok["input_ids"], tok["attention_mask"]
-    return ids, mask, torch.isin(ids, torch.tensor(encoder.tokenizer.all_special_ids)) | (mask == 0)
 
 
 def embeddings_of(objective, batch_, labels=None):
