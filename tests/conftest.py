@@ -60,8 +60,8 @@ def _closed_port() -> int:
 
 
 # The commands download the data they miss (bertcf.data.download.fetch_missing). No test reaches
-# the network: a download that a test does not serve itself (its own local server, as in
-# test_data.py) goes to a local port where nothing listens and fails at once, as offline. Set here,
+# the network: a download that a test does not serve itself (its own local server: the ``server``
+# fixture below) goes to a local port where nothing listens and fails at once, as offline. Set here,
 # so the processes that tests start inherit it too.
 os.environ["BERTCF_DATA_URL"] = f"http://127.0.0.1:{_closed_port()}/"
 os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy"), "127.0.0.1"]))

@@ -259,7 +259,7 @@ def test_mlm_loss_matches_transformers(mlm_dir):
 # ---- the shared interface -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stage,method", [(stage, m) for stage, methods in METHODS.items() for m in methods
-                                          if stage != "supervised"])  # tests/test_supervised.py: with labels
+                                          if stage != "supervised"])  # tests/objectives/test_supervised.py: with labels
 def test_interface(stage, method, tiny_bert_dir):
     """Every --method has one shape: the optimiser's groups hold exactly the trainable parameters
     (the encoder's unless the stage freezes it), the loss is finite, and what a checkpoint keeps

@@ -65,7 +65,7 @@ def test_word_pair_layouts_agree(tmp_path):
     assert read_word_pairs(write(tmp_path / "spaces.txt", [l.replace("\t", " ") for l in plain])) == expected
     assert read_word_pairs(write(tmp_path / "blank.txt", plain[:3] + [""] + plain[3:] + [""])) == expected
     # the real file: 999 pairs, its first and last rows as SOURCES.md lists them
-    real = Path(__file__).resolve().parents[2] / "shared" / "data" / "lexical" / "SimLex-999.txt"
+    real = Path(__file__).resolve().parents[3] / "shared" / "data" / "lexical" / "SimLex-999.txt"
     if real.is_file():
         pairs = read_word_pairs(real)
         assert len(pairs) == 999 and pairs[0] == WordPair("old", "new", 1.58)

@@ -33,7 +33,7 @@ from bertcf.training.pretraining import final_line
 from bertcf.errors import UsageError
 from minbert import CheckpointError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 MIRROR_SCALARS = ["train/loss", "train/lr", "train/pos_cosine", "train/neg_cosine", "train/sentences_per_second",
                   "eval/sts_spearman", "eval/sts_spearman_ci95_lo", "eval/sts_spearman_ci95_hi", "eval/alignment",
@@ -758,7 +758,7 @@ def start_torchrun(argv, cwd, log, nproc=2):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "run_pretrain.py"
+    script = Path(__file__).resolve().parents[2] / "run_pretrain.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
            *argv]
     with open(log, "w") as f:

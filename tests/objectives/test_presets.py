@@ -55,7 +55,7 @@ def test_a_preset_sets_the_papers_values_and_a_flag_wins(tiny_bert_dir, data_dir
     assert config(out)["preset_values"] == c["preset_values"] and config(out)["lr"] == 1e-3
 
 
-@pytest.mark.parametrize("name", sorted(n for n, p in presets.PRESETS.items()  # supervised: tests/test_supervised.py
+@pytest.mark.parametrize("name", sorted(n for n, p in presets.PRESETS.items()  # supervised: test_supervised.py
                                          if p.values.get("stage") != "supervised"))
 def test_every_preset_runs(name, tiny_bert_dir, data_dir, tmp_path):
     out = tmp_path / name

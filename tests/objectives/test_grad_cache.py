@@ -20,7 +20,7 @@
 - 20 steps of run_pretrain.py with --mini-batch-size reach the uncached run's weights (dropout off),
   and the chunked run's with dropout on; a cached run resumed half way ends bit-identical.
 - --mini-batch-size for tsdae/mlm, or 0, is one line and exit status 2.
-(Under torchrun: tests/test_distributed.py.)
+(Under torchrun: tests/training/test_distributed.py.)
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from bertcf.data.download import Source
 from bertcf.data.tasks import PairExample, SentenceExample
 from bertcf.errors import DataError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "cs224n"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "cs224n"
 OFFLINE = SHARED.parent / "cs224n-offline"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
 

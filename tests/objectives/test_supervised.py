@@ -1,6 +1,6 @@
 """The supervised objectives (--stage supervised) and their data.
 
-- each loss against sentence-transformers' (as tests/test_reference.py does): sbert-softmax =
+- each loss against sentence-transformers' (as tests/objectives/test_reference.py does): sbert-softmax =
   SoftmaxLoss (the classifier's weights copied), sbert-cosine = CosineSimilarityLoss, simcse-sup =
   MultipleNegativesRankingLoss with a hard-negative column (scale 1/tau; with query_to_query for
   the report's variant); loss and gradients within 1e-5 on the same batch;
@@ -156,7 +156,7 @@ def batch_of(method, enc):
 
 @pytest.mark.parametrize("method", [m for m in METHODS["supervised"] if m != "distill"])
 def test_interface(method, tiny_bert_dir):
-    """As tests/test_objectives.py's test_interface for the other stages: the optimiser's groups
+    """As tests/objectives/test_objectives.py's test_interface for the other stages: the optimiser's groups
     hold exactly the trainable parameters, the encoder's among them, the loss is finite, and what a
     checkpoint keeps round-trips."""
     enc = load(tiny_bert_dir, dropout=0.1)

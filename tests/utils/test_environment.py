@@ -24,7 +24,7 @@ from bertcf.cli import run_main
 from bertcf.models.model_card import model_card
 from bertcf.utils import environment
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the a man woman dog cat band plays runs eats on in park street guitar piano red blue small big".split()
 
 

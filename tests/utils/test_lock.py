@@ -26,7 +26,7 @@ from bertcf.commands.experiments import main as experiments_cli
 from bertcf.utils import lock
 from bertcf.utils.lock import LOCK_FILE, DirectoryInUse, DirLock
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the a man woman dog cat band plays runs eats on in park street guitar piano red blue small big".split()
 
 

@@ -37,7 +37,7 @@ from bertcf.evaluation.evaluators import (
 from bertcf.evaluation.probe import FASTTEST
 from bertcf.evaluation.senteval import evaluate, format_table, parse_tasks
 
-SHARED_SENTEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "senteval"
+SHARED_SENTEVAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "senteval"
 
 
 # ---- readers ----------------------------------------------------------------------------------
