@@ -87,7 +87,7 @@ def flash_attention(q, k, v, cu_seqlens, max_len: int, dropout_p: float) -> torc
     (cu_seqlens int32 [b + 1]); max_len: at least the longest sentence. Returns [T, heads,
     head_dim]. The public ``torch.nn.attention.varlen.varlen_attn`` has no dropout, and the
     report trains with attention dropout 0.1, so this calls the aten kernel under it, whose
-    autograd formula replays the same dropout mask in the backward (tests/test_minbert.py
+    autograd formula replays the same dropout mask in the backward (tests/minbert/test_minbert.py
     checks that against an explicit computation). The memory-efficient kernel also takes
     dropout and spent less GPU time on the report's short sentences, but it made the eager
     training step slower on an H100 (docs/BENCHMARKS.md)."""

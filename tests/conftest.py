@@ -1,5 +1,8 @@
-"""Shared pytest fixtures: a tiny random-weight BERT checkpoint, the shared data folders, and a
-small CS224N-format data directory.
+"""Shared pytest fixtures and helpers: a tiny random-weight BERT checkpoint, the shared data
+folders, a small CS224N-format data directory, and what more than one test module uses (a tiny
+pretraining run's data and argv, the objectives' batches, NLI sentences, a local HTTP server, a
+tiny SentEval directory, sentence-transformers in a process without bertcf). Test modules import
+the helpers with ``from conftest import ...``; fixtures need no import.
 
 Everything here works offline and without ``../shared`` (a command's own download of missing data
 goes to a closed local port: ``BERTCF_DATA_URL`` below): when the shared uncased vocabulary is
@@ -15,14 +18,37 @@ Fixtures (scope):
     cs224n_dir (session)        ``shared/data/cs224n``; skips when absent.
     offline_data_dir (session)  ``shared/data/cs224n-offline``; skips when absent.
     tiny_data_dir (function)    a fresh ``--data-dir`` with all nine CS224N files, a few rows each.
+    one_thread (module)         one intra-op torch thread for the module's tests; not autouse: a module
+                                asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``.
+    data_dir (module)           sts-dev.csv and corpus.txt for tiny pretraining runs (``base_args``);
+                                a module's own ``data_dir`` wins over it there.
+    mlm_dir (module)            a random-weight ``BertForMaskedLM`` directory with a non-trivial head.
+    server (function)           a local HTTP server serving ``tmp_path/'srv'``: (dir, base URL).
+
+Helpers: ``make_objective``, ``record_pretrainings``, ``write_cs224n_files``, ``make_hf_bert_dir``;
+``base_args``, ``run_quiet``, ``exit_status``, ``assert_one_error_line``, ``tensors``,
+``training_state`` (run_pretrain.py runs); ``OBJECTIVE_SENTENCES``, ``load``, ``batch``,
+``random_batch`` (objectives on a batch); ``PREMISES``, ``ENTAILED``, ``NEUTRAL``,
+``CONTRADICTED``, ``stacked`` (NLI columns); ``write_senteval``, ``write_sts_year``,
+``write_lines``, ``senteval_sentence`` (SentEval files); ``ST_SENTENCES``, ``standalone_vectors``
+(sentence-transformers where bertcf is not installed).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
+import http.server
 import os
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # torch and bertcf load when a fixture or helper first needs them
+    import torch
+
+    from bertcf.models.encoder import SentenceEncoder
 
 
 def _closed_port() -> int:
@@ -34,8 +60,8 @@ def _closed_port() -> int:
 
 
 # The commands download the data they miss (bertcf.data.download.fetch_missing). No test reaches
-# the network: a download that a test does not serve itself (its own local server, as in
-# test_data.py) goes to a local port where nothing listens and fails at once, as offline. Set here,
+# the network: a download that a test does not serve itself (its own local server: the ``server``
+# fixture below) goes to a local port where nothing listens and fails at once, as offline. Set here,
 # so the processes that tests start inherit it too.
 os.environ["BERTCF_DATA_URL"] = f"http://127.0.0.1:{_closed_port()}/"
 os.environ["no_proxy"] = ",".join(filter(None, [os.environ.get("no_proxy"), "127.0.0.1"]))
@@ -293,3 +319,332 @@ def record_pretrainings(monkeypatch, run: bool = True) -> list:
         return real(kind, argv)
     monkeypatch.setattr(execute, "run_planned", recording)
     return calls
+
+
+# ----------------------------------------------------------------------------- one thread
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models on a shared 2-core machine: one intra-op thread is several times faster than
+    two threads competing with other processes (and it does not change any result here). Not
+    autouse: a module asks for it with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- pretraining runs
+
+#: The words of ``data_dir``'s sentences.
+PRETRAIN_WORDS = ("the a man woman dog cat child band girl boy plays runs eats sits walks reads sings cooks "
+                  "on in under near with across park street house table garden ball guitar piano book song "
+                  "red blue small big happy old young two three black white grass water car bike quickly "
+                  "slowly morning evening city river beach stage music food").split()
+
+
+def _words_sentence(rng, n: int) -> str:
+    return " ".join(rng.choice(PRETRAIN_WORDS) for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    """sts-dev.csv (16 pairs, gold 0-5, some >= 4) and corpus.txt (40 sentences of 6-14 words).
+    Modules that define their own ``data_dir`` get theirs."""
+    import random
+
+    d = tmp_path_factory.mktemp("pretrain-data")
+    rng = random.Random(0)
+    rows = ["\tid\tsentence1\tsentence2\tsimilarity"]
+    for i in range(16):
+        s1 = _words_sentence(rng, rng.randint(4, 10))
+        s2 = s1 if i % 4 == 0 else _words_sentence(rng, rng.randint(4, 10))  # some near-identical pairs
+        if i % 4 == 0:
+            s2 = s2 + " " + rng.choice(PRETRAIN_WORDS)
+        gold = 4.5 if i % 4 == 0 else round(rng.uniform(0, 3.5), 1)
+        rows.append(f"{i}\tid{i:03d}\t{s1}\t{s2}\t{gold}")
+    (d / "sts-dev.csv").write_text("\n".join(rows) + "\n")
+    (d / "corpus.txt").write_text("\n".join(_words_sentence(rng, rng.randint(6, 14)) for _ in range(40)) + "\n")
+    return d
+
+
+def base_args(bert_dir, data_dir, out_dir, steps=6, **flags) -> list[str]:
+    """run_pretrain.py's argv for a tiny CPU run on ``data_dir``; ``flags`` add or override
+    options (``lr=1e-3`` is ``--lr 1e-3``, True a bare flag, None leaves the option out)."""
+    settings = {"model": bert_dir, "data-dir": data_dir, "corpus": Path(data_dir) / "corpus.txt", "out-dir": out_dir,
+                "steps": steps, "batch-size": 4, "max-length": 24, "eval-every": 3, "log-every": 1,
+                "device": "cpu", "precision": "fp32"} | {k.replace("_", "-"): v for k, v in flags.items()}
+    argv = []
+    for k, v in settings.items():
+        if v is None:
+            continue
+        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+    return argv
+
+
+def run_quiet(argv) -> tuple[dict, str]:
+    """pretrain.run(argv) with stdout captured (the final summary line); returns (summary, stdout)."""
+    import contextlib
+    import io
+
+    from bertcf.commands import pretrain
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        summary = pretrain.run(argv)
+    return summary, out.getvalue()
+
+
+def tensors(path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def training_state(run_dir) -> dict:
+    import torch
+
+    from bertcf import runs
+
+    return torch.load(Path(run_dir) / "last" / runs.STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def assert_one_error_line(capsys, *needles):
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "Traceback" not in captured.err and "Traceback" not in captured.out
+    assert len(err.splitlines()) == 1, f"expected one line on stderr, got: {captured.err!r}"
+    for needle in needles:
+        assert needle in err, (needle, err)
+    return err
+
+
+def exit_status(argv) -> int:
+    """run_pretrain.py's exit status for ``argv`` (argparse's own errors included)."""
+    from bertcf.cli import run_main
+    from bertcf.commands import pretrain
+
+    try:
+        return run_main(pretrain.run, argv)
+    except SystemExit as e:  # argparse's own errors
+        return e.code
+
+
+# ----------------------------------------------------------------------------- objectives on a batch
+
+OBJECTIVE_SENTENCES = [
+    "The man is playing a guitar in the morning.",
+    "A woman plays the piano.",
+    "The dog is running on the beach with a smile on his face.",
+    "A young girl sings a song near the market.",
+    "The president talks about the election.",
+    "My friend reads a book while the rain keeps falling over the old city.",
+]
+
+#: BertForMaskedLM settings of the MLM checkpoint (the size of the tiny BERT).
+TINY_MLM_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                       max_position_embeddings=64, initializer_range=0.1)
+
+
+def load(path, dropout: float = 0.0) -> SentenceEncoder:
+    """A SentenceEncoder (dropout 0 unless asked: deterministic forward passes)."""
+    from bertcf.models.encoder import SentenceEncoder
+
+    return SentenceEncoder.from_pretrained(path, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+
+
+def batch(encoder, sentences=OBJECTIVE_SENTENCES):
+    """ids, mask, special as pretrain.step_fn builds them."""
+    import torch
+
+    tok = encoder.tokenizer(sentences, padding=True, return_tensors="pt")
+    ids, mask = tok["input_ids"], tok["attention_mask"]
+    special = torch.isin(ids, torch.tensor(encoder.tokenizer.all_special_ids)) | (mask == 0)
+    return ids, mask, special
+
+
+def random_batch(vocab_size, b=400, t=40, seed=0):
+    """Random ids with [CLS]=2 / [SEP]=3 around 1..t-2 real tokens per row, right padding (0)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, t + 1, (b,), generator=g)
+    ids = torch.randint(5, vocab_size, (b, t), generator=g)
+    mask = (torch.arange(t)[None] < lengths[:, None]).long()
+    ids = ids.masked_fill(mask == 0, 0)
+    ids[:, 0] = 2
+    ids[torch.arange(b), lengths - 1] = 3
+    special = (ids == 2) | (ids == 3) | (mask == 0)
+    return ids, mask, special
+
+
+@pytest.fixture(scope="module")
+def mlm_dir(tmp_path_factory, vocab_path):
+    """A random-weight transformers.BertForMaskedLM (save_pretrained) with a non-trivial head."""
+    import torch
+    import transformers
+
+    vocab_size = sum(1 for line in vocab_path.read_text(encoding="utf-8").splitlines() if line)
+    torch.manual_seed(3)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab_size, **TINY_MLM_CONFIG))
+    with torch.no_grad():  # the head's biases and LayerNorm start at 0 / 1: make them recognisable
+        for name, p in model.cls.named_parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    directory = tmp_path_factory.mktemp("tiny-mlm")
+    model.save_pretrained(str(directory))
+    transformers.BertTokenizerFast(vocab=str(vocab_path), do_lower_case=True).save_pretrained(str(directory))
+    return directory
+
+
+# ----------------------------------------------------------------------------- NLI sentences
+
+PREMISES = ["A man plays a guitar on the stage.", "Two dogs run across the green field.",
+            "A woman is slicing an onion in the kitchen.", "The children are singing a song near the market."]
+ENTAILED = ["A man plays music.", "Animals are running outside.", "Someone is cutting a vegetable.",
+            "Kids sing."]
+NEUTRAL = ["The man is famous.", "The dogs are brothers.", "The woman cooks for her family.",
+           "The song is about summer."]
+CONTRADICTED = ["The man is asleep in bed.", "Two cats sleep on the sofa.", "A woman is swimming.",
+                "The children are silent."]
+
+
+def stacked(encoder, columns):
+    """ids, mask, special of k columns of b sentences stacked [k b, t], as pretrain's step builds them."""
+    import torch
+
+    tok = encoder.tokenizer([s for column in columns for s in column], padding=True, return_tensors="pt")
+    ids, mask = tok["input_ids"], tok["attention_mask"]
+    return ids, mask, torch.isin(ids, torch.tensor(encoder.tokenizer.all_special_ids)) | (mask == 0)
+
+
+# ----------------------------------------------------------------------------- a local HTTP server
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A local HTTP server on a random port serving tmp_path/'srv'; yields (dir, base URL)."""
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("no_proxy", "*")
+    root = tmp_path / "srv"
+    root.mkdir()
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+# ----------------------------------------------------------------------------- a SentEval directory
+
+SENTEVAL_WORDS = "man woman dog cat guitar piano music song film book street beach food water car train".split()
+
+
+def write_lines(path: Path, lines, encoding="utf-8") -> Path:
+    """Write ``lines`` (one a line) to ``path``, creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{line}\n" for line in lines), encoding=encoding)
+    return path
+
+
+def senteval_sentence(i: int) -> str:
+    return (f"a {SENTEVAL_WORDS[i % len(SENTEVAL_WORDS)]}  and the "
+            f"{SENTEVAL_WORDS[(3 * i + 1) % len(SENTEVAL_WORDS)]} .")  # two spaces: normalised
+
+
+def write_sts_year(root: Path, year: str, n: int = 4, offset: int = 0) -> dict[str, list[float]]:
+    """Every subset of ``year`` with n + k pairs (k: the subset's index; one pair with an empty
+    score), no pair twice (ties in the cosines), plus STS.gs.ALL.txt."""
+    from bertcf.data import senteval as se
+
+    write, sentence = write_lines, senteval_sentence
+    folder = se.sts_year_dir(root, year)
+    scores = {}
+    for k, subset in enumerate(se.STS_YEARS[year]):
+        m = n + k  # subsets of different sizes, so "mean" and "wmean" differ
+        gold = [f"{(i * 1.3 + k) % 5:.2f}" for i in range(m)]
+        gold[1] = ""
+        write(folder / f"STS.input.{subset}.txt", [f"{sentence(i + offset)} {k}\t{sentence(2 * i + k)}" for i in range(m)])
+        write(folder / f"STS.gs.{subset}.txt", gold)
+        scores[subset] = [float(g) for g in gold if g]
+    write(folder / "STS.gs.ALL.txt", ["garbage", "not a subset"])
+    return scores
+
+
+def write_senteval(root: Path) -> Path:
+    """A tiny SentEval directory: every STS and transfer task, a few lines each."""
+    from bertcf.data import senteval as se
+
+    write, sentence = write_lines, senteval_sentence
+    for j, year in enumerate(se.STS_YEARS):
+        write_sts_year(root, year, offset=j)
+    for split, n in (("train", 6), ("dev", 6), ("test", 6)):
+        write(root / se.STSB_FILES[split], [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{i * 0.8:.3f}\t"
+                                            f"{sentence(i)}\t{sentence(i + 1)}" for i in range(n)])
+        write(root / se.SICK_FILES[split], ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+              + [f"{i}\t{sentence(i)}\t{sentence(i + 2)}\t{1 + i * 0.7:.1f}\tNEUTRAL" for i in range(n)])
+    for task, (pos, neg) in se.BINARY_FILES.items():
+        write(root / pos, [f"good {sentence(i)}" for i in range(10)], "latin-1")
+        write(root / neg, [f"bad {sentence(i)}" for i in range(10)], "latin-1")
+    for split in ("train", "dev", "test"):
+        write(root / se.SST2_FILES[split], [f"{'good' if i % 2 else 'bad'} {sentence(i)} \t{i % 2}" for i in range(10)])
+    for split in ("train", "test"):
+        write(root / se.TREC_FILES[split], [f"{se.TREC_CLASSES[i % 6]}:fine what is {sentence(i)} ?"
+                                             for i in range(30)], "latin-1")
+        write(root / se.MRPC_FILES[split], ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+              + [f"{i % 2}\t{i}\t{i + 100}\t{sentence(i)}\t{sentence(i if i % 2 else i + 5)}" for i in range(20)],
+              "utf-8-sig")
+    return root
+
+
+# ----------------------------------------------------------------------------- sentence-transformers alone
+
+ST_SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the morning sun.", "Hello",
+                "the quick brown fox jumps over the lazy dog " * 3]
+
+STANDALONE = """
+import importlib.abc, json, sys
+class NoBertcf(importlib.abc.MetaPathFinder):  # as on a machine where BERT-CF was never installed
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("bertcf", "minbert"):
+            raise ImportError(f"No module named {name!r}")
+sys.meta_path.insert(0, NoBertcf())
+try:
+    import bertcf
+    sys.exit("bertcf is importable")
+except ImportError:
+    pass
+from sentence_transformers import SentenceTransformer
+sentences, models = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+print(json.dumps([SentenceTransformer(path, device="cpu", trust_remote_code=trust).encode(sentences).tolist()
+                  for path, trust in models]))
+"""
+
+
+def standalone_vectors(*models) -> list[torch.Tensor]:
+    """The vectors sentence-transformers gives for ST_SENTENCES from each (checkpoint,
+    trust_remote_code) of ``models``, in a process started outside the repository (-I: no current
+    directory or PYTHONPATH on the path) where bertcf cannot be imported."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    import torch
+
+    with tempfile.TemporaryDirectory() as elsewhere:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+            "HF_MODULES_CACHE": os.path.join(elsewhere, "hf-modules"), "HF_HUB_OFFLINE": "1"}
+        proc = subprocess.run([sys.executable, "-I", "-c", STANDALONE, json.dumps(ST_SENTENCES),
+                               json.dumps([(str(path), trust) for path, trust in models])],
+                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [torch.tensor(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]

@@ -2,7 +2,7 @@
 CPU with one thread and a fixed seed, must write the same ``last/`` weights on every machine, up
 to the rounding of the CPU's kernels.
 
-The reference (``tests/data/fixed_behaviour_reference.safetensors``, 56 KB) is a compact
+The reference (``tests/fixtures/fixed_behaviour_reference.safetensors``, 56 KB) is a compact
 summary of the run's trained weights, tensor by tensor: the mean, mean |x|, root mean square,
 min and max, and the values at up to 256 fixed, evenly spaced positions (every value of a
 tensor of at most 256 values). Each of these moves by at most the largest element-wise
@@ -57,7 +57,7 @@ from safetensors.torch import load_file, save_file
 
 from bertcf.commands import pretrain
 
-REFERENCE = Path(__file__).resolve().parent / "data" / "fixed_behaviour_reference.safetensors"
+REFERENCE = Path(__file__).resolve().parent / "fixtures" / "fixed_behaviour_reference.safetensors"
 WRITE_ENV = "BERTCF_WRITE_REFERENCE"
 #: The largest difference allowed between the run's summary and the reference: 7.5e-6 measured
 #: between ATEN_CPU_CAPABILITY=default and avx2 (module docstring), times about 13.

@@ -10,7 +10,7 @@ export directory serves where neither PyTorch nor BERT-CF is installed
 (``pip install onnxruntime tokenizers numpy``).
 
 ``encode`` has the signature of ``bertcf.SentenceEncoder.encode`` and returns its vectors (within
-1e-4 in fp32: tests/test_onnx.py), as a float32 numpy array where that returns a torch tensor.
+1e-4 in fp32: tests/backend/test_onnx.py), as a float32 numpy array where that returns a torch tensor.
 """
 from __future__ import annotations
 

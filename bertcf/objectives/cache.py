@@ -31,7 +31,7 @@ whole batch before any chunk is embedded, once.
 inputs, drops the tensors its backward would need, and recomputes them, under the CPU and CUDA
 generator states and the autocast state saved at the first pass, when the backward first needs
 them. The autograd engine runs the most recently created nodes first, so the chunks' backward
-passes, recomputation included, run one after another, last chunk first (tests/test_grad_cache.py
+passes, recomputation included, run one after another, last chunk first (tests/objectives/test_grad_cache.py
 checks the order). Unlike a backward hook on a detached loss (sentence-transformers' way), the
 graph from the loss to the parameters stays whole: the Trainer's step is unchanged (loss scaling
 and clipping see the whole batch's gradient), and DistributedDataParallel sees which parameters

@@ -85,7 +85,7 @@ class TSDAE(Objective):
         loss = token cross-entropy over the real target tokens (padding ignored),
 
     which equals sentence-transformers' DenoisingAutoEncoderLoss with tie_encoder_decoder
-    (tests/test_reference.py).
+    (tests/objectives/test_reference.py).
     """
 
     SETTINGS = (TSDAESettings,)

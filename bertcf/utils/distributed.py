@@ -155,7 +155,7 @@ def wrap_ddp(module: torch.nn.Module, device=None, find_unused_parameters: bool 
     the returned object in the step (several calls before one backward are fine: two views,
     three tasks). Gradients are averaged over ranks; since every rank's loss is the mean over its
     local slice and the contrastive candidates are gathered with gradient, the update equals one
-    process on the global batch (tests/test_distributed.py).
+    process on the global batch (tests/training/test_distributed.py).
 
     ``find_unused_parameters=True`` (the default) is needed whenever a trainable parameter
     takes part in the forward but not in the loss, e.g. minBERT's pooler under mean or [CLS]

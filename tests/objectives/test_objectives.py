@@ -10,51 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_objective
+from conftest import OBJECTIVE_SENTENCES as SENTENCES
+from conftest import batch, load, make_objective, random_batch
 
 from bertcf.models.encoder import SentenceEncoder
 from bertcf.objectives import BSL, METHODS, TSDAE, ContrastiveTension, MaskedLM
 from bertcf.objectives.base import IGNORE_INDEX
 from bertcf.objectives.contrastive import span_mask
-
-SENTENCES = [
-    "The man is playing a guitar in the morning.",
-    "A woman plays the piano.",
-    "The dog is running on the beach with a smile on his face.",
-    "A young girl sings a song near the market.",
-    "The president talks about the election.",
-    "My friend reads a book while the rain keeps falling over the old city.",
-]
-
-#: BertForMaskedLM settings of the MLM checkpoint (the size of conftest's tiny BERT).
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            max_position_embeddings=64, initializer_range=0.1)
-
-
-def load(path, dropout: float = 0.0) -> SentenceEncoder:
-    """A SentenceEncoder (dropout 0 unless asked: deterministic forward passes)."""
-    return SentenceEncoder.from_pretrained(path, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-
-
-def batch(encoder, sentences=SENTENCES):
-    """ids, mask, special as pretrain.step_fn builds them."""
-    tok = encoder.tokenizer(sentences, padding=True, return_tensors="pt")
-    ids, mask = tok["input_ids"], tok["attention_mask"]
-    special = torch.isin(ids, torch.tensor(encoder.tokenizer.all_special_ids)) | (mask == 0)
-    return ids, mask, special
-
-
-def random_batch(vocab_size, b=400, t=40, seed=0):
-    """Random ids with [CLS]=2 / [SEP]=3 around 1..t-2 real tokens per row, right padding (0)."""
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, t + 1, (b,), generator=g)
-    ids = torch.randint(5, vocab_size, (b, t), generator=g)
-    mask = (torch.arange(t)[None] < lengths[:, None]).long()
-    ids = ids.masked_fill(mask == 0, 0)
-    ids[:, 0] = 2
-    ids[torch.arange(b), lengths - 1] = 3
-    special = (ids == 2) | (ids == 3) | (mask == 0)
-    return ids, mask, special
 
 
 @torch.no_grad()
@@ -71,23 +33,6 @@ def mean_pool(h, mask):
 
 def regression(a, b):
     return 2 - 2 * (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
-
-
-@pytest.fixture(scope="module")
-def mlm_dir(tmp_path_factory, vocab_path):
-    """A random-weight transformers.BertForMaskedLM (save_pretrained) with a non-trivial head."""
-    import transformers
-
-    vocab_size = sum(1 for line in vocab_path.read_text(encoding="utf-8").splitlines() if line)
-    torch.manual_seed(3)
-    model = transformers.BertForMaskedLM(transformers.BertConfig(vocab_size=vocab_size, **TINY))
-    with torch.no_grad():  # the head's biases and LayerNorm start at 0 / 1: make them recognisable
-        for name, p in model.cls.named_parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    directory = tmp_path_factory.mktemp("tiny-mlm")
-    model.save_pretrained(str(directory))
-    transformers.BertTokenizerFast(vocab=str(vocab_path), do_lower_case=True).save_pretrained(str(directory))
-    return directory
 
 
 # ---- BSL --------------------------------------------------------------------------------------------
@@ -314,7 +259,7 @@ def test_mlm_loss_matches_transformers(mlm_dir):
 # ---- the shared interface -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("stage,method", [(stage, m) for stage, methods in METHODS.items() for m in methods
-                                          if stage != "supervised"])  # tests/test_supervised.py: with labels
+                                          if stage != "supervised"])  # tests/objectives/test_supervised.py: with labels
 def test_interface(stage, method, tiny_bert_dir):
     """Every --method has one shape: the optimiser's groups hold exactly the trainable parameters
     (the encoder's unless the stage freezes it), the loss is finite, and what a checkpoint keeps

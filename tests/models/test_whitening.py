@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from conftest import ST_SENTENCES, standalone_vectors
 from sklearn.decomposition import PCA
 
 from bertcf.models.whitening import fit_whitening
@@ -275,9 +276,6 @@ def test_a_whitened_checkpoint_loads_where_bertcf_is_not_installed(tiny_bert_dir
     Within 1e-5 of the vectors' scale: whitened coordinates of sentences unlike the fitting set reach
     25 here (1/sqrt of the smallest eigenvalue scales up float32's rounding of the pooled vector as
     much), so 1e-5 is relative to the largest coordinate when that is above 1."""
-    from test_st import SENTENCES as ST_SENTENCES
-    from test_st import standalone_vectors
-
     from bertcf import SentenceEncoder
 
     run_whiten(*whiten_argv(tiny_bert_dir, tiny_data_dir, tmp_path / "mean"))

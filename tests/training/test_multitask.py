@@ -36,13 +36,8 @@ INPUT_FILES = {"sst": ("ids-sst-dev.csv", "ids-sst-test-student.csv", read_sst),
                "sts": ("sts-dev.csv", "sts-test-student.csv", read_sts)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on 2 shared cores: intra-op threads only add spin-waiting (x50 slower)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+#: conftest's one_thread: tiny models on 2 shared cores, where intra-op threads only add spin-waiting (x50 slower).
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- losses by hand ---------------------------------------------------------------------------------
@@ -487,7 +482,7 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
     import sys
 
     flags = dict(steps=3, eval_every=3, dropout=0, sst_dropout=0, sts_dropout=0, lr=1e-3)
-    script = Path(__file__).resolve().parents[1] / "run_multitask.py"
+    script = Path(__file__).resolve().parents[2] / "run_multitask.py"
     ddp, single = tmp_path / "ddp", tmp_path / "single"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
            *argv(tiny_bert_dir, data_dir, ddp, **flags)]
@@ -499,7 +494,7 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
     assert log.count("mean dev (during training)") == 1
     a, b = load_file(str(ddp / "last" / "model.safetensors")), load_file(str(single / "last" / "model.safetensors"))
     for k in b:
-        atol = 3 * 1e-3 if k.endswith("attention.self.key.bias") else 1e-5  # see tests/test_pretrain.py
+        atol = 3 * 1e-3 if k.endswith("attention.self.key.bias") else 1e-5  # see tests/training/test_pretrain.py
         torch.testing.assert_close(a[k].double(), b[k].double(), rtol=0, atol=atol, msg=k)
     heads_a, heads_b = (load_file(str(d / "last" / mtm.HEADS_FILE)) for d in (ddp, single))
     for k in heads_b:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 import wordfreq
+from conftest import base_args, run_quiet, write_senteval
 from scipy import stats
-from test_pretrain import base_args, data_dir, one_thread, run_quiet  # noqa: F401 (fixtures)
 
 from bertcf import SentenceEncoder, cli
 from bertcf.cli import run_main
@@ -25,6 +25,8 @@ from bertcf.errors import DataError, UsageError
 from bertcf.commands.evaluate import main as evaluate_cli
 from bertcf.evaluation.lexical import WordSimilarityEvaluator, evaluate_words
 from bertcf.evaluation.senteval import evaluate, format_table
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 SIMLEX_HEADER = "word1\tword2\tPOS\tSimLex999\tconc(w1)\tconc(w2)\tconcQ\tAssoc(USF)\tSimAssoc333\tSD(SimLex)"
 #: Six pairs with ties: in the gold scores (7.5 twice, 3.0 twice) and in the cosines (a pair and
@@ -63,7 +65,7 @@ def test_word_pair_layouts_agree(tmp_path):
     assert read_word_pairs(write(tmp_path / "spaces.txt", [l.replace("\t", " ") for l in plain])) == expected
     assert read_word_pairs(write(tmp_path / "blank.txt", plain[:3] + [""] + plain[3:] + [""])) == expected
     # the real file: 999 pairs, its first and last rows as SOURCES.md lists them
-    real = Path(__file__).resolve().parents[2] / "shared" / "data" / "lexical" / "SimLex-999.txt"
+    real = Path(__file__).resolve().parents[3] / "shared" / "data" / "lexical" / "SimLex-999.txt"
     if real.is_file():
         pairs = read_word_pairs(real)
         assert len(pairs) == 999 and pairs[0] == WordPair("old", "new", 1.58)
@@ -210,7 +212,6 @@ def test_cli_lexical_follows_the_encoders_pooling(tmp_path, tiny_bert_dir, capsy
 
 
 def test_sts_and_lexical_together(tmp_path, tiny_bert_dir):
-    from test_senteval import write_senteval
     root = write_senteval(tmp_path / "SentEval")
     lexical = tmp_path / "lexical"
     simlex_file(lexical / "SimLex-999.txt")

@@ -21,7 +21,7 @@ import math
 
 import pytest
 import torch
-from test_objectives import batch, load, mlm_dir, random_batch  # noqa: F401 (mlm_dir: a fixture)
+from conftest import batch, load, random_batch
 
 from bertcf.models.flow import ActNorm, AdditiveCoupling, InvertibleLinear
 from bertcf.objectives import BSL, TSDAE, ContrastiveTension, MaskedLM, Mirror, SimCSE

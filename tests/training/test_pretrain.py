@@ -3,12 +3,9 @@ sentences, a handful of steps on the CPU. Run directory layout, TensorBoard, res
 bit-identity, the joint/flow stages, bad input and Ctrl-C."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import os
-import random
 import re
 import shutil
 import signal
@@ -16,7 +13,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from conftest import (
+    PRETRAIN_WORDS,
+    assert_one_error_line,
+    base_args,
+    exit_status,
+    run_quiet,
+    tensors,
+    training_state,
+)
+from safetensors.torch import save_file
 
 from bertcf import cli, runs
 from bertcf.cli import run_main
@@ -27,12 +33,7 @@ from bertcf.training.pretraining import final_line
 from bertcf.errors import UsageError
 from minbert import CheckpointError
 
-REPO = Path(__file__).resolve().parents[1]
-
-WORDS = ("the a man woman dog cat child band girl boy plays runs eats sits walks reads sings cooks "
-         "on in under near with across park street house table garden ball guitar piano book song "
-         "red blue small big happy old young two three black white grass water car bike quickly "
-         "slowly morning evening city river beach stage music food").split()
+REPO = Path(__file__).resolve().parents[2]
 
 MIRROR_SCALARS = ["train/loss", "train/lr", "train/pos_cosine", "train/neg_cosine", "train/sentences_per_second",
                   "eval/sts_spearman", "eval/sts_spearman_ci95_lo", "eval/sts_spearman_ci95_hi", "eval/alignment",
@@ -41,63 +42,10 @@ FLOW_SCALARS = ["train/l_flow_nats", "train/l_flow_bits_per_dim", "train/l_mirro
                 "eval/latent_mean_norm", "eval/latent_log10_eig_ratio"]
 
 
-# ---- fixtures ----------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is several times faster than
-    two threads competing with other processes (and it does not change any result here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 
-def _sentence(rng: random.Random, n: int) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(n))
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    """sts-dev.csv (16 pairs, gold 0-5, some >= 4) and corpus.txt (40 sentences of 6-14 words)."""
-    d = tmp_path_factory.mktemp("pretrain-data")
-    rng = random.Random(0)
-    rows = ["\tid\tsentence1\tsentence2\tsimilarity"]
-    for i in range(16):
-        s1 = _sentence(rng, rng.randint(4, 10))
-        s2 = s1 if i % 4 == 0 else _sentence(rng, rng.randint(4, 10))  # some near-identical pairs
-        if i % 4 == 0:
-            s2 = s2 + " " + rng.choice(WORDS)
-        gold = 4.5 if i % 4 == 0 else round(rng.uniform(0, 3.5), 1)
-        rows.append(f"{i}\tid{i:03d}\t{s1}\t{s2}\t{gold}")
-    (d / "sts-dev.csv").write_text("\n".join(rows) + "\n")
-    (d / "corpus.txt").write_text("\n".join(_sentence(rng, rng.randint(6, 14)) for _ in range(40)) + "\n")
-    return d
-
-
-def base_args(bert_dir, data_dir, out_dir, steps=6, **flags) -> list[str]:
-    settings = {"model": bert_dir, "data-dir": data_dir, "corpus": Path(data_dir) / "corpus.txt", "out-dir": out_dir,
-                "steps": steps, "batch-size": 4, "max-length": 24, "eval-every": 3, "log-every": 1,
-                "device": "cpu", "precision": "fp32"} | {k.replace("_", "-"): v for k, v in flags.items()}
-    argv = []
-    for k, v in settings.items():
-        if v is None:
-            continue
-        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    return argv
-
-
-def run_quiet(argv) -> tuple[dict, str]:
-    """pretrain.run(argv) with stdout captured (the final summary line); returns (summary, stdout)."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        summary = pretrain.run(argv)
-    return summary, out.getvalue()
-
-
-def tensors(path) -> dict:
-    return load_file(str(path))
-
-
+# ---- helpers and fixtures ----------------------------------------------------------------------
 def assert_same_tensors(a: dict, b: dict):
     assert a.keys() == b.keys()
     different = [k for k in a if not torch.equal(a[k], b[k])]
@@ -113,10 +61,6 @@ def tb_tags(run_dir) -> dict:
 
 def metrics_lines(run_dir) -> list[dict]:
     return [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
-
-
-def training_state(run_dir) -> dict:
-    return torch.load(Path(run_dir) / "last" / runs.STATE_FILE, map_location="cpu", weights_only=False)
 
 
 @pytest.fixture(scope="module")
@@ -482,7 +426,7 @@ def test_evaluation_encodes_whole_sentences(tiny_bert_dir, data_dir, tmp_path):
     run_quiet(base_args(tiny_bert_dir, data_dir, out, steps=1, eval_every=1, max_length=8))
     encoder = SentenceEncoder.from_pretrained(out / "best")
     assert encoder.max_length == 64 and json.loads((out / "config.json").read_text())["eval_max_length"] == 64
-    long = " ".join(WORDS[:30])
+    long = " ".join(PRETRAIN_WORDS[:30])
     assert encoder.tokenize([long])["input_ids"].shape[1] > 8
     assert not torch.allclose(encoder.encode(long), encoder.encode(long, max_length=8))
     # --eval-max-length caps it.
@@ -491,23 +435,6 @@ def test_evaluation_encodes_whole_sentences(tiny_bert_dir, data_dir, tmp_path):
 
 
 # ---- bad input ------------------------------------------------------------------------------------
-def assert_one_error_line(capsys, *needles):
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert "Traceback" not in captured.err and "Traceback" not in captured.out
-    assert len(err.splitlines()) == 1, f"expected one line on stderr, got: {captured.err!r}"
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
-
-
-def exit_status(argv) -> int:
-    try:
-        return run_main(pretrain.run, argv)
-    except SystemExit as e:  # argparse's own errors
-        return e.code
-
-
 @pytest.mark.parametrize("case", ["missing-corpus", "empty-corpus", "short-corpus", "missing-sts-dev", "empty-sts-dev",
                                   "unknown-method", "flow-method-for-mirror", "batch-size-1", "span-p-0",
                                   "span-p-1.5", "missing-model", "select-on-mlm-heldout-for-mirror"])
@@ -831,7 +758,7 @@ def start_torchrun(argv, cwd, log, nproc=2):
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parents[1] / "run_pretrain.py"
+    script = Path(__file__).resolve().parents[2] / "run_pretrain.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
            *argv]
     with open(log, "w") as f:

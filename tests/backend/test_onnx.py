@@ -27,7 +27,7 @@ from bertcf.models.flow import Glow
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the morning sun.", "Hello", "",
              "the quick brown fox jumps over the lazy dog " * 3, "A woman slices an onion.", "ok ok"]
 

@@ -13,7 +13,7 @@ import torch
 from bertcf.bench import batches, models, timing
 from bertcf.bench.workloads import WORKLOADS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def run_bench(*args):

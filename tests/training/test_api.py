@@ -17,7 +17,7 @@ from bertcf.commands import pretrain
 from bertcf.config.train import TrainConfig
 from bertcf.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def readme_example() -> tuple[str, str]:

@@ -7,16 +7,17 @@ import math
 
 import pytest
 import torch
+from conftest import base_args, load, run_quiet, training_state
 from safetensors.torch import load_file
-from test_objectives import load
-from test_pretrain import base_args, data_dir, one_thread, run_quiet, training_state  # noqa: F401 (fixtures)
 
 from bertcf import SentenceEncoder
 from bertcf.data.corpus import CORPUS_SETTINGS
 from bertcf.objectives import Mirror, presets
 from bertcf.objectives.contrastive import char_span_mask
 
-CORPUS_SENTENCES = 40  # test_pretrain's data_dir corpus
+CORPUS_SENTENCES = 40  # conftest's data_dir corpus
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 
 def config(out) -> dict:
@@ -54,7 +55,7 @@ def test_a_preset_sets_the_papers_values_and_a_flag_wins(tiny_bert_dir, data_dir
     assert config(out)["preset_values"] == c["preset_values"] and config(out)["lr"] == 1e-3
 
 
-@pytest.mark.parametrize("name", sorted(n for n, p in presets.PRESETS.items()  # supervised: tests/test_supervised.py
+@pytest.mark.parametrize("name", sorted(n for n, p in presets.PRESETS.items()  # supervised: test_supervised.py
                                          if p.values.get("stage") != "supervised"))
 def test_every_preset_runs(name, tiny_bert_dir, data_dir, tmp_path):
     out = tmp_path / name

@@ -20,15 +20,27 @@
 - 20 steps of run_pretrain.py with --mini-batch-size reach the uncached run's weights (dropout off),
   and the chunked run's with dropout on; a cached run resumed half way ends bit-identical.
 - --mini-batch-size for tsdae/mlm, or 0, is one line and exit status 2.
-(Under torchrun: tests/test_distributed.py.)
+(Under torchrun: tests/training/test_distributed.py.)
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_objective
-from test_objectives import SENTENCES, batch, load
-from test_pretrain import assert_one_error_line, base_args, data_dir, exit_status, run_quiet, tensors  # noqa: F401
+from conftest import (
+    CONTRADICTED,
+    ENTAILED,
+    PREMISES,
+    assert_one_error_line,
+    base_args,
+    batch,
+    exit_status,
+    load,
+    make_objective,
+    run_quiet,
+    stacked,
+    tensors,
+)
+from conftest import OBJECTIVE_SENTENCES as SENTENCES
 
 from bertcf.objectives import Objective, cache
 from bertcf.objectives.contrastive import span_mask
@@ -55,12 +67,7 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 
 def build(bert_dir, case, dropout=0.1, mini_batch_size=None):
@@ -321,8 +328,6 @@ def test_mini_batch_size_where_it_does_not_apply_is_one_line(flags, message, tin
 def test_supervised_simcse_cached_step_equals_the_uncached_step(tiny_bert_dir, negatives, pooling):
     """Supervised SimCSE's three columns (anchor, entailment, contradiction) through the cache: its
     loss and gradients equal the uncached step's on the same chunks, with dropout on."""
-    from test_supervised import CONTRADICTED, ENTAILED, PREMISES, stacked
-
     from bertcf.objectives import SupervisedSimCSE
 
     def build_sup(mini_batch_size=None):

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
 import logging
 import shutil
 import socket
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +17,7 @@ from bertcf.data.download import Source
 from bertcf.data.tasks import PairExample, SentenceExample
 from bertcf.errors import DataError
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "cs224n"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "cs224n"
 OFFLINE = SHARED.parent / "cs224n-offline"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} not present")
 
@@ -347,28 +344,6 @@ def test_default_sources():
     (wiki,) = download.SOURCES["wiki1m"]
     assert wiki.name == "wiki1m_for_simcse.txt" and wiki.lines == 1_000_000
     assert wiki.checksum is None and wiki.url.startswith("https://huggingface.co/")
-
-
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def server(tmp_path, monkeypatch):
-    """A local HTTP server on a random port serving tmp_path/'srv'; yields (dir, base URL)."""
-    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "*")
-    root = tmp_path / "srv"
-    root.mkdir()
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield root, f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-    httpd.server_close()
 
 
 def _files(directory: Path) -> set[str]:

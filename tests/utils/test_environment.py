@@ -24,7 +24,7 @@ from bertcf.cli import run_main
 from bertcf.models.model_card import model_card
 from bertcf.utils import environment
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the a man woman dog cat band plays runs eats on in park street guitar piano red blue small big".split()
 
 
@@ -109,13 +109,7 @@ def test_model_card_names_the_versions():
 
 
 # ---- a run's record ------------------------------------------------------------------------------
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one intra-op thread is faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The supervised objectives (--stage supervised) and their data.
 
-- each loss against sentence-transformers' (as tests/test_reference.py does): sbert-softmax =
+- each loss against sentence-transformers' (as tests/objectives/test_reference.py does): sbert-softmax =
   SoftmaxLoss (the classifier's weights copied), sbert-cosine = CosineSimilarityLoss, simcse-sup =
   MultipleNegativesRankingLoss with a hard-negative column (scale 1/tau; with query_to_query for
   the report's variant); loss and gradients within 1e-5 on the same batch;
@@ -18,7 +18,16 @@ import math
 
 import pytest
 import torch
-from conftest import make_objective, record_pretrainings
+from conftest import (
+    CONTRADICTED,
+    ENTAILED,
+    NEUTRAL,
+    PREMISES,
+    load,
+    make_objective,
+    record_pretrainings,
+    stacked,
+)
 
 from bertcf.data.nli import LABELS, NLIExample, nli_triples, read_nli
 from bertcf.data.pairs import read_pairs, read_parallel
@@ -34,25 +43,6 @@ from bertcf.objectives import (
 )
 
 TAU = 0.05
-PREMISES = ["A man plays a guitar on the stage.", "Two dogs run across the green field.",
-            "A woman is slicing an onion in the kitchen.", "The children are singing a song near the market."]
-ENTAILED = ["A man plays music.", "Animals are running outside.", "Someone is cutting a vegetable.",
-            "Kids sing."]
-NEUTRAL = ["The man is famous.", "The dogs are brothers.", "The woman cooks for her family.",
-           "The song is about summer."]
-CONTRADICTED = ["The man is asleep in bed.", "Two cats sleep on the sofa.", "A woman is swimming.",
-                "The children are silent."]
-
-
-def load(path, dropout: float = 0.0) -> SentenceEncoder:
-    return SentenceEncoder.from_pretrained(path, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-
-
-def stacked(encoder, columns):
-    """ids, mask, special of k columns of b sentences stacked [k b, t], as pretrain's step builds them."""
-    tok = encoder.tokenizer([s for column in columns for s in column], padding=True, return_tensors="pt")
-    ids, mask = tok["input_ids"], tok["attention_mask"]
-    return ids, mask, torch.isin(ids, torch.tensor(encoder.tokenizer.all_special_ids)) | (mask == 0)
 
 
 def embeddings_of(objective, batch_, labels=None):
@@ -166,7 +156,7 @@ def batch_of(method, enc):
 
 @pytest.mark.parametrize("method", [m for m in METHODS["supervised"] if m != "distill"])
 def test_interface(method, tiny_bert_dir):
-    """As tests/test_objectives.py's test_interface for the other stages: the optimiser's groups
+    """As tests/objectives/test_objectives.py's test_interface for the other stages: the optimiser's groups
     hold exactly the trainable parameters, the encoder's among them, the loss is finite, and what a
     checkpoint keeps round-trips."""
     enc = load(tiny_bert_dir, dropout=0.1)

@@ -316,7 +316,7 @@ def test_checkpoint_directories_and_hub_names_are_not_run_directories(tiny_bert_
 
 def test_multitask_encoder_flag_uses_the_same_resolver():
     """One function turns a run directory into its checkpoint: SentenceEncoder.from_pretrained,
-    multitask's --encoder (here) and pretrain's --init (tests/test_pretrain.py) all use it."""
+    multitask's --encoder (here) and pretrain's --init (tests/training/test_pretrain.py) all use it."""
     from bertcf.training import multitask
 
     assert multitask.runs.resolve_encoder_path is resolve_encoder_path

@@ -26,16 +26,11 @@ from bertcf.commands.experiments import main as experiments_cli
 from bertcf.utils import lock
 from bertcf.utils.lock import LOCK_FILE, DirectoryInUse, DirLock
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORDS = "the a man woman dog cat band plays runs eats on in park street guitar piano red blue small big".split()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 
 # ---- the lock file -------------------------------------------------------------------------------

@@ -13,7 +13,7 @@
 - Each rank draws its own dropout masks (``distributed.seed_dropout``), and logged values are the
   mean over the ranks (``distributed.mean_over_ranks``).
 - ``run_pretrain``'s main with a --batch-size the ranks cannot share stops on every rank with one
-  UsageError. (``run_pretrain.py`` itself under torchrun: tests/test_pretrain.py, at the end.)
+  UsageError. (``run_pretrain.py`` itself under torchrun: tests/training/test_pretrain.py, at the end.)
 
 The two processes are spawned once for the module (one process-group start, ~2 s).
 """

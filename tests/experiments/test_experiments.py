@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import record_pretrainings, write_cs224n_files
+from conftest import record_pretrainings, write_cs224n_files, write_senteval
 
 from bertcf import experiments as exp
 from bertcf.commands import experiments
@@ -520,8 +520,6 @@ def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
 
 # ---- SentEval columns ---------------------------------------------------------------------------------------
 def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path):
-    from test_senteval import write_senteval
-
     from bertcf import SentenceEncoder
     from bertcf.evaluation.senteval import evaluate
     senteval = write_senteval(tmp_path / "SentEval")

@@ -11,6 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import senteval_sentence as sentence
+from conftest import write_lines as write
+from conftest import write_senteval, write_sts_year
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
@@ -34,57 +37,7 @@ from bertcf.evaluation.evaluators import (
 from bertcf.evaluation.probe import FASTTEST
 from bertcf.evaluation.senteval import evaluate, format_table, parse_tasks
 
-SHARED_SENTEVAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "senteval"
-WORDS = "man woman dog cat guitar piano music song film book street beach food water car train".split()
-
-
-def write(path: Path, lines, encoding="utf-8") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(f"{line}\n" for line in lines), encoding=encoding)
-    return path
-
-
-def sentence(i: int) -> str:
-    return f"a {WORDS[i % len(WORDS)]}  and the {WORDS[(3 * i + 1) % len(WORDS)]} ."  # two spaces: normalised
-
-
-def write_sts_year(root: Path, year: str, n: int = 4, offset: int = 0) -> dict[str, list[float]]:
-    """Every subset of ``year`` with n + k pairs (k: the subset's index; one pair with an empty
-    score), no pair twice (ties in the cosines), plus STS.gs.ALL.txt."""
-    folder = se.sts_year_dir(root, year)
-    scores = {}
-    for k, subset in enumerate(se.STS_YEARS[year]):
-        m = n + k  # subsets of different sizes, so "mean" and "wmean" differ
-        gold = [f"{(i * 1.3 + k) % 5:.2f}" for i in range(m)]
-        gold[1] = ""
-        write(folder / f"STS.input.{subset}.txt", [f"{sentence(i + offset)} {k}\t{sentence(2 * i + k)}" for i in range(m)])
-        write(folder / f"STS.gs.{subset}.txt", gold)
-        scores[subset] = [float(g) for g in gold if g]
-    write(folder / "STS.gs.ALL.txt", ["garbage", "not a subset"])
-    return scores
-
-
-def write_senteval(root: Path) -> Path:
-    """A tiny SentEval directory: every STS and transfer task, a few lines each."""
-    for j, year in enumerate(se.STS_YEARS):
-        write_sts_year(root, year, offset=j)
-    for split, n in (("train", 6), ("dev", 6), ("test", 6)):
-        write(root / se.STSB_FILES[split], [f"main-captions\tMSRvid\t2012test\t{i:04d}\t{i * 0.8:.3f}\t"
-                                            f"{sentence(i)}\t{sentence(i + 1)}" for i in range(n)])
-        write(root / se.SICK_FILES[split], ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
-              + [f"{i}\t{sentence(i)}\t{sentence(i + 2)}\t{1 + i * 0.7:.1f}\tNEUTRAL" for i in range(n)])
-    for task, (pos, neg) in se.BINARY_FILES.items():
-        write(root / pos, [f"good {sentence(i)}" for i in range(10)], "latin-1")
-        write(root / neg, [f"bad {sentence(i)}" for i in range(10)], "latin-1")
-    for split in ("train", "dev", "test"):
-        write(root / se.SST2_FILES[split], [f"{'good' if i % 2 else 'bad'} {sentence(i)} \t{i % 2}" for i in range(10)])
-    for split in ("train", "test"):
-        write(root / se.TREC_FILES[split], [f"{se.TREC_CLASSES[i % 6]}:fine what is {sentence(i)} ?"
-                                             for i in range(30)], "latin-1")
-        write(root / se.MRPC_FILES[split], ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
-              + [f"{i % 2}\t{i}\t{i + 100}\t{sentence(i)}\t{sentence(i if i % 2 else i + 5)}" for i in range(20)],
-              "utf-8-sig")
-    return root
+SHARED_SENTEVAL = Path(__file__).resolve().parents[3] / "shared" / "data" / "senteval"
 
 
 # ---- readers ----------------------------------------------------------------------------------

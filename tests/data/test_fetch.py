@@ -10,9 +10,7 @@ import random
 import shutil
 
 import pytest
-import torch
 from conftest import write_cs224n_files
-from test_data import server  # noqa: F401  (the local HTTP server fixture)
 
 from bertcf.commands import multitask, pretrain
 from bertcf.cli import run_main
@@ -24,16 +22,11 @@ WORDS = "the a man woman dog cat band plays runs eats on in park street guitar p
 CORPUS_LINES = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
 
 
 @pytest.fixture
-def mirror(server, tmp_path, monkeypatch):  # noqa: F811
+def mirror(server, tmp_path, monkeypatch):
     """The local server as $BERTCF_DATA_URL, serving the nine CS224N files (tiny ones) and a
     24-line Wiki1M, with the downloader's checksums and line count made theirs."""
     root, base = server

@@ -12,15 +12,14 @@ import stat
 
 import pytest
 import torch
+from conftest import ST_SENTENCES as SENTENCES
+from conftest import standalone_vectors
 
 from bertcf import SentenceEncoder
 from bertcf.commands import multitask, pretrain
 from bertcf.cli import run_main
 from bertcf.models.flow import Glow
 from minbert import CheckpointError
-
-SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the morning sun.", "Hello",
-             "the quick brown fox jumps over the lazy dog " * 3]
 
 
 def sentence_transformer(path):
@@ -265,43 +264,6 @@ def current_umask() -> int:
 
 
 # ---- a checkpoint shared with someone who has not installed BERT-CF ---------------------------------
-STANDALONE = """
-import importlib.abc, json, sys
-class NoBertcf(importlib.abc.MetaPathFinder):  # as on a machine where BERT-CF was never installed
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in ("bertcf", "minbert"):
-            raise ImportError(f"No module named {name!r}")
-sys.meta_path.insert(0, NoBertcf())
-try:
-    import bertcf
-    sys.exit("bertcf is importable")
-except ImportError:
-    pass
-from sentence_transformers import SentenceTransformer
-sentences, models = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(json.dumps([SentenceTransformer(path, device="cpu", trust_remote_code=trust).encode(sentences).tolist()
-                  for path, trust in models]))
-"""
-
-
-def standalone_vectors(*models) -> list[torch.Tensor]:
-    """The vectors sentence-transformers gives for SENTENCES from each (checkpoint, trust_remote_code)
-    of ``models``, in a process started outside the repository (-I: no current directory or
-    PYTHONPATH on the path) where bertcf cannot be imported."""
-    import subprocess
-    import sys
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as elsewhere:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-            "HF_MODULES_CACHE": os.path.join(elsewhere, "hf-modules"), "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.run([sys.executable, "-I", "-c", STANDALONE, json.dumps(SENTENCES),
-                               json.dumps([(str(path), trust) for path, trust in models])],
-                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [torch.tensor(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
-
-
 @pytest.mark.slow
 def test_a_joint_checkpoint_loads_where_bertcf_is_not_installed(finished_run, tiny_bert_dir, tmp_path):
     """The checkpoint carries its flow module's code: sentence-transformers alone gives encode()'s

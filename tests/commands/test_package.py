@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
             "bertcf-evaluate": "python -m bertcf.evaluate", "bertcf-experiments": "python -m bertcf.experiments",
             "bertcf-bench": "python -m bertcf.bench", "bertcf-export": "python -m bertcf.export",
