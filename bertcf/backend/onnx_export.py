@@ -25,6 +25,7 @@ path; the export checks that on a batch (``onnx_encoder.json``: "parity").
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import warnings
@@ -45,6 +46,7 @@ ST_GRAPH_FILE = "model.onnx"  # sentence-transformers' name in a checkpoint's on
 QUANTIZED_SUFFIX = {"int8": "_qint8"}
 RUNTIME_FILE = "bertcf_onnx.py"  # the copy of onnx_runtime.py
 DEFAULT_OPSET = 18
+ATTENTIONS = ("fused", "plain")  # how a layer's attention is written (``export_graph``)
 #: A sentence of each kind for the export's own parity check (and the traced example batch).
 CHECK_SENTENCES = ["A man is playing a guitar.", "Hello", "Two dogs run across the park in the morning sun, "
                    "chasing a red ball that a child threw over the fence."]
@@ -59,6 +61,10 @@ class SentenceGraph(nn.Module):
     def __init__(self, encoder: SentenceEncoder):
         super().__init__()
         self.encoder = encoder
+
+    @property
+    def bert(self):
+        return self.encoder.bert
 
     def forward(self, input_ids, attention_mask):
         encoder = self.encoder
@@ -89,22 +95,27 @@ def output_names(encoder: SentenceEncoder) -> list[str]:
 
 
 def export_graph(module: nn.Module, inputs: dict, outputs: list[str], path: Path, opset: int,
-                 max_positions: int) -> None:
+                 max_positions: int, attention: str = "fused") -> None:
     """torch.onnx's exporter (torch.export + onnxscript) with the batch and sequence axes dynamic,
     every constant subgraph folded (the fused Q/K/V weight of each layer, the flow's LU product:
     onnxscript folds only small ones by default, and an unfolded weight is neither precomputed nor
-    quantised), then ``onnx.checker``."""
+    quantised), then ``onnx.checker``. ``attention``: fused, each layer's attention as ONNX
+    Runtime's ``Attention`` operator (``fused_attention``); plain, as the exporter writes
+    ``scaled_dot_product_attention`` in standard operators (any ONNX runtime runs it)."""
     import onnx
     import onnxscript.optimizer
 
+    from .fused_attention import TRANSLATION, fused_attention
+
     batch, sequence = torch.export.Dim("batch", max=2**20), torch.export.Dim("sequence", max=max_positions)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # its notes on optional torchvision ops
-    with warnings.catch_warnings():  # torch.export's notes on axis names and deprecations, not the user's business
-        warnings.simplefilter("ignore")
+    fused = attention == "fused"
+    with warnings.catch_warnings(), fused_attention(module.bert) if fused else contextlib.nullcontext():
+        warnings.simplefilter("ignore")  # torch.export's notes on axis names and deprecations, not the user's business
         program = torch.onnx.export(module, tuple(inputs.values()), input_names=list(inputs), output_names=outputs,
                                     dynamic_shapes=tuple({0: batch, 1: sequence} for _ in inputs),
                                     opset_version=opset, dynamo=True, external_data=False, verbose=False,
-                                    optimize=False)
+                                    optimize=False, custom_translation_table=TRANSLATION if fused else None)
     onnxscript.optimizer.optimize(program.model, input_size_limit=2**40, output_size_limit=2**40)
     program.save(str(path), external_data=False)
     onnx.checker.check_model(str(path), full_check=True)
@@ -139,17 +150,18 @@ def parity(encoder: SentenceEncoder, path: Path, reference: torch.Tensor) -> flo
 
 
 def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | None, opset: int,
-                 sentence_transformers: bool, source: str) -> dict:
+                 sentence_transformers: bool, source: str, attention: str = "fused") -> dict:
     """Write the export into ``directory`` (a fresh one); returns onnx_encoder.json's content."""
     config = encoder.bert.config
     module = SentenceGraph(encoder).eval()
     inputs = example_inputs(encoder)
-    export_graph(module, inputs, output_names(encoder), directory / GRAPH_FILE, opset, config.max_position_embeddings)
+    export_graph(module, inputs, output_names(encoder), directory / GRAPH_FILE, opset, config.max_position_embeddings,
+                 attention)
     graphs = {"fp32": GRAPH_FILE}
     if sentence_transformers:
         st_inputs = inputs | {"token_type_ids": torch.zeros_like(inputs["input_ids"])}
         export_graph(TransformerGraph(encoder).eval(), st_inputs, ["last_hidden_state"], directory / ST_GRAPH_FILE,
-                     opset, config.max_position_embeddings)
+                     opset, config.max_position_embeddings, attention)
     if quantize_to:
         suffix = QUANTIZED_SUFFIX[quantize_to]
         graphs[quantize_to] = GRAPH_FILE.replace(".onnx", f"{suffix}.onnx")
@@ -169,14 +181,15 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
             "max_length": encoder._max_length(), "max_position_embeddings": config.max_position_embeddings,
             "pad_token_id": encoder.tokenizer.pad_token_id, "pooling": encoder.pooling,
             "flow": encoder.flow is not None, "dense": encoder.dense is not None,
-            "normalize": encoder.normalize, "opset": opset, "source": source,
+            "normalize": encoder.normalize, "opset": opset, "source": source, "attention": attention,
             "sentence_transformers": ST_GRAPH_FILE if sentence_transformers else None,
             "parity": {name: {"max_abs_diff": diff, "sentences": len(CHECK_SENTENCES)} for name, diff in checked.items()}}
     write_json_atomic(directory / CONFIG_FILE, meta)
     return meta
 
 
-def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = DEFAULT_OPSET) -> tuple[Path, dict]:
+def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = DEFAULT_OPSET,
+                attention: str = "fused") -> tuple[Path, dict]:
     """Export the checkpoint (or run directory: its best/) ``source`` into ``out`` (default
     ``CHECKPOINT/onnx``, where sentence-transformers finds model.onnx); returns (the directory,
     its onnx_encoder.json). The directory is written whole and swapped into place, so an
@@ -193,6 +206,6 @@ def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = D
     def write(tmp: Path) -> None:
         # the checkpoint the export came from, for ``python -m bertcf.bench --onnx`` (absolute: it runs anywhere)
         origin = str(path.resolve()) if path.exists() else str(source)
-        meta.update(write_export(encoder, tmp, quantize_to, opset, sentence_transformers, origin))
+        meta.update(write_export(encoder, tmp, quantize_to, opset, sentence_transformers, origin, attention))
     save_dir_atomic(out, write)
     return out, meta

@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from ..backend.onnx_export import CONFIG_FILE, DEFAULT_OPSET, QUANTIZED_SUFFIX, export_onnx
+from ..backend.onnx_export import ATTENTIONS, CONFIG_FILE, DEFAULT_OPSET, QUANTIZED_SUFFIX, export_onnx
 from ..cli import ArgumentParser, checked, run_main
 
 #: The opsets tried with torch 2.13's exporter (torch.export + onnxscript): 18 (the tests) and 20.
@@ -30,12 +30,15 @@ def build_parser() -> ArgumentParser:
     onnx.add_argument("--quantize", choices=tuple(QUANTIZED_SUFFIX), default=None,
                       help="also write the graphs with int8 weights (ONNX Runtime's dynamic quantisation)")
     onnx.add_argument("--opset", type=OPSET, default=DEFAULT_OPSET, help="the ONNX opset of the graphs")
+    onnx.add_argument("--attention", choices=ATTENTIONS, default="fused",
+                      help="fused: each layer's attention as ONNX Runtime's Attention operator (its fast CPU kernels, "
+                           "and QAttention in the int8 graph); plain: standard ONNX operators only, for other runtimes")
     return parser
 
 
 def run(argv=None) -> dict:
     args = build_parser().parse_args(argv)
-    out, meta = export_onnx(args.model, args.out, args.quantize, args.opset)
+    out, meta = export_onnx(args.model, args.out, args.quantize, args.opset, args.attention)
     parity = ", ".join(f"{name} {check['max_abs_diff']:.1e}" for name, check in meta["parity"].items())
     parts = ["pooling " + meta["pooling"]] + ["flow"] * meta["flow"] + ["dense"] * meta["dense"] + \
         ["Normalize"] * meta["normalize"]

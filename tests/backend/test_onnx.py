@@ -120,16 +120,20 @@ def test_the_tokenizer_file_tokenises_as_the_checkpoint_tokenizer(flow_checkpoin
 
 
 def test_int8_quantises_every_weight_matrix(flow_checkpoint):
-    """No MatMul with a weight initializer is left in float (minBERT's fused Q/K/V weight and the
-    flow's LU product are folded into initializers at export, so they are quantised too)."""
+    """Each layer's attention is ONNX Runtime's fused Attention operator (QAttention in the int8
+    graph), and no MatMul with a weight initializer is left in float (the flow's LU product is
+    folded into an initializer at export, so it is quantised too)."""
+    layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
+    fp32 = onnx.load(str(flow_checkpoint / "onnx" / "encoder.onnx"))
+    assert sum(n.op_type == "Attention" and n.domain == "com.microsoft" for n in fp32.graph.node) == layers
     model = onnx.load(str(flow_checkpoint / "onnx" / "encoder_qint8.onnx"))
     weights = {i.name for i in model.graph.initializer}
-    float_weight_matmuls = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
+    float_weight_matmuls = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm", "Attention")
                             and any(x in weights for x in n.input)]
     assert float_weight_matmuls == []
-    layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
     flow_matrices = 2 * (1 + 3)  # 2 blocks: the 1x1 map and the coupling net's 3 layers
-    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 4 * layers + flow_matrices + 1  # + Dense
+    assert sum(n.op_type == "QAttention" for n in model.graph.node) == layers
+    assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 3 * layers + flow_matrices + 1  # + Dense
     fp32 = OnnxEncoder(flow_checkpoint).encode(SENTENCES)
     int8 = OnnxEncoder(flow_checkpoint, quantized=True).encode(SENTENCES)
     assert 0 < max_diff(int8, fp32) < 0.1  # quantised, and close (unit vectors)
@@ -345,3 +349,13 @@ def test_bench_compares_torch_and_onnxruntime_fp32_and_int8(flow_checkpoint, tmp
         engines["torch fp32"]["stsb_test_spearman"], abs=1e-6)
     assert json.loads(out.read_text())["results"]["onnx_encode"].keys() == engines.keys()
     assert bench.main(["--onnx", str(tmp_path), "--senteval-dir", str(tmp_path / "senteval")]) == 2  # no export
+
+
+def test_plain_attention_writes_standard_operators_only(tiny_bert_dir, tmp_path):
+    """--attention plain: no com.microsoft operator in the graph, the same vectors."""
+    assert export([tiny_bert_dir, "--out", tmp_path / "plain", "--attention", "plain"]) == 0
+    model = onnx.load(str(tmp_path / "plain" / "encoder.onnx"))
+    assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
+    expected = SentenceEncoder.from_pretrained(tiny_bert_dir).encode(SENTENCES).numpy()
+    assert max_diff(OnnxEncoder(tmp_path / "plain").encode(SENTENCES), expected) < 1e-4
+    assert json.loads((tmp_path / "plain" / "onnx_encoder.json").read_text())["attention"] == "plain"
