@@ -56,16 +56,19 @@ class OnnxEncoder:
     """An exported encoder under ONNX Runtime. ``quantized``: the int8 graph (an export made with
     ``--quantize int8``); ``threads``: ONNX Runtime's intra-op threads (default: its own choice,
     one per physical core); ``providers``: its execution providers (default: those installed,
-    best first, e.g. CUDA before the CPU with onnxruntime-gpu)."""
+    best first, e.g. CUDA before the CPU with onnxruntime-gpu); ``graph``: another graph file of the
+    export to run, with the same inputs and outputs (the bench's variants)."""
 
-    def __init__(self, path, quantized: bool = False, threads: int | None = None, providers=None):
+    def __init__(self, path, quantized: bool = False, threads: int | None = None, providers=None,
+                 graph: str | None = None):
         self.path = find_export(path)
         self.config = read_config(self.path)
         graphs = self.config.get("graphs", {})
         kind = "int8" if quantized else "fp32"
-        if kind not in graphs:
+        if graph is None and kind not in graphs:
             raise OnnxModelError(f"{self.path} has no {kind} graph (export with --quantize int8 for one)")
-        for name in (graphs[kind], TOKENIZER_FILE):
+        graph = graph or graphs[kind]
+        for name in (graph, TOKENIZER_FILE):
             if not (self.path / name).is_file():
                 raise OnnxModelError(f"{self.path / name} is missing: export the checkpoint again")
         options = ort.SessionOptions()
@@ -73,7 +76,7 @@ class OnnxEncoder:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         try:
-            self.session = ort.InferenceSession(str(self.path / graphs[kind]), options,
+            self.session = ort.InferenceSession(str(self.path / graph), options,
                                                 providers=providers or ort.get_available_providers())
             self.tokenizer = Tokenizer.from_file(str(self.path / TOKENIZER_FILE))
         except Exception as e:  # onnxruntime's and tokenizers' own error types

@@ -1,5 +1,6 @@
 """``--onnx EXPORT_DIR``: ``encode()`` of STS-B test's sentences by the exported checkpoint under
-torch fp32 and by the export under ONNX Runtime fp32 and int8, on the CPU."""
+torch fp32, by transformers' BertModel of the same weights, and by every graph variant under ONNX
+Runtime fp32 and int8 (``onnx_variants``), on the CPU, in one run."""
 from __future__ import annotations
 
 import platform
@@ -23,24 +24,31 @@ def stsb_test_sentences(senteval_dir) -> tuple[list[str], list]:
     return [s for p in pairs for s in (p.sentence1, p.sentence2)], pairs
 
 
-def onnx_engines(export_dir, threads: int | None) -> dict:
-    """torch fp32 (SentenceEncoder on the exported checkpoint, on the CPU), ONNX Runtime fp32 and,
-    when the export has it, int8 (OnnxEncoder, CPU execution provider)."""
+def onnx_engines(export_dir, threads: int | None, scratch: Path) -> tuple[dict, dict]:
+    """(name -> engine, name -> the fused operators its graph holds): minBERT in torch fp32 (the
+    exported checkpoint, on the CPU; the baseline), transformers' BertModel in torch, and ONNX
+    Runtime (CPU execution provider) on every graph variant, written into ``scratch``."""
     from minbert import CheckpointError
 
+    from ..backend.onnx_runtime import OnnxEncoder, OnnxModelError, read_config
     from ..models.encoder import SentenceEncoder
-    from ..backend.onnx_runtime import OnnxEncoder, OnnxModelError
+    from . import onnx_variants
 
     try:
-        fp32 = OnnxEncoder(export_dir, threads=threads, providers=["CPUExecutionProvider"])
-        int8 = (OnnxEncoder(export_dir, quantized=True, threads=threads, providers=["CPUExecutionProvider"])
-                if "int8" in fp32.config["graphs"] else None)
+        source = read_config(Path(export_dir))["source"]
     except OnnxModelError as e:
         raise CheckpointError(str(e)) from None
-    torch_encoder = SentenceEncoder.from_pretrained(fp32.config["source"]).eval()
+    torch_encoder = SentenceEncoder.from_pretrained(source).eval()
     torch_encoder.precision = "fp32"
-    engines = {"torch fp32": torch_encoder, "onnxruntime fp32": fp32}
-    return engines | ({"onnxruntime int8": int8} if int8 is not None else {})
+    engines, operators = {"torch fp32 (minBERT)": torch_encoder}, {}
+    try:
+        engines["transformers torch fp32"] = onnx_variants.TransformersEncoder(torch_encoder)
+    except ValueError:  # a flow or first-last-avg: no transformers counterpart
+        pass
+    for name, graph in onnx_variants.build(Path(export_dir), torch_encoder, scratch).items():
+        engines[name] = OnnxEncoder(scratch, threads=threads, providers=["CPUExecutionProvider"], graph=graph.name)
+        operators[name] = onnx_variants.operator_counts(graph)
+    return engines, operators
 
 
 def time_onnx_encode(engines: dict, sentences: list[str], pairs: list, steps: int, warmup: int,
@@ -75,24 +83,31 @@ def time_onnx_encode(engines: dict, sentences: list[str], pairs: list, steps: in
 
 
 def run_onnx(args) -> dict:
-    """``--onnx DIR``: the encode comparison of torch fp32, ONNX Runtime fp32 and int8, in one run."""
+    """``--onnx DIR``: the encode comparison of every engine (``onnx_engines``), in one run."""
+    import tempfile
+
     import onnxruntime
 
     sentences, pairs = stsb_test_sentences(args.senteval_dir)
-    engines = onnx_engines(args.onnx, args.threads)
-    info = {"export": str(args.onnx), "model": engines["onnxruntime fp32"].config["source"],
-            "device": device_name(torch.device("cpu")), "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__, "python": platform.python_version(), "threads": args.threads,
-            "sentences": len(sentences), "batch_size": 64, "steps": args.steps, "warmup": args.warmup}
-    print(f"bench --onnx: {info['model']} and its export {info['export']}; STS-B test, {len(sentences)} sentences, "
-          f"length-sorted batches of 64; median of {args.steps} rounds after {args.warmup}, engines alternating")
-    print(f"device: {info['device']}; torch {torch.__version__}, onnxruntime {onnxruntime.__version__}", flush=True)
-    results = time_onnx_encode(engines, sentences, pairs, args.steps, args.warmup)
-    print("\n| engine | sentences/s | x torch fp32 | STS-B test Spearman x100 | max abs diff vs torch |")
-    print("|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="bertcf-bench-onnx-") as scratch:
+        engines, operators = onnx_engines(args.onnx, args.threads, Path(scratch))
+        info = {"export": str(args.onnx), "device": device_name(torch.device("cpu")), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
+                "threads": args.threads, "sentences": len(sentences), "batch_size": 64, "steps": args.steps,
+                "warmup": args.warmup}
+        print(f"bench --onnx: the export {info['export']}; STS-B test, {len(sentences)} sentences, length-sorted "
+              f"batches of 64; median of {args.steps} rounds after {args.warmup}, engines alternating")
+        print(f"device: {info['device']} ({info['cpu_capability']}); torch {torch.__version__}, onnxruntime "
+              f"{onnxruntime.__version__}", flush=True)
+        results = time_onnx_encode(engines, sentences, pairs, args.steps, args.warmup)
+    for name, ops in operators.items():
+        results[name]["operators"] = ops
+    print("\n| engine | sentences/s | x torch fp32 | STS-B test Spearman x100 | max abs diff vs torch | fused operators |")
+    print("|---|---|---|---|---|---|")
     for name, r in results.items():
+        ops = ", ".join(f"{k} {v}" for k, v in r.get("operators", {}).items())
         print(f"| {name} | {r['sentences_per_s']:,.0f} | {r['vs_torch_fp32']:.2f}x | {r['stsb_test_spearman']:.2f} | "
-              f"{r['max_abs_diff_vs_torch']:.1e} |")
+              f"{r['max_abs_diff_vs_torch']:.1e} | {ops} |")
     out = {"info": info, "results": {"onnx_encode": results}}
     if args.json:
         from ..utils.files import write_json_atomic

@@ -325,8 +325,10 @@ def test_minilm_int8_keeps_stsb_within_half_a_point(minilm_export, shared_dir):
 
 
 @pytest.mark.slow
-def test_bench_compares_torch_and_onnxruntime_fp32_and_int8(flow_checkpoint, tmp_path):
-    """``python -m bertcf.bench --onnx``: the three engines on an STS-B test file, their JSON."""
+def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_bert_dir, tmp_path):
+    """``python -m bertcf.bench --onnx``: torch and every graph variant on an STS-B test file, their
+    fused operators counted, their JSON; a checkpoint without a flow adds transformers' engines."""
+    from bertcf.bench.onnx_variants import MINBERT_VARIANTS
     from bertcf.commands import bench
 
     sts = tmp_path / "senteval" / "STS" / "STSBenchmark"
@@ -339,16 +341,26 @@ def test_bench_compares_torch_and_onnxruntime_fp32_and_int8(flow_checkpoint, tmp
     result = bench.run(["--onnx", str(flow_checkpoint / "onnx"), "--senteval-dir", str(tmp_path / "senteval"),
                         "--steps", "2", "--warmup", "0", "--threads", "1", "--json", str(out)])
     engines = result["results"]["onnx_encode"]
-    assert list(engines) == ["torch fp32", "onnxruntime fp32", "onnxruntime int8"]
+    baseline = "torch fp32 (minBERT)"
+    assert list(engines) == [baseline, *MINBERT_VARIANTS]  # a flow: no transformers counterpart
     assert result["info"]["sentences"] == 2 * len(texts)
+    layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
+    assert engines["minBERT fused fp32"]["operators"] == {"Attention": layers}
+    assert engines["minBERT fused int8"]["operators"]["QAttention"] == layers
+    assert "Attention" not in engines["minBERT plain fp32"].get("operators", {})
     for name, r in engines.items():
         assert len(r["times_s"]) == 2 and r["sentences_per_s"] > 0
-        assert r["vs_torch_fp32"] == pytest.approx(engines["torch fp32"]["seconds"] / r["seconds"])
-    assert engines["onnxruntime fp32"]["max_abs_diff_vs_torch"] < 1e-4
-    assert engines["onnxruntime fp32"]["stsb_test_spearman"] == pytest.approx(
-        engines["torch fp32"]["stsb_test_spearman"], abs=1e-6)
+        assert r["vs_torch_fp32"] == pytest.approx(engines[baseline]["seconds"] / r["seconds"])
+        if name.endswith("fp32"):
+            assert r["max_abs_diff_vs_torch"] < 1e-4
+            assert r["stsb_test_spearman"] == pytest.approx(engines[baseline]["stsb_test_spearman"], abs=1e-6)
     assert json.loads(out.read_text())["results"]["onnx_encode"].keys() == engines.keys()
     assert bench.main(["--onnx", str(tmp_path), "--senteval-dir", str(tmp_path / "senteval")]) == 2  # no export
+    assert export([tiny_bert_dir, "--out", tmp_path / "tiny"]) == 0
+    result = bench.run(["--onnx", str(tmp_path / "tiny"), "--senteval-dir", str(tmp_path / "senteval"), "--steps", "1",
+                        "--warmup", "0", "--threads", "1"])
+    assert {"transformers torch fp32", "transformers export fp32", "transformers export + ORT optimizer int8"} <= set(
+        result["results"]["onnx_encode"])
 
 
 def test_plain_attention_writes_standard_operators_only(tiny_bert_dir, tmp_path):
