@@ -4,7 +4,6 @@ chunked search equal to one whole search; the triplets file read back by supervi
 input in one line."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
