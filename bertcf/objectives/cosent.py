@@ -4,11 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..data.examples import Examples
-from ..errors import UsageError
-from .sbert_cosine import SCALE
 from .settings import CoSENTSettings, MatryoshkaSettings
-from .supervised import Supervised, read_labelled, sts_train_default
+from .supervised import ScoredPairs
 
 
 def ranking_loss(scores: torch.Tensor, gold: torch.Tensor, scale: float) -> torch.Tensor:
@@ -39,7 +36,7 @@ def angle_similarity(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (inner.real + inner.imag).abs()
 
 
-class CoSENT(Supervised):
+class CoSENT(ScoredPairs):
     """CoSENT (Huang et al. 2024, "CoSENT: Consistent Sentence Embedding via Similarity Ranking",
     IEEE/ACM TASLP; Su 2022): the cosines of the batch's pairs ranked as their gold scores are.
 
@@ -48,31 +45,17 @@ class CoSENT(Supervised):
 
         loss = log(1 + sum over {(i, j): y_i > y_j} of exp(scale * (s_j - s_i))),  scale 20.
 
-    Settings: ``CoSENTSettings`` (``scale``), ``MatryoshkaSettings``. --train-file defaults to the
-    CS224N STS training file of --data-dir, as SBERT's regression (``SBERTCosine``)."""
+    Settings: ``CoSENTSettings`` (``scale``), ``MatryoshkaSettings``. The data: ``ScoredPairs``'s (the
+    CS224N STS training file by default), as SBERT's regression (``SBERTCosine``)."""
 
     SETTINGS = (CoSENTSettings, MatryoshkaSettings)
-
-    def __init__(self, encoder, **settings):
-        super().__init__(encoder, **settings)
-        self.matryoshka_widths(encoder.output_dim)
 
     @staticmethod
     def similarity(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.cosine_similarity(u.float(), v.float())
 
-    @classmethod
-    def read_examples(cls, config, corpus) -> Examples:
-        pairs = read_labelled(config, ("sts", "qqp"), sts_train_default(config))
-        gold = torch.tensor(pairs.labels, dtype=torch.float32) / SCALE[pairs.kind]
-        return Examples([pairs.sentence1, pairs.sentence2], gold, (),
-                        f"{len(pairs):,} {pairs.kind} pairs from {', '.join(pairs.sources)}")
-
     def loss(self, ids, mask, special, rank=0, world=1, labels=None):
-        if labels is None:
-            raise UsageError(f"{type(self).__name__.lower()} needs the pairs' gold similarities (labels)")
-        u, v = self.column_embeddings(ids, mask, 2, rank, world)
-        y = self.local_labels(labels, ids.shape[0] // 2, rank, world).float()
+        u, v, y = self.pair_vectors(ids, mask, rank, world, labels)
         loss = self.at_widths(lambda w, gold: ranking_loss(self.similarity(*w), gold, self.settings.scale), [u, v], y)
         with torch.no_grad():
             scalars = {"pair_similarity": self.similarity(u, v).mean(), "gold": y.mean()}

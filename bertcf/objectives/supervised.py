@@ -13,6 +13,7 @@ from ..data.tasks import task_file
 from ..errors import UsageError
 from ..utils.distributed import local_rows
 from .base import Objective
+from .settings import MatryoshkaSettings
 
 
 def train_files(config, default=None) -> list[Path]:
@@ -84,3 +85,34 @@ class Supervised(Objective):
 
     def loss(self, ids, mask, special, rank=0, world=1, labels=None):
         raise NotImplementedError
+
+
+#: What a pair file's labels are divided by to give the target in [0, 1].
+SCALE = {"sts": 5.0, "qqp": 1.0}
+
+
+class ScoredPairs(Supervised):
+    """An objective on pairs (s1, s2) with a gold similarity y [b] scaled to [0, 1] (STS: score / 5;
+    QQP: duplicate 1, not 0), from --train-file or by default the CS224N STS training file of
+    --data-dir (which holds pairs of STS-B's test set: an STS-B test score after it is not a
+    held-out number); its loss compares f(s1) and f(s2) [b, D] (``MatryoshkaSettings`` apply)."""
+
+    SETTINGS = (MatryoshkaSettings,)
+
+    def __init__(self, encoder, **settings):
+        super().__init__(encoder, **settings)
+        self.matryoshka_widths(encoder.output_dim)
+
+    @classmethod
+    def read_examples(cls, config, corpus) -> Examples:
+        pairs = read_labelled(config, ("sts", "qqp"), sts_train_default(config))
+        gold = torch.tensor(pairs.labels, dtype=torch.float32) / SCALE[pairs.kind]
+        return Examples([pairs.sentence1, pairs.sentence2], gold, (),
+                        f"{len(pairs):,} {pairs.kind} pairs from {', '.join(pairs.sources)}")
+
+    def pair_vectors(self, ids, mask, rank: int, world: int, labels) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's (u, v, y): the two columns' vectors [b, D] and the gold scores [b]."""
+        if labels is None:
+            raise UsageError(f"{type(self).__name__} needs the pairs' gold similarities (labels)")
+        u, v = self.column_embeddings(ids, mask, 2, rank, world)
+        return u, v, self.local_labels(labels, ids.shape[0] // 2, rank, world).float()
