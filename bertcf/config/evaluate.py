@@ -19,12 +19,15 @@ from .train import TrainConfig
 class EvaluateConfig(Settings):
     """Every setting of a ``python -m bertcf.evaluate`` run."""
 
-    encoder: str = option(None, "checkpoint, run directory or Hugging Face BERT name/directory", required=True)
+    encoder: str = option(None, "checkpoint, run directory or Hugging Face BERT name/directory; or, for the mteb "
+                                "tasks only, an ONNX export (bertcf-export onnx)", required=True)
     vocab: str | None = redefault(ModelConfig, "vocab", group=None)
     pooling: str | None = redefault(ModelConfig, "pooling", group=None)
     senteval_dir: str = option("data/SentEval", "SentEval's data/downstream/ layout (see data/README.md)")
     tasks: str = option("sts", "comma-separated: sts, transfer, SentEval task names, lexical (word similarity, needs "
-                               "--lexical-dir), retrieval (needs --retrieval-dir)")
+                               "--lexical-dir), retrieval (needs --retrieval-dir); mteb-sts, mteb-retrieval: mteb's "
+                               "evaluators on STS-B of --senteval-dir and on --retrieval-dir (pip install "
+                               "'bertcf[mteb]')")
     lexical_dir: str = option("data/lexical", "--tasks lexical: every .txt/.tsv file here is a word-similarity task "
                                               "(SimLex-999's layout, or word1<TAB>word2<TAB>score)")
     lexical_pooling: str | None = option(None, "--tasks lexical: the word vector, [CLS] or the mean of the word's "
@@ -40,7 +43,7 @@ class EvaluateConfig(Settings):
                                             "SentEval and the published tables; full = [u, v, |u-v|, u*v]",
                                 choices=PAIR_FEATURES)
     retrieval_dir: str | None = option(None, "a set in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) for "
-                                             "--tasks retrieval")
+                                             "--tasks retrieval and mteb-retrieval")
     retrieval_score: str | None = option(None, "retrieval's score: cos or dot (default: the model's sentence-"
                                                "transformers similarity_fn_name, else cos; the same for an encoder "
                                                "that normalises its vectors)", choices=SCORES)
@@ -61,7 +64,8 @@ class EvaluateConfig(Settings):
 def build_parser() -> cli.ArgumentParser:
     parser = cli.ArgumentParser(prog="python -m bertcf.evaluate",
                                 description="SentEval's STS and transfer tasks, word similarity, and retrieval on a "
-                                            "set in BEIR's layout, on a sentence encoder.")
+                                            "set in BEIR's layout, on a sentence encoder; mteb's evaluators on the "
+                                            "same files.")
     EvaluateConfig.add_arguments(parser)
     return parser
 
