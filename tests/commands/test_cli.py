@@ -114,7 +114,7 @@ def test_help_of_the_first_hour():
                           ("--dropout", "0.1"), ("--temperature", "0.05")):
         assert pretrain[flag][1].endswith(f"(default: {default})"), flag
     assert pretrain["--lr"][1] == ("AdamW's learning rate (default, by --stage: 0.0001 mirror, 0.0003 joint, "
-                                   "0.0003 flow, 2e-05 supervised)")
+                                   "0.0003 flow, 2e-05 supervised, 0.0001 mix)")
     assert multitask["--lr"][1].endswith("(default: 1e-05)") and multitask["--steps"][1].endswith("(default: 5000)")
     assert "runs/multitask-<encoder>-<time>" in multitask["--out-dir"][1]
     assert "<stage>-<method>" not in multitask["--out-dir"][1]
