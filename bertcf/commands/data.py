@@ -1,8 +1,9 @@
 """``python -m bertcf.data COMMAND``: ``download`` (the CS224N files, Wiki1M and SentEval's data,
 verified; ``bertcf.data.download``), ``beir-quora`` (a BEIR-layout retrieval set from the CS224N
-Quora files; ``bertcf.data.beir``) and ``mine-negatives`` (hard negatives for (query, positive)
-pairs; ``bertcf.data.negatives``). The first two import no torch, so the downloader runs on a fresh
-machine."""
+Quora files; ``bertcf.data.beir``), ``mine-negatives`` (hard negatives for (query, positive)
+pairs; ``bertcf.data.negatives``) and ``genq`` (queries a seq2seq generator writes for a corpus's
+passages, in BEIR's layout; ``bertcf.data.genq``). The first two import no torch, so the
+downloader runs on a fresh machine."""
 from __future__ import annotations
 
 import argparse
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_download(commands)
     add_beir_quora(commands)
     add_mine_negatives(commands)
+    add_genq(commands)
     return parser
 
 
@@ -89,6 +91,12 @@ def add_beir_quora(commands) -> None:
     p.add_argument("--queries-from", default="dev",
                    help="comma-separated labelled splits whose duplicate pairs make the queries: train, dev "
                         "(default: dev; the multitask stage trains on quora-train)")
+    p.add_argument("--exclude-questions-of", default="",
+                   help="comma-separated splits (dev): leave out every pair with a question of their duplicate pairs, "
+                        "so that a set to train on shares no query or relevant document with the set built from them")
+    p.add_argument("--split", default="test", choices=("test", "train", "dev"),
+                   help="the qrels file to write, OUT/qrels/SPLIT.tsv (default: test, what the evaluation reads; "
+                        "train: what --method simcse-sup and python -m bertcf.gpl --queries train on)")
     p.set_defaults(run=run_beir_quora)
 
 
@@ -99,15 +107,20 @@ def run_beir_quora(args) -> int:
         print(f"python -m bertcf.data beir-quora: error: --queries-from takes train and/or dev, not "
               f"{args.queries_from!r}", file=sys.stderr)
         return 2
+    exclude = tuple(s.strip() for s in args.exclude_questions_of.split(",") if s.strip())
+    if set(exclude) - {"train", "dev"} or set(exclude) & set(splits):
+        print(f"python -m bertcf.data beir-quora: error: --exclude-questions-of takes train and/or dev, not those of "
+              f"--queries-from: {args.exclude_questions_of!r}", file=sys.stderr)
+        return 2
     try:
-        built = beir.build_quora(args.data_dir, splits)
-        beir.write(args.out, built.corpus, built.queries, built.qrels)
+        built = beir.build_quora(args.data_dir, splits, exclude)
+        beir.write(args.out, built.corpus, built.queries, built.qrels, split=args.split)
     except (DataError, WriteError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     relevant = sum(len(d) for d in built.qrels.values())
     print(f"{args.out}: {len(built.queries)} queries (duplicate pairs of {', '.join(splits)}), "
-          f"{len(built.corpus)} documents, {relevant} relevant pairs")
+          f"{len(built.corpus)} documents, {relevant} relevant pairs (qrels/{args.split}.tsv)")
     return 0
 
 
@@ -186,3 +199,56 @@ def mine_negatives(args) -> dict:
     print(f"{args.out}: {len(rows)} (anchor, positive, negative) rows for {pairs} pairs "
           f"({len(rows) / max(pairs, 1):.2f} negatives a pair; asked {args.num_negatives})")
     return {"rows": len(rows), "pairs": pairs}
+
+
+def add_genq(commands) -> None:
+    """``genq``: the subcommand of ``python -m bertcf.data``."""
+    from ..cli import AT_LEAST_1, checked
+    from ..data.genq import DEFAULT_GENERATOR, Generation
+
+    d = Generation()
+    p = commands.add_parser(
+        "genq", help="write queries for a corpus's passages with a seq2seq query generator (GenQ), in BEIR's layout",
+        description="GenQ (BEIR, Thakur et al. 2021): for each passage of --corpus, queries sampled from --generator "
+                    "as BEIR's query generator samples them (nucleus sampling, top-p 0.95, top-k 25, 64 tokens); "
+                    "writes OUT/corpus.jsonl, OUT/queries.jsonl and OUT/qrels/train.tsv, which run_pretrain.py "
+                    "--stage supervised --method simcse-sup --negatives simcse --train-file OUT trains on (MNRL).")
+    p.add_argument("--corpus", required=True, help="the passages: a set in BEIR's layout (its corpus.jsonl), a BEIR "
+                                                   "corpus .jsonl, or a text file of one passage a line")
+    p.add_argument("--out", required=True, help="the directory to write (replaced as a whole)")
+    p.add_argument("--generator", default=DEFAULT_GENERATOR,
+                   help="a seq2seq query generator: a Hugging Face name or directory (transformers' "
+                        "AutoModelForSeq2SeqLM)")
+    p.add_argument("--queries-per-passage", type=AT_LEAST_1, default=d.queries_per_passage,
+                   help="sequences sampled per passage; repeats are kept once")
+    p.add_argument("--top-p", type=checked(float, lambda v: 0 < v <= 1, "in (0, 1]"), default=d.top_p,
+                   help="nucleus sampling's probability mass")
+    p.add_argument("--top-k", type=AT_LEAST_1, default=d.top_k, help="sample among the k likeliest tokens")
+    p.add_argument("--query-max-length", type=checked(int, lambda v: v >= 2, "at least 2"), default=d.max_length,
+                   help="tokens per query, at most")
+    p.add_argument("--batch-size", type=AT_LEAST_1, default=d.batch_size, help="passages at once")
+    p.add_argument("--seed", type=int, default=d.seed, help="the draws' seed")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(run=run_genq)
+
+
+def run_genq(args) -> int:
+    from ..cli import run_main
+    return run_main(lambda _: genq(args))
+
+
+def genq(args) -> dict:
+    """The ``genq`` subcommand: read the passages, load the generator, generate, write (bad input: one line, 2)."""
+    from ..data import genq as generation  # torch and transformers: not for the downloader
+    from ..utils.precision import resolve_device
+
+    passages = generation.read_passages(args.corpus)
+    settings = generation.Generation(args.queries_per_passage, args.top_p, args.top_k, args.query_max_length,
+                                     args.batch_size, args.seed)
+    model, tokenizer = generation.load_generator(args.generator, resolve_device(args.device))
+    queries, qrels = generation.generate(passages, model, tokenizer, settings, show_progress_bar=not args.no_progress)
+    generation.write(args.out, passages, queries, qrels)
+    print(f"{args.out}: {len(queries)} queries for {len(passages)} passages ({len(queries) / len(passages):.2f} a "
+          f"passage; {args.queries_per_passage} drawn)")
+    return {"queries": len(queries), "passages": len(passages)}

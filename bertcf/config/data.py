@@ -43,8 +43,10 @@ class TrainFilesConfig(Settings):
     train_file: list[str] | None = option(
         None, "labelled training files, of one kind: NLI (SNLI/MultiNLI .jsonl or .txt, or a premise<TAB>hypothesis"
               "<TAB>label TSV) for sbert-softmax and simcse-sup, a CS224N STS or QQP file for sbert-cosine (default "
-              "DATA_DIR/sts-train.csv) and sbert-softmax (QQP); distill: source<TAB>target lines or one sentence a "
-              "line (default: the corpus)", nargs="+", metavar="FILE")
+              "DATA_DIR/sts-train.csv) and sbert-softmax (QQP); simcse-sup also: anchor<TAB>positive<TAB>negative "
+              "triplets, query<TAB>positive pairs, a set in BEIR's layout (its qrels/train.tsv, e.g. python -m "
+              "bertcf.data genq's); margin-mse: query<TAB>positive<TAB>negative<TAB>margin rows; distill: "
+              "source<TAB>target lines or one sentence a line (default: the corpus)", nargs="+", metavar="FILE")
     teacher: str | None = option(None, "distill: the teacher encoder (a checkpoint, run directory, sentence-"
                                        "transformers directory or Hugging Face name), whose vectors of the training "
                                        "sentences the student learns", metavar="DIR|NAME")

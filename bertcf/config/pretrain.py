@@ -25,6 +25,7 @@ from ..objectives.settings import (
     FlowSettings,
     InfoNCESettings,
     JointLossSettings,
+    MarginMSESettings,
     MatryoshkaSettings,
     MemorySettings,
     MLMSettings,
@@ -67,8 +68,8 @@ class StageConfig(Settings):
                                   "encoder on several (method, data) parts at once (--mix)", choices=STAGES)
     method: str | None = option(None, "mirror (default) or simcse for --stage mirror|joint, or bsl, ct, tsdae, mlm for "
                                       "--stage mirror; flow for --stage flow; sbert-softmax (default), sbert-cosine, "
-                                      "simcse-sup, distill, cosent or angle for --stage supervised; whitening for "
-                                      "--stage whiten")
+                                      "simcse-sup, distill, cosent, angle or margin-mse for --stage supervised; "
+                                      "whitening for --stage whiten")
     preset: str | None = option(None, "a method as its authors published it (loss variant, pooling, augmentation, "
                                       "temperature, batch, lr, length, one epoch of the corpus); flags given here "
                                       "win; docs/pretraining.md lists what each sets", choices=tuple(PRESETS))
@@ -128,7 +129,7 @@ STAGE_LR_HELP = ", ".join(f"{lr:g} {stage}" for stage, lr in STAGE_LR.items())
 
 @dataclass(frozen=True)
 class PretrainConfig(MixConfig, WhitenConfig, MLMSettings, TSDAESettings, CTSettings, BSLSettings, JointLossSettings, FlowSettings,
-                     MatryoshkaSettings, CoSENTSettings, TrainFilesConfig, MemorySettings, InfoNCESettings, SpanSettings,
+                     MatryoshkaSettings, MarginMSESettings, CoSENTSettings, TrainFilesConfig, MemorySettings, InfoNCESettings, SpanSettings,
                      SelectionConfig, TrainConfig, ModelConfig, CorpusConfig, DataConfig, StageConfig):
     """Every setting of a ``run_pretrain.py`` run (the bases, one per concern, in --help's order
     reversed)."""
@@ -275,6 +276,8 @@ def check(config: PretrainConfig) -> None:
                          f"--method {config.method}")
     if config.scale != CoSENTSettings.scale and CoSENTSettings not in getattr(cls, "SETTINGS", ()):
         raise UsageError("--scale is for --stage supervised --method cosent|angle")
+    if config.margin_score != MarginMSESettings.margin_score and MarginMSESettings not in getattr(cls, "SETTINGS", ()):
+        raise UsageError("--margin-score is for --stage supervised --method margin-mse")
     if config.mini_batch_size and cls is not None and not cls.mini_batches:
         raise UsageError(f"--mini-batch-size is for the objectives that compare a batch's sentence vectors "
                          f"({MINI_BATCH_METHODS}); --method {config.method}'s loss is a sum over each sentence's "
@@ -307,7 +310,12 @@ def check_supervised(config: PretrainConfig) -> None:
     if method in ("sbert-softmax", "simcse-sup") and not config.train_file:
         raise UsageError(f"--method {method} needs --train-file FILE [FILE ...] (NLI: SNLI/MultiNLI .jsonl or "
                          f".txt, or a premise<TAB>hypothesis<TAB>label TSV" + (", or a CS224N QQP file)"
-                                                                                 if method == "sbert-softmax" else ")"))
+                                                                                 if method == "sbert-softmax" else
+                                                                                 "; or triplets, or (query, positive) "
+                                                                                 "pairs: a TSV or a BEIR-layout set)"))
+    if method == "margin-mse" and not config.train_file:
+        raise UsageError("--method margin-mse needs --train-file FILE [FILE ...] (query<TAB>positive<TAB>negative<TAB>"
+                         "margin rows under that header; python -m bertcf.gpl writes them)")
     if method == "distill" and not config.teacher:
         raise UsageError("--method distill needs --teacher DIR|NAME (the encoder to distil)")
     if method != "distill" and (config.teacher or config.teacher_cache):

@@ -167,27 +167,32 @@ def write(directory, corpus: dict[str, str], queries: dict[str, str], qrels: dic
 
 
 # ---- the Quora set ------------------------------------------------------------------------------
-def build_quora(data_dir, queries_from: tuple[str, ...] = ("dev",)) -> RetrievalSet:
+def build_quora(data_dir, queries_from: tuple[str, ...] = ("dev",), exclude: tuple[str, ...] = ()) -> RetrievalSet:
     """The duplicate-question set of the CS224N Quora files in ``data_dir`` (see the module's
     docstring): queries from the duplicate pairs of ``queries_from`` ("train", "dev"), the corpus
-    from every Quora file present. Ids are the questions' numbers in order of first appearance."""
+    from every Quora file present. Ids are the questions' numbers in order of first appearance.
+    ``exclude`` ("dev"): leave out every pair with a question of those splits' duplicate pairs, so
+    that a set to train on shares no query or relevant document with the set built from them."""
     pairs = {}
     for split in SPLITS:
         path = task_file(data_dir, "qqp", split)
-        if split in queries_from or path.exists():
+        if split in queries_from or split in exclude or path.exists():
             pairs[split] = read_qqp(path, labeled=split != "test")
     ids: dict[str, str] = {}
     for split in SPLITS:
         for p in pairs.get(split, []):
             for text in (p.sentence1.strip(), p.sentence2.strip()):
                 ids.setdefault(text, str(len(ids)))
+    held_out = {t for split in exclude for p in pairs[split] if p.label == 1.0
+                for t in (p.sentence1.strip(), p.sentence2.strip())}
     qrels: dict[str, dict[str, int]] = {}
     for split in queries_from:
         for p in pairs[split]:
             query, duplicate = ids[p.sentence1.strip()], ids[p.sentence2.strip()]
-            if p.label == 1.0 and query != duplicate:
+            if p.label == 1.0 and query != duplicate and not {p.sentence1.strip(), p.sentence2.strip()} & held_out:
                 qrels.setdefault(query, {})[duplicate] = 1
     if not qrels:
-        raise DataError(f"{data_dir}: no duplicate pairs in the Quora {' and '.join(queries_from)} file(s)")
+        raise DataError(f"{data_dir}: no duplicate pairs in the Quora {' and '.join(queries_from)} file(s)"
+                        + (f" that share no question with {' and '.join(exclude)}'s" if exclude else ""))
     corpus = {i: text for text, i in ids.items()}
     return RetrievalSet(corpus, {q: corpus[q] for q in qrels}, qrels)

@@ -3,13 +3,15 @@ an encoder ranks nearest that are not one of its positives, filtered and drawn a
 sentence-transformers' ``mine_hard_negatives`` does (rank range, score bounds, an absolute or
 relative margin to the positive, the top ones or a random draw), by exact search in chunks so that
 memory stays bounded on a large corpus; written as (anchor, positive, negative) rows
-(``write_triplets``) that supervised SimCSE trains on (``read_triplets``).
+(``write_triplets``) that supervised SimCSE trains on (``read_triplets``); and the same rows with a
+cross-encoder's margin each (``write_margins``, ``read_margins``), which MarginMSE trains on (GPL).
 
 The pairs come from a file of ``query<TAB>positive`` lines, an NLI file's entailment pairs, or a
 set in BEIR's layout (its queries and relevant documents, its corpus the candidates)."""
 from __future__ import annotations
 
 import csv
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,9 @@ from .nli import read_nli
 from .reading import not_text, open_text
 
 TRIPLET_HEADER = ("anchor", "positive", "negative")
+MARGIN_HEADER = ("query", "positive", "negative", "margin")
+#: The header of a (query, positive) pairs file that a training file's kind is told by (``pairs.pair_kind``).
+PAIR_HEADERS = (("query", "positive"), ("anchor", "positive"))
 
 
 @dataclass(frozen=True)
@@ -88,12 +93,12 @@ def nli_pairs(path) -> tuple[list[str], list[str]]:
     return [p for p, _ in pairs], [h for _, h in pairs]
 
 
-def beir_pairs(directory) -> tuple[list[str], list[str], list[str]]:
+def beir_pairs(directory, split: str = "test") -> tuple[list[str], list[str], list[str]]:
     """(queries, positives, corpus) of a set in BEIR's layout: each query with each document its
-    qrels call relevant (score > 0); the corpus is every document."""
+    qrels of ``split`` (``qrels/SPLIT.tsv``) call relevant (score > 0); the corpus is every document."""
     from .beir import load
 
-    data = load(directory)
+    data = load(directory, split)
     pairs = [(data.queries[q], data.corpus[d]) for q, docs in data.qrels.items() if q in data.queries
              for d, score in docs.items() if score > 0 and d in data.corpus]
     if not pairs:
@@ -218,3 +223,42 @@ def read_triplets(path: str | os.PathLike) -> list[tuple[str, str, str]]:
     if len(rows) == 1:
         raise DataError(f"{path} holds no triplets")
     return [tuple(r) for r in rows[1:]]
+
+
+# ---- the margins files (GPL) ------------------------------------------------------------------------
+def write_margins(path, rows: list[tuple[str, str, str, float]]) -> None:
+    """``query<TAB>positive<TAB>negative<TAB>margin`` lines under that header, written atomically;
+    a margin is written in full (``repr``), so it reads back bit for bit."""
+    if not rows:
+        raise DataError("no (query, positive, negative) rows: no margins to write")
+    lines = ["\t".join(MARGIN_HEADER)] + ["\t".join([*(t.replace("\t", " ").replace("\n", " ") for t in row[:3]),
+                                                     repr(float(row[3]))]) for row in rows]
+    write_text_atomic(path, "\n".join(lines) + "\n")
+
+
+def read_margins(path: str | os.PathLike) -> list[tuple[str, str, str, float]]:
+    """The (query, positive, negative, margin) rows of a file ``write_margins`` wrote (or any TSV
+    with that header): the margin a finite number, the texts not blank."""
+    path = Path(path)
+    with open_text(path, "margins file", newline="") as handle:
+        try:
+            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+        except UnicodeDecodeError as error:
+            raise not_text(path, error, "margins file") from None
+    if not rows or tuple(rows[0]) != MARGIN_HEADER:
+        raise DataError(f"{path} line 1: expected the header query<TAB>positive<TAB>negative<TAB>margin")
+    out = []
+    for number, row in enumerate(rows[1:], start=2):
+        if not row:
+            continue
+        try:
+            margin = float(row[3]) if len(row) == 4 else math.nan
+        except ValueError:
+            margin = math.nan
+        if len(row) != 4 or not all(f.strip() for f in row[:3]) or not math.isfinite(margin):
+            raise DataError(f"{path} line {number}: expected query<TAB>positive<TAB>negative<TAB>margin, the "
+                            f"margin a finite number")
+        out.append((row[0], row[1], row[2], margin))
+    if not out:
+        raise DataError(f"{path} holds no (query, positive, negative, margin) rows")
+    return out

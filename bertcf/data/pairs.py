@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DataError
+from .negatives import MARGIN_HEADER, PAIR_HEADERS, TRIPLET_HEADER
 from .nli import LABELS, read_nli
 from .reading import not_text, open_text
 from .tasks import read_qqp, read_sts
@@ -23,6 +24,11 @@ from .tasks import read_qqp, read_sts
 CLASSES = {"nli": LABELS, "qqp": ("not duplicate", "duplicate"), "sts": ()}
 FORMATS = ("SNLI/MultiNLI .jsonl, their .txt release (header with gold_label), a premise<TAB>hypothesis<TAB>label "
            "TSV, or a CS224N QQP/STS file (header id, sentence1, sentence2, is_duplicate or similarity)")
+#: The files of the contrastive and distilled methods, not labelled pairs: kind -> (what, the method that reads them).
+UNLABELLED = {"triplets": ("(anchor, positive, negative) triplets", "simcse-sup"),
+              "pairs": ("(query, positive) pairs", "simcse-sup"),
+              "beir": ("a set in BEIR's layout, (query, relevant document) pairs", "simcse-sup"),
+              "margins": ("(query, positive, negative) rows with margins", "margin-mse")}
 
 
 @dataclass
@@ -44,7 +50,14 @@ class LabelledPairs:
 
 
 def pair_kind(path: Path) -> str:
-    """nli, qqp, sts or triplets: by the extension (.jsonl is NLI) or the header line."""
+    """nli, qqp, sts, triplets (anchor, positive, negative), margins (query, positive, negative,
+    margin), pairs (query, positive) or beir (a directory in BEIR's layout with qrels/train.tsv): by
+    the extension (.jsonl is NLI), the header line, or a directory."""
+    if path.is_dir():
+        if not (path / "qrels" / "train.tsv").is_file():
+            raise DataError(f"{path} is a directory: a set in BEIR's layout trains on its qrels/train.tsv, which it "
+                            f"lacks (python -m bertcf.data genq writes one)")
+        return "beir"
     if path.suffix == ".jsonl":
         return "nli"
     with open_text(path, "training file", newline="\n") as handle:
@@ -54,8 +67,12 @@ def pair_kind(path: Path) -> str:
             raise not_text(path, error, "training file") from None
     if "gold_label" in header or header == ["premise", "hypothesis", "label"]:
         return "nli"
-    if header == ["anchor", "positive", "negative"]:  # mined hard negatives (bertcf.data.negatives)
+    if tuple(header) == TRIPLET_HEADER:  # mined hard negatives (bertcf.data.negatives)
         return "triplets"
+    if tuple(header) == MARGIN_HEADER:  # GPL's cross-encoder margins
+        return "margins"
+    if tuple(header) in PAIR_HEADERS:
+        return "pairs"
     if {"sentence1", "sentence2"} <= set(header):
         for kind, label in (("qqp", "is_duplicate"), ("sts", "similarity")):
             if label in header:
@@ -72,10 +89,10 @@ def read_pairs(paths) -> LabelledPairs:
     if len(set(kinds.values())) > 1:
         raise DataError("the training files are of different kinds: "
                         + ", ".join(f"{p} ({k})" for p, k in kinds.items()) + "; give files of one kind")
-    triplets = [str(p) for p, k in kinds.items() if k == "triplets"]
-    if triplets:
-        raise DataError(f"{', '.join(triplets)} holds (anchor, positive, negative) triplets, which --method simcse-sup "
-                        f"trains on, not labelled pairs")
+    for path, kind in kinds.items():
+        if kind in UNLABELLED:
+            what, method = UNLABELLED[kind]
+            raise DataError(f"{path} holds {what}, which --method {method} trains on, not labelled pairs")
     out = LabelledPairs(next(iter(kinds.values())))
     for path in paths:
         if out.kind == "nli":

@@ -8,8 +8,9 @@ a checkpoint keeps. ``bertcf.Trainer`` trains one; the bench times the same obje
   --stage mirror:      mirror (Mirror-BERT), simcse, bsl, ct, tsdae, mlm
   --stage joint:       joint (BERT-CF; --method simcse gives SimCSE-joint: span_cap 0)
   --stage flow:        flow (the flow alone: MinBERT-flow, Mirror-flow)
-  --stage supervised:  sbert-softmax, sbert-cosine (Sentence-BERT), simcse-sup (supervised SimCSE),
-                       distill (knowledge distillation), cosent, angle; each reads its own examples
+  --stage supervised:  sbert-softmax, sbert-cosine (Sentence-BERT), simcse-sup (supervised SimCSE;
+                       MNRL on (query, positive) pairs), distill (knowledge distillation), cosent, angle,
+                       margin-mse (a cross-encoder's margins, GPL); each reads its own examples
                        (``read_examples``: labelled pairs or triples from --train-file, or the
                        corpus with a teacher's vectors) instead of the corpus alone
 """
@@ -22,6 +23,7 @@ from .cosent import AnglE, CoSENT
 from .ct import ContrastiveTension
 from .distill import Distill
 from .joint import FlowOnly, Joint
+from .margin_mse import MarginMSE
 from .mirror import Mirror, SimCSE
 from .mixture import Mixture
 from .mlm import MaskedLM
@@ -35,7 +37,7 @@ OBJECTIVES = {"mirror": Mirror, "simcse": SimCSE, "bsl": BSL, "ct": ContrastiveT
               "mlm": MaskedLM}
 #: ``--method`` of ``--stage supervised`` -> its objective (``supervised.Supervised``).
 SUPERVISED = {"sbert-softmax": SBERTSoftmax, "sbert-cosine": SBERTCosine, "simcse-sup": SupervisedSimCSE,
-              "distill": Distill, "cosent": CoSENT, "angle": AnglE}
+              "distill": Distill, "cosent": CoSENT, "angle": AnglE, "margin-mse": MarginMSE}
 #: Each stage's methods; the first is its default.
 METHODS = {"mirror": tuple(OBJECTIVES), "joint": ("mirror", "simcse"), "flow": ("flow",),
            "supervised": tuple(SUPERVISED)}
@@ -51,4 +53,4 @@ def objective_class(stage: str, method: str) -> type[Objective]:
 
 __all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "MINI_BATCH_METHODS", "Examples", "Objective", "objective_class",
            "Mirror", "SimCSE", "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE", "MaskedLM", "SBERTSoftmax",
-           "SBERTCosine", "SupervisedSimCSE", "Distill", "CoSENT", "AnglE", "Mixture"]
+           "SBERTCosine", "SupervisedSimCSE", "Distill", "CoSENT", "AnglE", "MarginMSE", "Mixture"]

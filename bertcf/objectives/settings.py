@@ -119,6 +119,20 @@ class CoSENTSettings(Settings):
                                 "(sentence-transformers' 20)", type=POSITIVE)
 
 
+#: MarginMSE's score of a (query, passage) pair: sentence-transformers' pairwise_dot_score (its default) or pairwise_cos_sim.
+MARGIN_SCORES = ("dot", "cos")
+
+
+@dataclass(frozen=True)
+class MarginMSESettings(Settings):
+    """MarginMSE's score (``objectives.margin_mse``)."""
+
+    GROUP = SUPERVISED
+    margin_score: str = option("dot", "margin-mse: the bi-encoder's score of a (query, passage) pair whose margins are "
+                                      "fitted: dot, the dot product (sentence-transformers' MarginMSELoss and GPL's "
+                                      "default), or cos, the cosine", choices=MARGIN_SCORES)
+
+
 WIDTHS = comma_list(int, lambda v: all(d >= 1 for d in v) and len(set(v)) == len(v),
                     "comma-separated distinct widths of at least 1, e.g. 384,256,128,64")
 WEIGHTS = comma_list(float, lambda v: all(w >= 0 for w in v), "comma-separated weights >= 0, e.g. 1,1,1,1")

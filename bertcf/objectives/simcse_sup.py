@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..data.negatives import read_triplets
+from ..data.negatives import beir_pairs, read_query_pairs, read_triplets
 from ..data.nli import nli_triples, read_nli
 from ..data.pairs import pair_kind
 from ..errors import DataError, UsageError
@@ -29,6 +29,14 @@ class SupervisedSimCSE(Supervised):
         --negatives simcse is the published loss (``--preset simcse-sup``). Under torch.distributed
         the candidates come from the global batch.
 
+    Also (anchor, positive, negative) triplets of mined negatives (``python -m bertcf.data
+    mine-negatives``), and (query, positive) pairs without a hard negative: a ``query<TAB>positive``
+    file under that header, or a set in BEIR's layout (its qrels/train.tsv: GenQ's queries,
+    ``python -m bertcf.data genq``). On pairs, with --negatives simcse, the loss is InfoNCE over
+    the batch's positives alone: sentence-transformers' MultipleNegativesRankingLoss (MNRL) at
+    scale 1 / --temperature, what GenQ trains with (``hard_negatives=False``; a run sets it from
+    its examples, ``from_examples``).
+
     Settings: ``InfoNCESettings``, ``MatryoshkaSettings``; ``mlp=True`` (``--pooling cls-mlp``): SimCSE's MLP over [CLS] in
     training (h = tanh(W [CLS] + c)); the encoder and its checkpoint keep [CLS] without it.
 
@@ -41,8 +49,9 @@ class SupervisedSimCSE(Supervised):
     SETTINGS = (InfoNCESettings, MatryoshkaSettings)
     RUN_SETTINGS = ("mlp",)
 
-    def __init__(self, encoder, *, mlp: bool = False, **settings):
+    def __init__(self, encoder, *, mlp: bool = False, hard_negatives: bool = True, **settings):
         super().__init__(encoder, **settings)
+        self.columns = 3 if hard_negatives else 2  # (anchor, positive[, negative])
         self.info_nce = InfoNCE(temperature=self.settings.temperature, negatives=self.settings.negatives)
         self.mlp = simcse_mlp(encoder, mlp)
         self.matryoshka_widths(encoder.output_dim)
@@ -51,38 +60,48 @@ class SupervisedSimCSE(Supervised):
     def read_examples(cls, config, corpus) -> Examples:
         files = train_files(config)
         kinds = {f: pair_kind(f) for f in files}
-        other = [f"{f} ({kind})" for f, kind in kinds.items() if kind not in ("nli", "triplets")]
-        if other or len(set(kinds.values())) > 1:
+        other = [f"{f} ({kind})" for f, kind in kinds.items() if kind not in ("nli", "triplets", "pairs", "beir")]
+        pairs = {"pairs", "beir"} >= set(kinds.values())
+        if other or (len(set(kinds.values())) > 1 and not pairs):
             raise UsageError(f"--method simcse-sup trains on NLI files or on (anchor, positive, negative) triplets "
-                             f"(python -m bertcf.data mine-negatives), of one kind: {', '.join(other) or 'mixed'}")
+                             f"(python -m bertcf.data mine-negatives), of one kind, or on (query, positive) pairs (a "
+                             f"query<TAB>positive file, a set in BEIR's layout): {', '.join(other) or 'mixed'}")
+        where = ", ".join(map(str, files))
+        if pairs:
+            read = [beir_pairs(f, "train")[:2] if kinds[f] == "beir" else read_query_pairs(f) for f in files]
+            queries, positives = [q for r in read for q in r[0]], [p for r in read for p in r[1]]
+            return Examples([queries, positives], None, (), f"{len(queries):,} (query, positive) pairs from {where}")
         if "triplets" in kinds.values():
             triples = [t for f in files for t in read_triplets(f)]
             return Examples([list(c) for c in zip(*triples)], None, (),
-                            f"{len(triples):,} (anchor, positive, mined negative) triplets from "
-                            f"{', '.join(map(str, files))}")
+                            f"{len(triples):,} (anchor, positive, mined negative) triplets from {where}")
         examples = [e for f in files for e in read_nli(f)]
         triples = nli_triples(examples)
         if not triples:
-            raise DataError(f"{', '.join(map(str, files))}: no premise has both an entailed and a contradicted "
+            raise DataError(f"{where}: no premise has both an entailed and a contradicted "
                             f"hypothesis, so there are no triples for supervised SimCSE")
         anchors, positives, negatives = (list(column) for column in zip(*triples))
-        return Examples([anchors, positives, negatives], None, (),
-                        f"{len(triples):,} (premise, entailment, contradiction) triples from "
-                        f"{', '.join(map(str, files))}")
+        return Examples([anchors, positives, negatives], None, (), f"{len(triples):,} (premise, entailment, "
+                                                                   f"contradiction) triples from {where}")
+
+    @classmethod
+    def from_examples(cls, examples: Examples) -> dict:
+        return {"hard_negatives": len(examples.columns) == 3}
 
     def checkpoint_modules(self):
         return {"encoder": self.encoder} | ({"mlp": self.mlp} if self.mlp is not None else {})
 
     def views(self, ids, mask, rank: int, world: int) -> list[torch.Tensor]:
-        """h, h+, h- [b, D] of this rank's rows (after the MLP with cls-mlp)."""
-        h = torch.cat(self.column_embeddings(ids, mask, 3, rank, world))
-        return list((self.mlp(h) if self.mlp is not None else h).chunk(3))
+        """h, h+ (and h-) [b, D] of this rank's rows (after the MLP with cls-mlp)."""
+        h = torch.cat(self.column_embeddings(ids, mask, self.columns, rank, world))
+        return list((self.mlp(h) if self.mlp is not None else h).chunk(self.columns))
 
     def loss(self, ids, mask, special, rank=0, world=1, labels=None):
-        anchors, positives, negatives = self.views(ids, mask, rank, world)
-        loss = self.at_widths(lambda v, _: self.info_nce(*v), [anchors, positives, negatives])
+        views = self.views(ids, mask, rank, world)
+        loss = self.at_widths(lambda v, _: self.info_nce(*v), views)
         with torch.no_grad():
-            scalars = pair_scalars(anchors, positives)
-            scalars["hard_negative_cosine"] = torch.nn.functional.cosine_similarity(
-                anchors.float(), negatives.float()).mean()
+            scalars = pair_scalars(views[0], views[1])
+            if len(views) == 3:
+                scalars["hard_negative_cosine"] = torch.nn.functional.cosine_similarity(
+                    views[0].float(), views[2].float()).mean()
         return loss, scalars

@@ -95,6 +95,8 @@ DOCUMENTED = {
     "python -m bertcf.bench": [sys.executable, "-m", "bertcf.bench"],
     "python -m bertcf.data download": [sys.executable, "-m", "bertcf.data", "download"],
     "python -m bertcf.data beir-quora": [sys.executable, "-m", "bertcf.data", "beir-quora"],
+    "python -m bertcf.data genq": [sys.executable, "-m", "bertcf.data", "genq"],
+    "python -m bertcf.gpl": [sys.executable, "-m", "bertcf.gpl"],
     "python -m bertcf.st_format": [sys.executable, "-m", "bertcf.st_format"],
     "bertcf-export onnx": [sys.executable, "-m", "bertcf.export", "onnx"],
     "bertcf-encode": [sys.executable, "-m", "bertcf.encode"],

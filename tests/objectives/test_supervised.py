@@ -147,6 +147,8 @@ def test_supervised_simcse_trains_its_mlp_and_saves_cls_without_it(tiny_bert_dir
 
 # ---- the shared interface ---------------------------------------------------------------------------------
 def batch_of(method, enc):
+    if method == "margin-mse":
+        return stacked(enc, [PREMISES, ENTAILED, CONTRADICTED]), torch.tensor([0.5, 1.0, -0.3, 2.0]), None
     if method == "simcse-sup":
         return stacked(enc, [PREMISES, ENTAILED, CONTRADICTED]), None, None
     if method == "sbert-softmax":

@@ -1,0 +1,140 @@
+"""``python -m bertcf.gpl``'s settings (``GPLConfig``), resolved once by ``parse``: the encoder to
+adapt and the directory of every step's output, then each step's own (the queries, the negatives,
+the margins, the training). The defaults are GPL's (Wang et al. 2022; its ``gpl.train``): BEIR's T5
+query generator, 3 queries a passage, negatives drawn from each retriever's top 50,
+``cross-encoder/ms-marco-MiniLM-L-6-v2``'s margins, MarginMSE on the dot product, batch 32, lr 2e-5
+with 1,000 warm-up steps then a linear decay, 140,000 steps, 350 tokens. The training step takes
+any other ``run_pretrain.py`` flag after ``--``."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .. import cli
+from ..data.genq import DEFAULT_GENERATOR, Generation
+from ..data.negatives import Mining
+from ..errors import UsageError
+from ..objectives.settings import MARGIN_SCORES
+from .fields import Settings, derived, option, redefault
+from .pretrain import SELECTION
+from .train import TrainConfig
+
+DEFAULT_CROSS_ENCODER = "cross-encoder/ms-marco-MiniLM-L-6-v2"
+TRAINING = "step 4: the training (run_pretrain.py --stage supervised --method margin-mse; its other flags after --)"
+AT_LEAST_2 = cli.checked(int, lambda v: v >= 2, "at least 2")
+TOP_P = cli.checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+@dataclass(frozen=True)
+class QuerySettings(Settings):
+    """Step 1: the queries, generated for --corpus by --generator (GenQ), or given (--queries)."""
+
+    GROUP = "step 1: the queries"
+    corpus: str | None = option(None, "the target domain's passages: a set in BEIR's layout (its corpus.jsonl), a BEIR "
+                                      "corpus .jsonl, or a text file of one passage a line (default, with --queries "
+                                      "DIR: that set's corpus)")
+    queries: str | None = option(None, "queries to take instead of generating them: a set in BEIR's layout (its "
+                                       "queries and qrels/train.tsv, each query's relevant passages its positives; "
+                                       "python -m bertcf.data beir-quora --split train writes one) or a file of "
+                                       "query<TAB>positive lines under that header")
+    generator: str = option(DEFAULT_GENERATOR, "the seq2seq query generator (a Hugging Face name or directory)")
+    queries_per_passage: int = option(Generation.queries_per_passage, "queries sampled per passage (repeats kept "
+                                                                      "once)", type=cli.AT_LEAST_1)
+    top_p: float = option(Generation.top_p, "nucleus sampling's probability mass", type=TOP_P)
+    top_k: int = option(Generation.top_k, "sample among the k likeliest tokens", type=cli.AT_LEAST_1)
+    query_max_length: int = option(Generation.max_length, "tokens per generated query, at most", type=AT_LEAST_2)
+    generation_batch_size: int = option(Generation.batch_size, "passages given to the generator at once",
+                                        type=cli.AT_LEAST_1)
+
+
+@dataclass(frozen=True)
+class NegativeSettings(Settings):
+    """Step 2: negatives mined by each retriever (``data.negatives.mine``)."""
+
+    GROUP = "step 2: the negatives"
+    retriever: list[str] | None = option(None, "the encoders that mine the negatives, each on its own (default: "
+                                               "--encoder, the encoder being adapted)", nargs="+", metavar="NAME")
+    num_negatives: int = option(3, "negatives per (query, positive) pair and retriever", type=cli.AT_LEAST_1)
+    range_max: int = option(50, "consider each query's candidates up to this rank (GPL: each retriever's top 50)",
+                            type=cli.AT_LEAST_1)
+    sampling: str = option("random", "the negatives among them: a seeded random draw (GPL draws at random), or the "
+                                     "top ones", choices=("random", "top"))
+    encode_batch_size: int = option(64, "sentences a retriever encodes at once", type=cli.AT_LEAST_1)
+
+
+@dataclass(frozen=True)
+class MarginSettings(Settings):
+    """Step 3: the cross-encoder's margins CE(q, pos) - CE(q, neg)."""
+
+    GROUP = "step 3: the margins"
+    cross_encoder: str = option(DEFAULT_CROSS_ENCODER, "the cross-encoder whose margins are learnt: a Hugging Face "
+                                                       "name or directory that sentence-transformers' CrossEncoder "
+                                                       "loads (e.g. python -m bertcf.cross's output)")
+    ce_max_length: int | None = option(None, "tokens of a (query, passage) pair the cross-encoder reads (default: "
+                                             "its own limit)", type=cli.AT_LEAST_1)
+    ce_batch_size: int = option(32, "pairs the cross-encoder scores at once", type=cli.AT_LEAST_1)
+
+
+@dataclass(frozen=True)
+class GPLConfig(MarginSettings, NegativeSettings, QuerySettings):
+    """Every setting of a ``python -m bertcf.gpl`` run."""
+
+    encoder: str = option(None, "the bi-encoder to adapt: a Hugging Face BERT name or directory, a checkpoint or a run "
+                                "directory", required=True)
+    out: str = option(None, "the directory of every step's output (queries/, negatives-N.tsv, margins.tsv, model/); a "
+                            "step whose output is there is skipped, and the training continues (--resume)",
+                      required=True)
+    steps: int = redefault(TrainConfig, "steps", 140_000, group=TRAINING)
+    batch_size: int = redefault(TrainConfig, "batch_size", 32, group=TRAINING)
+    lr: float = redefault(TrainConfig, "lr", 2e-5, group=TRAINING)
+    warmup_steps: int = redefault(TrainConfig, "warmup_steps", 1000, group=TRAINING)
+    lr_schedule: str = redefault(TrainConfig, "lr_schedule", "linear", group=TRAINING)
+    max_length: int = redefault(TrainConfig, "max_length", 350, group=TRAINING)
+    eval_every: int = redefault(TrainConfig, "eval_every", 10_000, group=TRAINING)
+    margin_score: str = option("dot", "the bi-encoder's score whose margins are fitted: dot (GPL's) or cos",
+                               choices=MARGIN_SCORES, group=TRAINING)
+    select_on: str = option("last", "what picks the run's best/: last, the end of the run (GPL keeps the last "
+                                    "checkpoint), or as run_pretrain.py's --select-on", choices=tuple(SELECTION),
+                            group=TRAINING)
+    data_dir: str = option("data", "directory with the CS224N files (the run's STS-dev evaluation reads sts-dev.csv)",
+                           group=TRAINING)
+    seed: int = redefault(TrainConfig, "seed", group=None)
+    device: str | None = redefault(TrainConfig, "device", group=None)
+    precision: str | None = redefault(TrainConfig, "precision", group=None)
+    progress: str = redefault(TrainConfig, "progress", group=None)
+    train_args: list = derived(default_factory=list, help="run_pretrain.py's flags after --, for the training step")
+
+    def generation(self) -> Generation:
+        return Generation(self.queries_per_passage, self.top_p, self.top_k, self.query_max_length,
+                          self.generation_batch_size, self.seed)
+
+    def mining(self) -> Mining:
+        return Mining(num_negatives=self.num_negatives, range_max=self.range_max, sampling=self.sampling,
+                      seed=self.seed)
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(
+        prog="python -m bertcf.gpl", usage="python -m bertcf.gpl --encoder MODEL --out OUT [flags] [-- run_pretrain.py "
+                                           "flags]",
+        description="GPL (Wang et al. 2022): domain adaptation of a bi-encoder by generated queries, negatives mined "
+                    "by retrievers, a cross-encoder's margins and MarginMSE. Each step's output is kept in OUT and a "
+                    "step whose output is there is skipped; run the same command again to continue.")
+    GPLConfig.add_arguments(parser)
+    return parser
+
+
+def parse(argv=None) -> GPLConfig:
+    """The run of ``argv``: GPL's flags, then after ``--`` the training step's run_pretrain.py flags."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    config = GPLConfig(**vars(build_parser().parse_args(ours)) | {"train_args": train_args})
+    reserved = [a for a in train_args if a.split("=")[0] in ("--stage", "--method", "--train-file", "--out-dir",
+                                                             "--resume")]
+    if reserved:
+        raise UsageError(f"after --: {', '.join(reserved)} belong to the GPL command itself (the training step is "
+                         f"--stage supervised --method margin-mse on OUT/margins.tsv, in OUT/model)")
+    if config.queries is None and config.corpus is None:
+        raise UsageError("give --corpus (the passages to generate queries for) or --queries (queries to take)")
+    return config
