@@ -3,15 +3,18 @@
 # README's install command uses and that the test suite passes with.
 #
 # In a fresh virtualenv in a temporary directory it installs torch (TORCH_SPEC, default
-# torch==2.13.0), then this checkout with its test extra from the ranges of requirements.txt and
-# pyproject.toml, without constraints, so pip takes the newest versions the ranges allow. It
+# torch==2.13.0), then this checkout with its test extra and its optional extras from the ranges
+# of requirements.txt and pyproject.toml: with KEEP_PINS=1, under today's constraints.txt (a
+# package it pins keeps its version; a new one gets the newest its range allows), otherwise
+# without constraints, so pip takes the newest versions the ranges allow. It
 # freezes that environment into a candidate file and runs the test suite there
 # (python -m pytest -q, plus any arguments given to this script). Only when the suite passes does
 # the candidate replace constraints.txt; otherwise the script exits non-zero, leaves
 # constraints.txt as it was and says where the candidate is.
 #
-# Run it after changing requirements.txt or the test extra, or to move to newer packages:
-#     tools/update-constraints.sh
+# Run it after changing requirements.txt or an extra, or to move to newer packages:
+#     KEEP_PINS=1 tools/update-constraints.sh      # a new dependency, the others as they are
+#     tools/update-constraints.sh                  # every package at the newest its range allows
 # (arguments go to pytest, e.g. `-m "not slow"`; the file's header names the test command run)
 # and commit constraints.txt with the change. It asks nothing (it runs unattended) and takes
 # the time of an install and of the whole suite.
@@ -44,8 +47,11 @@ venv_python=$work/venv/bin/python
 echo "update-constraints: pip install $torch_spec ${TORCH_PIP_ARGS:-}" >&2
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of arguments
 "$venv_python" -m pip install -q "$torch_spec" ${TORCH_PIP_ARGS:-}
-echo "update-constraints: pip install -e \"$repo[test]\"" >&2
-"$venv_python" -m pip install -q -e "$repo[test]"
+# The test extra and the optional ones (their tests run in CI too), so every package CI installs is pinned.
+extras=test,search,mteb
+echo "update-constraints: pip install -e \"$repo[$extras]\"" >&2
+if [[ ${KEEP_PINS:-} == 1 ]]; then keep=(-c "$out"); else keep=(); fi
+"$venv_python" -m pip install -q -e "$repo[$extras]" "${keep[@]}"
 
 # pip freeze, less: pip itself, this project, and the CUDA runtime wheels that a CUDA build of
 # torch pins exactly (nvidia-*, triton), which follow the torch build installed first. A local
@@ -67,8 +73,9 @@ pins=$(grep -v -i -E '^(pip|bertcf|triton|nvidia-[a-z0-9._-]+)==' "$work/freeze.
   echo "#     pip install torch==2.13.0 && pip install -e \".[test]\" -c constraints.txt"
   echo "# Made by tools/update-constraints.sh on $(date -u +%Y-%m-%d), $("$venv_python" --version 2>&1)," \
        "$(uname -s) $(uname -m):"
-  echo "# a fresh virtualenv with $torch_spec, then the package and its test extra from the ranges of"
-  echo "# requirements.txt and pyproject.toml (the newest versions they allow), frozen, less pip,"
+  echo "# a fresh virtualenv with $torch_spec, then the package and its extras ($extras) from the ranges of"
+  echo "# requirements.txt and pyproject.toml ($([[ ${KEEP_PINS:-} == 1 ]] && echo "the earlier pins kept, new packages at" ||
+    echo "at") the newest versions they allow), frozen, less pip,"
   echo "# this project, torch's CUDA wheels (nvidia-*, triton) and local version labels (+cpu)."
   echo "# Tests run on it, passed: $tests"
   echo "# Do not edit by hand: run tools/update-constraints.sh after changing requirements.txt or the"
