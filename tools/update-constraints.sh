@@ -3,7 +3,7 @@
 # README's install command uses and that the test suite passes with.
 #
 # In a fresh virtualenv in a temporary directory it installs torch (TORCH_SPEC, default
-# torch==2.13.0), then this checkout with its test extra from the ranges of requirements.txt and
+# torch==2.13.0), then this checkout with its test and search extras from the ranges of requirements.txt and
 # pyproject.toml, without constraints, so pip takes the newest versions the ranges allow. It
 # freezes that environment into a candidate file and runs the test suite there
 # (python -m pytest -q, plus any arguments given to this script). Only when the suite passes does
@@ -44,8 +44,8 @@ venv_python=$work/venv/bin/python
 echo "update-constraints: pip install $torch_spec ${TORCH_PIP_ARGS:-}" >&2
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of arguments
 "$venv_python" -m pip install -q "$torch_spec" ${TORCH_PIP_ARGS:-}
-echo "update-constraints: pip install -e \"$repo[test]\"" >&2
-"$venv_python" -m pip install -q -e "$repo[test]"
+echo "update-constraints: pip install -e \"$repo[test,search]\"" >&2
+"$venv_python" -m pip install -q -e "$repo[test,search]"
 
 # pip freeze, less: pip itself, this project, and the CUDA runtime wheels that a CUDA build of
 # torch pins exactly (nvidia-*, triton), which follow the torch build installed first. A local

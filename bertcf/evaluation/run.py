@@ -8,6 +8,7 @@ import torch
 from ..data import beir
 from ..errors import UsageError
 from ..models.encoder import SentenceEncoder
+from ..search.index import import_faiss, set_threads
 from ..utils import environment, progress
 from ..utils.files import write_json_atomic
 from ..utils.precision import resolve_device, resolve_precision
@@ -28,10 +29,14 @@ def run(config) -> dict:
         word_similarity_evaluators(config.lexical_dir)
     if retrieval and not config.retrieval_dir:
         raise UsageError("--tasks retrieval needs --retrieval-dir DIR (a set in BEIR's layout)")
+    if retrieval and config.index != "exact":
+        import_faiss()  # before the model loads
     retrieval_set = beir.load(config.retrieval_dir) if retrieval else None
     if lexical and config.mode == "dev":
         raise UsageError("--mode dev: the word-similarity sets have no dev split; score lexical in --mode test")
     torch.set_num_threads(config.threads)
+    if retrieval and config.index != "exact":
+        set_threads(config.threads)
     device = resolve_device(config.device)
     encoder = SentenceEncoder.from_pretrained(config.encoder, pooling=config.pooling, vocab=config.vocab).to(device)
     encoder.precision = resolve_precision(config.precision, device)
@@ -47,7 +52,9 @@ def run(config) -> dict:
     if retrieval:
         result["retrieval"] = evaluate_retrieval(encoder, retrieval_set, str(config.retrieval_dir),
                                                  config.retrieval_score or model_score(config.encoder),
-                                                 config.batch_size, show_progress_bar=show)
+                                                 config.batch_size, show_progress_bar=show, index=config.index,
+                                                 index_settings=config.graph() | {
+                                                     "rescore_multiplier": config.multiplier()})
     result["encoder"] = str(config.encoder)
     result["truncate_dim"] = config.truncate_dim
     result["environment"] = environment.collect(device, encoder.precision)  # what the scores were computed with
