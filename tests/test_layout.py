@@ -14,7 +14,7 @@ PACKAGES = ("bertcf", "minbert")
 #: ``python -m`` alias of a command) is in the top layer, whatever its package.
 LAYERS = {
     "minbert": 0, "errors": 0, "utils": 0,
-    "runs": 1, "cli": 1, "data": 1,
+    "runs": 1, "cli": 1, "data": 1, "search": 1,
     "models": 2,
     "evaluation": 3, "backend": 3,
     "objectives": 4, "training": 4, "config": 4,

@@ -18,6 +18,8 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
     tokenizer files      tokenizer.json (read by the ``tokenizers`` library), vocab.txt, ...
     bertcf_onnx.py       a copy of bertcf/backend/onnx_runtime.py: OnnxEncoder, which imports onnxruntime, numpy and
                          tokenizers only, so the folder serves where neither PyTorch nor BERT-CF is installed
+    bertcf_quantization.py  a copy of bertcf/search/quantization.py, which bertcf_onnx.py imports (numpy only):
+                         OnnxEncoder.encode's int8 and binary vectors
 
 minBERT exports through its padded path (``unpad=False``: scaled_dot_product_attention with a
 boolean key mask), which gives the same values at the real tokens as the unpadded training
@@ -38,6 +40,7 @@ import torch.nn.functional as F
 from ..errors import UsageError
 from ..models.encoder import SentenceEncoder, pool
 from ..runs import resolve_encoder_path
+from ..search import quantization
 from ..utils.files import save_dir_atomic, write_json_atomic
 
 CONFIG_FILE = "onnx_encoder.json"  # onnx_runtime.py reads it (its own copy of these names)
@@ -45,6 +48,7 @@ GRAPH_FILE = "encoder.onnx"
 ST_GRAPH_FILE = "model.onnx"  # sentence-transformers' name in a checkpoint's onnx/ folder
 QUANTIZED_SUFFIX = {"int8": "_qint8"}
 RUNTIME_FILE = "bertcf_onnx.py"  # the copy of onnx_runtime.py
+QUANTIZATION_FILE = "bertcf_quantization.py"  # the copy of search/quantization.py, which bertcf_onnx.py imports
 DEFAULT_OPSET = 18
 ATTENTIONS = ("fused", "plain")  # how a layer's attention is written (``export_graph``)
 #: A sentence of each kind for the export's own parity check (and the traced example batch).
@@ -176,6 +180,7 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
                            f"this is a bug of the exporter")
     encoder.tokenizer.save_pretrained(str(directory))
     shutil.copyfile(Path(__file__).with_name("onnx_runtime.py"), directory / RUNTIME_FILE)
+    shutil.copyfile(Path(quantization.__file__), directory / QUANTIZATION_FILE)
     meta = {"format": "bertcf-onnx-encoder", "version": 1, "graphs": graphs,
             "inputs": list(inputs), "outputs": output_names(encoder), "dim": encoder.output_dim,
             "max_length": encoder._max_length(), "max_position_embeddings": config.max_position_embeddings,

@@ -5,9 +5,10 @@
     vectors = encoder.encode(["A man plays a guitar.", "Someone plays music."])  # np.ndarray [2, D], float32
 
 This file imports onnxruntime, numpy and tokenizers only (and tqdm, when a progress bar is asked
-for), and nothing of BERT-CF: every export carries a copy of it as ``bertcf_onnx.py``, so the
-export directory serves where neither PyTorch nor BERT-CF is installed
-(``pip install onnxruntime tokenizers numpy``).
+for), and of BERT-CF only the numpy module of quantised vectors, ``bertcf/search/quantization.py``:
+every export carries a copy of this file as ``bertcf_onnx.py`` and one of that module as
+``bertcf_quantization.py`` beside it, so the export directory serves where neither PyTorch nor
+BERT-CF is installed (``pip install onnxruntime tokenizers numpy``).
 
 ``encode`` has the signature of ``bertcf.SentenceEncoder.encode`` and returns its vectors (within
 1e-4 in fp32: tests/backend/test_onnx.py), as a float32 numpy array where that returns a torch tensor.
@@ -20,6 +21,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
+
+if __package__:  # bertcf.backend.onnx_runtime
+    from ..search.quantization import QuantizationError, quantize_embeddings
+else:  # bertcf_onnx.py in an export, beside bertcf_quantization.py, its copy of bertcf/search/quantization.py
+    from bertcf_quantization import QuantizationError, quantize_embeddings
 
 CONFIG_FILE = "onnx_encoder.json"  # written by bertcf/backend/onnx_export.py
 TOKENIZER_FILE = "tokenizer.json"
@@ -99,21 +105,30 @@ class OnnxEncoder:
 
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
                normalize: bool | None = None, max_length: int | None = None,
-               truncate_dim: int | None = None) -> np.ndarray:
+               truncate_dim: int | None = None, embedding_precision: str = "float32",
+               calibration_embeddings=None) -> np.ndarray:
         """Encode sentences to a float32 array [n, D] (a single string gives [D]), as
         ``SentenceEncoder.encode``: length-sorted batches, rows in input order, unit vectors when
         the model normalises (``normalize`` overrides it); ``truncate_dim``: the first k dimensions,
-        after the normalisation (a Matryoshka-trained model's smaller widths)."""
+        after the normalisation (a Matryoshka-trained model's smaller widths);
+        ``embedding_precision`` int8, uint8, binary or ubinary: the vectors quantised last, as
+        sentence-transformers' ``quantize_embeddings``, int8's ranges those of
+        ``calibration_embeddings`` ([m, D] float vectors) or else of the vectors."""
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
-        if not sentences:
-            return np.empty((0, self.dim), dtype=np.float32)
-        vectors = self.encode_ids(self.tokenize(sentences, max_length), batch_size, show_progress_bar,
-                                  self.normalize if normalize is None else normalize)
+        vectors = np.empty((0, self.dim), dtype=np.float32)
+        if sentences:
+            vectors = self.encode_ids(self.tokenize(sentences, max_length), batch_size, show_progress_bar,
+                                      self.normalize if normalize is None else normalize)
         if truncate_dim is not None:
             if not 1 <= truncate_dim <= self.dim:
                 raise OnnxModelError(f"truncate_dim {truncate_dim}: the export's vectors have {self.dim} dimensions")
             vectors = vectors[:, :truncate_dim]
+        if embedding_precision != "float32":
+            try:
+                vectors = quantize_embeddings(vectors, embedding_precision, calibration_embeddings=calibration_embeddings)
+            except QuantizationError as e:
+                raise OnnxModelError(str(e)) from None
         return vectors[0] if single else vectors
 
     def encode_ids(self, token_ids, batch_size: int = 64, show_progress_bar: bool = False,

@@ -3,6 +3,7 @@
     python -m bertcf.bench --model NAME_OR_DIR --device cpu|cuda [--precision bf16|fp16|fp32]
                            [--steps N] [--warmup N] [--workloads mirror,joint,multitask,encode] [--json OUT]
     python -m bertcf.bench --onnx EXPORT_DIR --senteval-dir DIR [--threads N] [--steps N] [--warmup N]
+    python -m bertcf.bench --search VECTORS.npy|random [--search-n N] [--search-queries Q] [--search-k K]
 
 One process, one run: both models get the same config, the same weights (minBERT's state dict
 loaded into the transformers model) and the same inputs, and their steps alternate so that a
@@ -26,6 +27,10 @@ sentences (length-sorted batches of 64) by the exported checkpoint under torch f
 export under ONNX Runtime fp32 and int8 (``bertcf.backend.onnx_runtime.OnnxEncoder``), one round of each in turn;
 it reports sentences/s, the ratio to torch fp32, each engine's STS-B test Spearman and its max
 abs difference from torch.
+``--search VECTORS.npy|random`` times the search indexes (``bertcf.search.index``: exact float32,
+HNSW float32, int8 HNSW and binary, rescored or not) on the vectors of a .npy or on random unit
+vectors: each one's build time, size in bytes, queries per second and recall@k against exact
+search (:mod:`.search`).
 Inputs are random token ids with realistic variable lengths (a log-normal around each task's
 typical length, clipped to its max length), [CLS] ... [SEP] and dynamic padding, fixed seed.
 minBERT runs unpadded (the real tokens only; ``--no-unpad`` turns that off), transformers
@@ -38,7 +43,7 @@ real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus 
 
 The modules: :mod:`.models` (the two implementations, same config and weights), :mod:`.batches`
 (the random inputs), :mod:`.workloads` (the four workloads), :mod:`.timing` (alternating steps,
-FLOPs, MFU, the profiler), :mod:`.onnx_encode` (``--onnx``); the command line is
+FLOPs, MFU, the profiler), :mod:`.onnx_encode` (``--onnx``), :mod:`.search` (``--search``); the command line is
 :mod:`bertcf.commands.bench` (``python -m bertcf.bench`` runs it). Importing this package imports
 nothing else (no torch).
 """

@@ -46,7 +46,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of the workloads: time encode() on STS-B test with torch fp32, ONNX Runtime fp32 and "
                         "int8, on the CPU, for this directory written by bertcf-export onnx (with --quantize int8)")
     p.add_argument("--senteval-dir", default="data/SentEval", help="--onnx: SentEval's data, for STS-B test")
+    add_search_flags(p)
     return p
+
+
+def add_search_flags(p: argparse.ArgumentParser) -> None:
+    """``--search``'s flags (``bench/search.py``), and the index settings of ``bertcf.config.search``."""
+    from ..bench.search import DEFAULT_VARIANTS, VARIANTS
+    from ..cli import AT_LEAST_1
+    from ..config.search import IndexConfig
+
+    group = p.add_argument_group("--search (the search indexes; faiss: pip install 'bertcf[search]')")
+    group.add_argument("--search", default=None, metavar="VECTORS.npy|random",
+                       help="instead of the workloads: build and query each search index on these vectors (a .npy of "
+                            "float vectors [n, dim]) or on --search-n random unit vectors")
+    group.add_argument("--search-n", type=AT_LEAST_1, default=100_000, help="random: the corpus's vectors")
+    group.add_argument("--search-dim", type=AT_LEAST_1, default=384, help="random: their dimensions")
+    group.add_argument("--search-queries", type=AT_LEAST_1, default=1000,
+                       help="queries: random unit vectors, or the last rows of the .npy, held out of the corpus")
+    group.add_argument("--search-k", type=AT_LEAST_1, default=10, help="neighbours per query (recall@k)")
+    group.add_argument("--search-rounds", type=AT_LEAST_1, default=3, help="timed rounds of every query")
+    group.add_argument("--search-indexes", default=",".join(DEFAULT_VARIANTS),
+                       help=f"the indexes, comma-separated, from {', '.join(VARIANTS)}")
+    IndexConfig.add_arguments(p, only=("hnsw_m", "ef_construction", "ef_search", "rescore_multiplier"))
 
 
 def fmt(x, spec):
@@ -65,6 +87,10 @@ def run(argv=None) -> dict:
         raise UsageError(f"--workloads: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(WORKLOADS)}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.search:
+        from ..bench.search import run_search
+        from ..config.search import IndexConfig
+        return run_search(args, IndexConfig(**IndexConfig.pick(args)))
     if args.onnx:
         return run_onnx(args)
     return run_workloads(args, workloads)

@@ -2,6 +2,7 @@
 
     bertcf-encode --model DIR --input FILE --output FILE.npy [--backend auto|torch|onnx] [--batch-size N]
                   [--column NAME] [--quantized] [--threads N] [--max-length N]
+                  [--embedding-precision float32|int8|uint8|binary|ubinary] [--calibration FILE]
 
 FILE is a text file (one sentence a line; row i of the output is line i + 1, blank lines included)
 or, with ``--column``, a CSV or TSV file with a header (the delimiter is a tab when the header has
@@ -12,6 +13,14 @@ when complete. ``--backend onnx`` (``auto`` picks it for a directory written by 
 onnx``) runs the export under ONNX Runtime (``bertcf.backend.onnx_runtime.OnnxEncoder``); ``torch``, the
 checkpoint under PyTorch (``SentenceEncoder``). Both return the model's vectors (unit vectors when
 it normalises).
+
+``--embedding-precision`` writes the vectors quantised (``bertcf.search.quantization``, equal to
+sentence-transformers' ``quantize_embeddings``): int8 or uint8 [sentences, dim], each dimension's
+range cut into 256 steps, or binary (int8) or ubinary (uint8) [sentences, ceil(dim / 8)], one bit
+a dimension. int8's ranges are those of the vectors of ``--calibration``'s sentences, else of the
+vectors themselves (then every vector is first written in float32 beside the output, under a
+temporary name, and read back a chunk at a time); they are written beside the output as
+``NAME.ranges.npy`` ([2, dim]: each dimension's min and max), which quantises queries alike.
 """
 from __future__ import annotations
 
@@ -24,8 +33,11 @@ import numpy as np
 
 from ..cli import AT_LEAST_1, ArgumentParser, run_main
 from ..errors import DataError, UsageError
+from ..search import quantization
 from ..utils import progress
 from ..utils.files import atomic_path
+
+CHUNK = 65_536  # rows read back at a time to quantise the staged float32 vectors
 
 BACKENDS = ("auto", "torch", "onnx")
 
@@ -47,6 +59,12 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--truncate-dim", type=AT_LEAST_1, default=None,
                    help="write each vector's first k dimensions, after the normalisation (a Matryoshka-trained "
                         "model's smaller widths; sentence-transformers' truncate_dim)")
+    p.add_argument("--embedding-precision", choices=quantization.PRECISIONS, default="float32",
+                   help="the vectors' precision: int8/uint8 (a byte a dimension) or binary/ubinary (a bit a dimension, "
+                        "packed), as sentence-transformers' quantize_embeddings")
+    p.add_argument("--calibration", default=None, metavar="FILE",
+                   help="int8/uint8: a text file of sentences (one a line) whose vectors set each dimension's range "
+                        "(default: the vectors themselves)")
     p.add_argument("--threads", type=AT_LEAST_1, default=None,
                    help="CPU threads (torch.set_num_threads; ONNX Runtime's intra-op threads) (default: the library's)")
     p.add_argument("--device", default=None, help="torch: cpu, cuda, cuda:N (default: cuda when available)")
@@ -68,14 +86,15 @@ def check_output(path: Path) -> None:
         raise UsageError(f"--output {path}: cannot write in {parent} (permission denied)")
 
 
-def read_sentences(path: Path, column: str | None) -> list[str]:
-    """The sentences of a text file (every line) or of a CSV/TSV ``column``, in file order."""
+def read_sentences(path: Path, column: str | None, flag: str = "--input") -> list[str]:
+    """The sentences of a text file (every line) or of a CSV/TSV ``column``, in file order
+    (``flag``: the option that named the file, for the error lines)."""
     if not path.is_file():
-        raise DataError(f"--input {path} not found")
+        raise DataError(f"{flag} {path} not found")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
-        raise DataError(f"--input {path} is not UTF-8 text (byte {e.start})") from None
+        raise DataError(f"{flag} {path} is not UTF-8 text (byte {e.start})") from None
     lines = text.splitlines()
     if column is None:
         sentences = lines
@@ -84,11 +103,11 @@ def read_sentences(path: Path, column: str | None) -> list[str]:
         delimiter = "\t" if path.suffix == ".tsv" or "\t" in header else ","
         reader = csv.DictReader(lines, delimiter=delimiter)
         if column not in (reader.fieldnames or []):
-            raise DataError(f"--input {path} has no column {column!r} (its columns: "
+            raise DataError(f"{flag} {path} has no column {column!r} (its columns: "
                             f"{', '.join(reader.fieldnames or []) or 'none'})")
         sentences = [row[column] or "" for row in reader]
     if not sentences:
-        raise DataError(f"--input {path} holds no sentences" + (f" (no rows under {column!r})" if column else ""))
+        raise DataError(f"{flag} {path} holds no sentences" + (f" (no rows under {column!r})" if column else ""))
     return sentences
 
 
@@ -143,20 +162,68 @@ class Backend:
         return (normalize(vectors, dim=-1) if self.torch.normalize else vectors)[:, :self.dim].numpy()
 
 
-def write_vectors(backend: Backend, token_ids: list, output: Path, batch_size: int, mode: str) -> None:
-    """Encode longest first, each batch's rows into a memory-mapped .npy renamed into place at the end."""
+def encoded_batches(backend: Backend, token_ids: list, batch_size: int, mode: str):
+    """(input rows, their float32 vectors) a batch at a time, longest sentences first."""
     order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))
     starts = range(0, len(order), batch_size)
     shown = progress.Progress(mode, "encode", total=len(starts))
+    for step, start in enumerate(starts, start=1):
+        rows = order[start:start + batch_size]
+        yield rows, backend.run([token_ids[i] for i in rows])
+        shown.step(step)
+    shown.close()
+
+
+def write_vectors(backend: Backend, token_ids: list, output: Path, batch_size: int, mode: str,
+                  precision: str = "float32", ranges=None) -> np.ndarray | None:
+    """Encode longest first, each batch's rows (in ``precision``, int8's ``ranges`` given) into a
+    memory-mapped .npy renamed into place at the end. int8 without ``ranges``: the float32 vectors
+    first, staged beside ``output``, then their ranges and codes a chunk at a time. Returns int8's ranges."""
+    if quantization.is_scalar(precision) and ranges is None:
+        staged = output.with_name(f".{output.name}.float32")
+        try:
+            write_vectors(backend, token_ids, staged, batch_size, mode)
+            floats = np.load(staged, mmap_mode="r")
+            for start in range(0, len(floats), CHUNK):
+                ranges = quantization.merge_ranges(ranges, floats[start:start + CHUNK])
+            with atomic_path(output) as tmp:
+                codes = np.lib.format.open_memmap(tmp, mode="w+", dtype=quantization.DTYPES[precision],
+                                                  shape=floats.shape)
+                for start in range(0, len(floats), CHUNK):
+                    codes[start:start + CHUNK] = quantization.quantize_embeddings(floats[start:start + CHUNK],
+                                                                                  precision, ranges)
+                codes.flush()
+                del codes, floats
+        finally:
+            staged.unlink(missing_ok=True)
+        return ranges
+    shape = (len(token_ids), quantization.width(backend.dim, precision))
     with atomic_path(output) as tmp:
-        vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(len(token_ids), backend.dim))
-        for step, start in enumerate(starts, start=1):
-            rows = order[start:start + batch_size]
-            vectors[rows] = backend.run([token_ids[i] for i in rows])
-            shown.step(step)
+        vectors = np.lib.format.open_memmap(tmp, mode="w+", dtype=quantization.DTYPES[precision], shape=shape)
+        for rows, batch in encoded_batches(backend, token_ids, batch_size, mode):
+            vectors[rows] = quantization.quantize_embeddings(batch, precision, ranges)
         vectors.flush()
         del vectors
-    shown.close()
+    return ranges
+
+
+def encode_texts(backend: Backend, texts: list[str], batch_size: int) -> np.ndarray:
+    """The float32 vectors [n, dim] of ``texts``, in input order (held in memory)."""
+    token_ids = backend.tokenize(texts)
+    vectors = np.empty((len(texts), backend.dim), dtype=np.float32)
+    for rows, batch in encoded_batches(backend, token_ids, batch_size, "none"):
+        vectors[rows] = batch
+    return vectors
+
+
+def calibration_ranges(backend: Backend, path: str | None, batch_size: int) -> np.ndarray | None:
+    """int8's ranges from the vectors of ``--calibration``'s sentences (None without the flag)."""
+    if path is None:
+        return None
+    vectors = encode_texts(backend, read_sentences(Path(path), None, "--calibration"), batch_size)
+    if len(vectors) < 2:
+        raise DataError(f"--calibration {path}: give at least two sentences (a range needs two vectors)")
+    return quantization.ranges_of(vectors)
 
 
 def run(argv=None) -> dict:
@@ -165,16 +232,34 @@ def run(argv=None) -> dict:
     check_output(output)
     if args.column is None and source.suffix in (".csv", ".tsv"):
         raise UsageError(f"--input {source} is a {source.suffix[1:].upper()} file: give --column NAME")
+    if args.calibration is not None and not quantization.is_scalar(args.embedding_precision):
+        raise UsageError("--calibration sets int8's ranges: give --embedding-precision int8 or uint8")
     backend = Backend(args.model, args.backend, args.quantized, args.threads, args.device, args.max_length,
                       args.truncate_dim)
     sentences = read_sentences(source, args.column)
+    precision = args.embedding_precision
+    if len(sentences) == 1 and quantization.is_scalar(precision) and args.calibration is None:
+        raise UsageError(f"--embedding-precision {precision} of a single sentence: its ranges cannot come from "
+                         f"its own vector; give --calibration FILE")
     start = time.perf_counter()
-    write_vectors(backend, backend.tokenize(sentences), output, args.batch_size, args.progress)
+    ranges = calibration_ranges(backend, args.calibration, args.batch_size)
+    ranges = write_vectors(backend, backend.tokenize(sentences), output, args.batch_size, args.progress, precision,
+                           ranges)
+    if ranges is not None:
+        with atomic_path(ranges_file(output)) as tmp, open(tmp, "wb") as handle:
+            np.save(handle, ranges)
     seconds = time.perf_counter() - start
-    print(f"{output}: {len(sentences)} vectors of {backend.dim} dimensions ({backend.name}, "
+    quantized = "" if precision == "float32" else f", {precision}" + (
+        f", ranges in {ranges_file(output).name}" if ranges is not None else "")
+    print(f"{output}: {len(sentences)} vectors of {backend.dim} dimensions ({backend.name}{quantized}, "
           f"{len(sentences) / seconds:,.0f} sentences/s)")
     return {"output": str(output), "sentences": len(sentences), "dim": backend.dim, "backend": backend.name,
-            "seconds": seconds}
+            "embedding_precision": precision, "seconds": seconds}
+
+
+def ranges_file(output: Path) -> Path:
+    """Where int8's ranges go: vectors.npy -> vectors.ranges.npy."""
+    return output.with_name(output.stem + ".ranges.npy")
 
 
 def main(argv=None) -> int:

@@ -10,14 +10,15 @@ from ..evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
 from ..evaluation.probe import usable_cores
 from ..evaluation.retrieval import SCORES
 from ..evaluation.senteval import MODES, PROBES
-from .fields import Settings, option, redefault
+from .fields import option, redefault
 from .model import ModelConfig
+from .search import IndexConfig
 from .train import TrainConfig
 
 
 @dataclass(frozen=True)
-class EvaluateConfig(Settings):
-    """Every setting of a ``python -m bertcf.evaluate`` run."""
+class EvaluateConfig(IndexConfig):
+    """Every setting of a ``python -m bertcf.evaluate`` run (the search index's: --tasks retrieval)."""
 
     encoder: str = option(None, "checkpoint, run directory or Hugging Face BERT name/directory; or, for the mteb "
                                 "tasks only, an ONNX export (bertcf-export onnx)", required=True)
@@ -47,6 +48,9 @@ class EvaluateConfig(Settings):
     retrieval_score: str | None = option(None, "retrieval's score: cos or dot (default: the model's sentence-"
                                                "transformers similarity_fn_name, else cos; the same for an encoder "
                                                "that normalises its vectors)", choices=SCORES)
+    index: str = redefault(IndexConfig, "index", "exact", help="--tasks retrieval: exact, every document scored "
+                           "(no faiss needed); hnsw, int8 or binary, the corpus in that search index (see "
+                           "python -m bertcf.search)")
     batch_size: int = option(64, "sentences encoded at once", type=cli.AT_LEAST_1)
     max_length: int | None = option(None, "tokens per sentence (default: whole sentences, up to the model's maximum)",
                                     type=cli.AT_LEAST_1)

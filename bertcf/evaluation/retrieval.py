@@ -11,6 +11,12 @@ Ties. Documents with the same score are ranked by their ids, in ascending string
 sentence-transformers' InformationRetrievalEvaluator ranks them: the corpus is searched in id
 order and every merge keeps, among equal scores, the lower position first.
 
+Indexes (``index``, ``python -m bertcf.evaluate --index``). ``exact`` is the search above; ``hnsw``,
+``int8`` and ``binary`` put the corpus's vectors (written a chunk at a time to a temporary .npy)
+into that kind of ``bertcf.search.index.VectorIndex`` (faiss, an optional extra) and take each
+query's k + 1 nearest from it, the rescored ones for int8 and binary (``rescore_multiplier`` × k
+candidates; 0: none), less the query's own id; int8's ranges are the corpus's. The metrics are the same.
+
 Identical ids. As BEIR's evaluation does (``ignore_identical_ids``, on by default), a document
 whose id is the query's is never retrieved for it; BEIR's Quora gives each query the id of its own
 copy in the corpus. sentence-transformers' evaluator does not skip them.
@@ -41,8 +47,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..runs import resolve_encoder_path
+from ..search.index import RESCORE_MULTIPLIER
 
 SCORES = ("cos", "dot")
+INDEXES = ("exact", "hnsw", "int8", "binary")  # bertcf.search.index.KINDS; exact here: the search above
 ENCODE_SLICE = 4096  # texts encoded at once (each call sorts its texts by length), between progress updates
 
 
@@ -122,14 +130,22 @@ class RetrievalEvaluator:
     """nDCG@10 (the main metric), MRR@10, Recall@100 and MAP@100 of exact dense retrieval on a
     BEIR-layout set (``data``: a :class:`bertcf.data.beir.RetrievalSet`). ``score``: "cos" or "dot";
     ``corpus_chunk`` documents encoded and scored at a time, against ``query_block`` queries at a
-    time. ``__call__(encode)``: ``encode(list of n texts) -> [n, D]`` float32."""
+    time; ``index``: "exact", or a search index of kind "hnsw", "int8" or "binary", with
+    ``index_settings`` (see the module's docstring). ``__call__(encode)``: ``encode(list of n texts)
+    -> [n, D]`` float32."""
 
     main_metric = "ndcg@10"
 
     def __init__(self, name: str, data, score: str = "cos", ndcg_at=(10,), mrr_at=(10,), recall_at=(100,),
-                 map_at=(100,), corpus_chunk: int = 50_000, query_block: int = 256, ignore_identical_ids: bool = True):
+                 map_at=(100,), corpus_chunk: int = 50_000, query_block: int = 256, ignore_identical_ids: bool = True,
+                 index: str = "exact", index_settings: dict | None = None):
         if score not in SCORES:
             raise ValueError(f"score must be one of {', '.join(SCORES)}, not {score!r}")
+        if index not in INDEXES:
+            raise ValueError(f"index must be one of {', '.join(INDEXES)}, not {index!r}")
+        # hnsw_m, ef_construction, ef_search (the graph's), rescore_multiplier (int8, binary; 0: none),
+        # bertcf.search.index's defaults where not given
+        self.index, self.index_settings = index, dict(index_settings or {})
         self.name, self.score = name, score
         self.cutoffs = {"ndcg_at": tuple(ndcg_at), "mrr_at": tuple(mrr_at), "recall_at": tuple(recall_at),
                         "map_at": tuple(map_at)}
@@ -170,20 +186,51 @@ class RetrievalEvaluator:
                     top.update(first, scores, start)
         return top
 
+    def search_index(self, encode, show_progress_bar: bool = False) -> list[list[int]]:
+        """Each query's top k corpus positions from an index of kind ``self.index`` (see the module's
+        docstring), best first."""
+        import tempfile
+
+        from ..search.store import build_index, encode_to_file
+
+        k = max(max(ks) for ks in self.cutoffs.values())
+        settings = dict(self.index_settings)
+        multiplier = settings.pop("rescore_multiplier", RESCORE_MULTIPLIER)
+        bar = tqdm(total=len(self.queries) + len(self.corpus), desc=f"{self.name}: queries + corpus encoded",
+                   unit="text", disable=not show_progress_bar)
+        with bar, tempfile.TemporaryDirectory(prefix="bertcf-retrieval-") as tmp:
+            queries = self._vectors(encode, self.queries, bar).numpy()
+            vectors = encode_to_file(lambda texts: self._vectors(encode, texts, bar).numpy(), self.corpus,
+                                     Path(tmp) / "vectors.npy", self.corpus_chunk)
+            index = build_index(vectors, self.index, normalize=False, chunk=self.corpus_chunk, **settings)
+            del vectors
+        _, found = index.search(queries, k + 1 if self.ignore_identical_ids else k, rescore_multiplier=multiplier)
+        position = {d: i for i, d in enumerate(self.corpus_ids)} if self.ignore_identical_ids else {}
+        return [[i for i in row if i >= 0 and i != position.get(q, -1)][:k]
+                for q, row in zip(self.query_ids, found.tolist())]
+
     def __call__(self, encode, show_progress_bar: bool = False) -> dict:
-        top = self.search(encode, show_progress_bar)
-        ranked = [[self.corpus_ids[i] for i, v in zip(row_i, row_v) if v > -math.inf]
-                  for row_i, row_v in zip(top.indices.tolist(), top.values.tolist())]
+        if self.index == "exact":
+            top = self.search(encode, show_progress_bar)
+            positions = [[i for i, v in zip(row_i, row_v) if v > -math.inf]
+                         for row_i, row_v in zip(top.indices.tolist(), top.values.tolist())]
+        else:
+            positions = self.search_index(encode, show_progress_bar)
+        ranked = [[self.corpus_ids[i] for i in row] for row in positions]
         scores = ranking_metrics(ranked, self.qrels, **self.cutoffs)
+        rescored = self.index in ("int8", "binary") and self.index_settings.get("rescore_multiplier",
+                                                                                 RESCORE_MULTIPLIER) or None
         return scores | {"score": self.score, "queries": len(self.queries), "corpus": len(self.corpus),
-                         "ignore_identical_ids": self.ignore_identical_ids}
+                         "ignore_identical_ids": self.ignore_identical_ids, "index": self.index,
+                         "rescore_multiplier": rescored}
 
 
 def evaluate_retrieval(encoder, data, name: str, score: str, batch_size: int = 64,
                        show_progress_bar: bool = False, **settings) -> dict:
     """:class:`RetrievalEvaluator` on a SentenceEncoder (texts up to its own ``max_length``, as
     sentence-transformers encodes them); the scores with ``name`` (the set), ``score`` and
-    ``normalized`` (whether the encoder returns unit vectors: then cos and dot are the same)."""
+    ``normalized`` (whether the encoder returns unit vectors: then cos and dot are the same).
+    ``settings``: RetrievalEvaluator's (``index``, ``index_settings``, the cut-offs, ...)."""
     evaluator = RetrievalEvaluator(name, data, score=score, **settings)
     result = evaluator(lambda texts: encoder.encode(texts, batch_size=batch_size), show_progress_bar)
     return {"dir": name} | result | {"normalized": bool(encoder.normalize)}
@@ -192,9 +239,11 @@ def evaluate_retrieval(encoder, data, name: str, score: str, batch_size: int = 6
 def format_retrieval(result: dict) -> str:
     """One table: the set, its size, the score and the four metrics (×100, as BEIR's tables)."""
     names = [n for n in result if "@" in n]
-    heads = ["set", "queries", "corpus", "score"] + [n.replace("ndcg", "nDCG").replace("mrr", "MRR").replace(
+    heads = ["set", "queries", "corpus", "score", "index"] + [n.replace("ndcg", "nDCG").replace("mrr", "MRR").replace(
         "recall", "Recall").replace("map", "MAP") for n in names]
-    cells = [str(result["dir"]), str(result["queries"]), str(result["corpus"]), result["score"]] + [
+    index = result.get("index", "exact") + (f", rescored {result['rescore_multiplier']}k" if result.get(
+        "rescore_multiplier") else ", not rescored" if result.get("index") in ("int8", "binary") else "")
+    cells = [str(result["dir"]), str(result["queries"]), str(result["corpus"]), result["score"], index] + [
         f"{100 * result[n]:.2f}" for n in names]
     widths = [max(len(h), len(c)) for h, c in zip(heads, cells)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"

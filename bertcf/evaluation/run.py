@@ -12,6 +12,7 @@ import torch
 from ..data import beir
 from ..errors import UsageError
 from ..models.encoder import SentenceEncoder
+from ..search.index import import_faiss, set_threads
 from ..utils import environment, progress
 from ..utils.files import write_json_atomic
 from ..utils.precision import resolve_device, resolve_precision
@@ -38,11 +39,15 @@ def run(config) -> dict:
     if (retrieval or mteb_retrieval) and not config.retrieval_dir:
         name = "retrieval" if retrieval else MTEB_RETRIEVAL
         raise UsageError(f"--tasks {name} needs --retrieval-dir DIR (a set in BEIR's layout)")
+    if retrieval and config.index != "exact":
+        import_faiss()  # before the model loads
     retrieval_set = beir.load(config.retrieval_dir) if retrieval or mteb_retrieval else None
     if lexical and config.mode == "dev":
         raise UsageError("--mode dev: the word-similarity sets have no dev split; score lexical in --mode test")
     mteb_tasks = _mteb_tasks(config, mteb_sts, retrieval_set if mteb_retrieval else None)
     torch.set_num_threads(config.threads)
+    if retrieval and config.index != "exact":
+        set_threads(config.threads)
     if is_onnx_export(config.encoder):
         if tasks or retrieval:
             raise UsageError(f"--encoder {config.encoder} is an ONNX export: it is scored by --tasks {MTEB_STS},"
@@ -65,7 +70,9 @@ def run(config) -> dict:
     if retrieval:
         result["retrieval"] = evaluate_retrieval(encoder, retrieval_set, str(config.retrieval_dir),
                                                  config.retrieval_score or model_score(config.encoder),
-                                                 config.batch_size, show_progress_bar=show)
+                                                 config.batch_size, show_progress_bar=show, index=config.index,
+                                                 index_settings=config.graph() | {
+                                                     "rescore_multiplier": config.multiplier()})
     if mteb_tasks:
         result |= _run_mteb(config, encoder, mteb_tasks)
     return _finish(config, result, device, encoder.precision)

@@ -65,6 +65,21 @@ def pooled(bert, input_ids, attention_mask, pooling: str = "mean", token_type_id
     return pool(out["last_hidden_state"], attention_mask, pooling, out.get("first_layer_hidden_state"))
 
 
+def quantized(vectors: torch.Tensor, precision: str = "float32", calibration=None) -> torch.Tensor:
+    """``vectors`` [n, D] in ``precision`` (``bertcf.search.quantization.quantize_embeddings``), as
+    a tensor; float32 returns them as they are. A bad precision or calibration is a UsageError."""
+    from ..search.quantization import QuantizationError, quantize_embeddings
+
+    if precision == "float32":
+        return vectors
+    if isinstance(calibration, torch.Tensor):
+        calibration = calibration.float().numpy()
+    try:
+        return torch.from_numpy(quantize_embeddings(vectors.numpy(), precision, calibration_embeddings=calibration))
+    except QuantizationError as e:
+        raise UsageError(str(e)) from None
+
+
 class SentenceEncoder(nn.Module):
     """Sentences -> vectors. ``forward`` works on token ids (for training); ``encode`` on text."""
 
@@ -125,7 +140,8 @@ class SentenceEncoder(nn.Module):
 
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
                normalize: bool | None = None, max_length: int | None = None,
-               truncate_dim: int | None = None) -> torch.Tensor:
+               truncate_dim: int | None = None, embedding_precision: str = "float32",
+               calibration_embeddings=None) -> torch.Tensor:
         """Encode sentences to a float32 CPU tensor [n, D] (a single string gives [D]).
 
         Runs in eval mode under ``torch.inference_mode``; sentences of similar length are
@@ -133,16 +149,19 @@ class SentenceEncoder(nn.Module):
         is an ordinary tensor (not an inference tensor), so it can feed autograd (e.g. a flow
         fitted on cached embeddings). ``truncate_dim`` (default the encoder's ``truncate_dim``):
         the vectors' first k dimensions, after the normalisation, as sentence-transformers'
-        ``truncate_dim`` (a Matryoshka-trained model's smaller widths)."""
+        ``truncate_dim`` (a Matryoshka-trained model's smaller widths). ``embedding_precision``
+        int8, uint8 ([n, D]), binary or ubinary ([n, ceil(D/8)]): the vectors quantised last, as
+        sentence-transformers' ``quantize_embeddings`` (``bertcf.search.quantization``), int8's
+        ranges those of ``calibration_embeddings`` ([m, D] float vectors) or else of the vectors."""
         single = isinstance(sentences, str)
         sentences = [sentences] if single else list(sentences)
-        if not sentences:
-            return torch.empty(0, self.output_dim)
-        token_ids = self.tokenizer(sentences, truncation=True, max_length=self._max_length(max_length))["input_ids"]
-        vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
+        vectors = torch.empty(0, self.output_dim)
+        if sentences:
+            token_ids = self.tokenizer(sentences, truncation=True, max_length=self._max_length(max_length))["input_ids"]
+            vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
         if self.normalize if normalize is None else normalize:
             vectors = torch.nn.functional.normalize(vectors, dim=-1)
-        vectors = self.truncated(vectors, truncate_dim)
+        vectors = quantized(self.truncated(vectors, truncate_dim), embedding_precision, calibration_embeddings)
         return vectors[0] if single else vectors
 
     def truncated(self, vectors: torch.Tensor, truncate_dim: int | None = None) -> torch.Tensor:

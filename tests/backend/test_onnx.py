@@ -93,6 +93,7 @@ def test_the_export_writes_checked_graphs_with_dynamic_axes(flow_checkpoint):
         dims = value.type.tensor_type.shape.dim
         assert dims[0].dim_param and (len(dims) == 2 and value in graph.output or dims[1].dim_param)
     assert (out / "bertcf_onnx.py").read_text() == (REPO / "bertcf" / "backend" / "onnx_runtime.py").read_text()
+    assert (out / "bertcf_quantization.py").read_text() == (REPO / "bertcf" / "search" / "quantization.py").read_text()
 
 
 @pytest.mark.parametrize("normalize", [None, False, True])
@@ -111,6 +112,26 @@ def test_onnx_encoder_gives_the_vectors_of_encode(flow_checkpoint, plain_export,
             checkpoint).encode(SENTENCES, max_length=5)) < 1e-4
     unit = np.linalg.norm(OnnxEncoder(flow_checkpoint).encode(SENTENCES, normalize=normalize), axis=1)
     assert np.allclose(unit, 1.0, atol=1e-5) == (normalize is not False)
+
+
+@pytest.mark.parametrize("precision", ["int8", "uint8", "binary", "ubinary"])
+def test_onnx_encoder_quantises_as_sentence_transformers(flow_checkpoint, precision):
+    """OnnxEncoder.encode(..., embedding_precision=...) is quantize_embeddings of its float vectors
+    (int8's ranges from the vectors, or from calibration vectors); the int8 of two sentences
+    whose vectors differ by 1e-6 can differ by a step, so the model's float vectors are quantised here."""
+    st_quantization = pytest.importorskip("sentence_transformers.util.quantization")
+    encoder = OnnxEncoder(flow_checkpoint)
+    floats = encoder.encode(SENTENCES, batch_size=3)
+    calibration = encoder.encode(SENTENCES[2:], truncate_dim=DIM)
+    for kwargs in ({}, {"calibration_embeddings": calibration}):
+        out = encoder.encode(SENTENCES, batch_size=3, embedding_precision=precision, **kwargs)
+        assert np.array_equal(out, st_quantization.quantize_embeddings(floats, precision=precision, **kwargs))
+    small = encoder.encode(SENTENCES, truncate_dim=9, embedding_precision=precision)
+    assert np.array_equal(small, st_quantization.quantize_embeddings(floats[:, :9], precision=precision))
+    from bertcf.backend.onnx_runtime import OnnxModelError
+    with pytest.raises(OnnxModelError, match="single vector" if precision == "int8" else "not 'float16'"):
+        encoder.encode("one", embedding_precision="int8") if precision == "int8" else encoder.encode(
+            SENTENCES, embedding_precision="float16")
 
 
 def test_the_tokenizer_file_tokenises_as_the_checkpoint_tokenizer(flow_checkpoint):
@@ -184,16 +205,21 @@ def test_onnx_encoder_runs_where_torch_cannot_be_imported(flow_checkpoint, tmp_p
     code = ("import sys, numpy as np\n"
             "try:\n    import torch\nexcept ImportError:\n    pass\nelse:\n    sys.exit('torch imported')\n"
             "from {module} import OnnxEncoder\n"
-            f"np.save(sys.argv[1], OnnxEncoder({str(flow_checkpoint / 'onnx')!r}).encode({SENTENCES!r}, batch_size=3))\n"
-            "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules)\n")
+            f"encoder = OnnxEncoder({str(flow_checkpoint / 'onnx')!r})\n"
+            f"np.save(sys.argv[1], encoder.encode({SENTENCES!r}, batch_size=3))\n"
+            f"np.save(sys.argv[2], encoder.encode({SENTENCES!r}, batch_size=3, embedding_precision='ubinary'))\n"
+            "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules)\n"
+            "assert {forbidden!r} not in sys.modules\n")
     expected = SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)
-    for module, path in (("bertcf.backend.onnx_runtime", REPO), ("bertcf_onnx", flow_checkpoint / "onnx")):
-        out = tmp_path / f"{module}.npy"
+    for module, path, forbidden in (("bertcf.backend.onnx_runtime", REPO, "faiss"),
+                                    ("bertcf_onnx", flow_checkpoint / "onnx", "bertcf")):
+        out, bits = tmp_path / f"{module}.npy", tmp_path / f"{module}.bits.npy"
         env = os.environ | {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(path)])}
-        proc = subprocess.run([sys.executable, "-c", code.format(module=module), str(out)], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=300)
+        proc = subprocess.run([sys.executable, "-c", code.format(module=module, forbidden=forbidden), str(out),
+                               str(bits)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert max_diff(np.load(out), expected) < 1e-4
+        assert np.array_equal(np.load(bits), np.packbits(np.load(out) > 0, axis=-1))
 
 
 def test_export_refuses_bad_input_in_one_line(tmp_path, tiny_bert_dir, capsys):
@@ -257,6 +283,39 @@ def test_encode_command_reads_a_csv_or_tsv_column(flow_checkpoint, tmp_path):
         assert max_diff(np.load(out), expected) < 1e-6
 
 
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_encode_command_writes_quantised_vectors(flow_checkpoint, tmp_path, backend, capsys):
+    """--embedding-precision: quantize_embeddings of the command's own float32 vectors (int8's ranges
+    from them, staged and read back a chunk at a time, or from --calibration's sentences, and written
+    beside the output); nothing temporary is left."""
+    st_quantization = pytest.importorskip("sentence_transformers.util.quantization")
+    source, calibration = tmp_path / "sentences.txt", tmp_path / "calibration.txt"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    calibration.write_text("\n".join(SENTENCES[3:]) + "\n", encoding="utf-8")
+    model = flow_checkpoint / "onnx" if backend == "onnx" else flow_checkpoint
+    common = ["--model", model, "--input", source, "--batch-size", 2, "--progress", "none", "--backend", backend]
+    assert run_encode(*common, "--output", tmp_path / "floats.npy") == 0
+    floats = np.load(tmp_path / "floats.npy")
+    assert run_encode("--model", model, "--input", calibration, "--output", tmp_path / "cal.npy", "--progress", "none",
+                      "--backend", backend, "--batch-size", 2) == 0  # the same batches: the same last bits
+    capsys.readouterr()
+    for precision in ("int8", "uint8", "binary", "ubinary"):
+        for extra in ([], ["--calibration", calibration]) if precision.endswith("int8") else ([],):
+            out = tmp_path / f"{precision}{len(extra)}.npy"
+            assert run_encode(*common, "--output", out, "--embedding-precision", precision, *extra) == 0
+            kwargs = {"calibration_embeddings": np.load(tmp_path / "cal.npy")} if extra else {}
+            expected = st_quantization.quantize_embeddings(floats, precision=precision, **kwargs)
+            written = np.load(out)
+            assert written.dtype == expected.dtype and np.array_equal(written, expected), (precision, extra)
+            ranges = out.with_name(out.stem + ".ranges.npy")
+            assert ranges.is_file() == precision.endswith("int8")
+            if ranges.is_file():
+                source_of_ranges = kwargs.get("calibration_embeddings", floats)
+                assert np.array_equal(np.load(ranges), np.vstack([source_of_ranges.min(0), source_of_ranges.max(0)]))
+            assert f"({backend} fp32, {precision}" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
 def test_encode_command_refuses_bad_input_in_one_line(flow_checkpoint, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("one\ntwo\n")
@@ -278,7 +337,15 @@ def test_encode_command_refuses_bad_input_in_one_line(flow_checkpoint, tmp_path,
         "--quantized runs the int8 ONNX graph": ["--model", flow_checkpoint, "--backend", "torch", "--quantized",
                                                  "--input", source, "--output", tmp_path / "v.npy"],
         "give a .npy file name": ["--model", model, "--input", source, "--output", tmp_path / "v.txt"],
+        "--calibration sets int8's ranges": ["--model", model, "--input", source, "--output", tmp_path / "v.npy",
+                                             "--embedding-precision", "binary", "--calibration", source],
+        "its ranges cannot come from its own vector; give --calibration FILE": [
+            "--model", model, "--input", tmp_path / "one.txt", "--output", tmp_path / "v.npy",
+            "--embedding-precision", "int8"],
+        "--calibration": ["--model", model, "--input", source, "--output", tmp_path / "v.npy",
+                          "--embedding-precision", "int8", "--calibration", tmp_path / "missing.txt"],
     }
+    (tmp_path / "one.txt").write_text("a single sentence\n")
     (tmp_path / "nomodel.npy").mkdir()
     for message, argv in cases.items():
         assert run_encode(*argv) == 2, message

@@ -1,5 +1,5 @@
 """The package as pip builds and installs it: a wheel whose metadata lists requirements.txt's
-dependencies and the seven commands, and installed commands that run from outside the repository."""
+dependencies and the eight commands, and installed commands that run from outside the repository."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
             "bertcf-evaluate": "python -m bertcf.evaluate", "bertcf-experiments": "python -m bertcf.experiments",
             "bertcf-bench": "python -m bertcf.bench", "bertcf-export": "python -m bertcf.export",
-            "bertcf-encode": "python -m bertcf.encode"}
+            "bertcf-encode": "python -m bertcf.encode", "bertcf-search": "python -m bertcf.search"}
 
 
 def requirements() -> list[str]:
@@ -64,7 +64,7 @@ def test_the_wheel_lists_the_dependencies_and_the_commands(wheel):
     with zipfile.ZipFile(wheel) as z:
         files = set(z.namelist())
     assert {"bertcf/objectives/mirror.py", "bertcf/experiments/suite.py", "minbert/model.py", "bertcf/st.py",
-            "bertcf/data/tasks.py"} <= files
+            "bertcf/data/tasks.py", "bertcf/search/quantization.py", "bertcf/search/__main__.py"} <= files
 
 
 @pytest.mark.slow
@@ -100,6 +100,8 @@ DOCUMENTED = {
     "python -m bertcf.st_format": [sys.executable, "-m", "bertcf.st_format"],
     "bertcf-export onnx": [sys.executable, "-m", "bertcf.export", "onnx"],
     "bertcf-encode": [sys.executable, "-m", "bertcf.encode"],
+    "python -m bertcf.search build": [sys.executable, "-m", "bertcf.search", "build"],
+    "python -m bertcf.search query": [sys.executable, "-m", "bertcf.search", "query"],
 }
 
 

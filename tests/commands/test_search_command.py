@@ -1,0 +1,189 @@
+"""``python -m bertcf.search build | query``: the index of a corpus (a text file, a CSV column, a
+set in BEIR's layout) encoded a chunk at a time, written beside its vectors and index.json, read
+back and queried; its answers are exact search's on the model's own vectors (exact), and the
+index's own (every kind); bad input is one line and exit status 2: another model, another width,
+a corrupt or missing index, a directory that is no index, faiss missing."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+from conftest import make_hf_bert_dir
+
+from bertcf import SentenceEncoder
+from bertcf.cli import run_main
+from bertcf.commands import search
+from bertcf.data import beir
+from bertcf.search import store
+from bertcf.search.index import PRECISION
+
+faiss = pytest.importorskip("faiss", reason="the search indexes need faiss-cpu (pip install 'bertcf[search]')")
+
+SUBJECTS = "a man|the woman|two dogs|a child|the band|a cat".split("|")
+ACTIONS = "plays the guitar|rides a horse|eats food|reads a book|walks on the beach|sings a song|runs in the park".split("|")
+CORPUS = [f"{s} {a}" for s in SUBJECTS for a in ACTIONS]  # 42 documents
+QUERIES = ["a man plays music", "dogs running", "someone reads"]
+
+
+def run(*argv) -> int:
+    return run_main(search.run, [str(a) for a in argv])
+
+
+@pytest.fixture(scope="module")
+def model(tiny_bert_dir, tmp_path_factory):
+    """The tiny BERT as a checkpoint that normalises its vectors."""
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    encoder.normalize = True
+    path = tmp_path_factory.mktemp("search-model") / "ckpt"
+    encoder.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    path.write_text("\n".join(CORPUS) + "\n", encoding="utf-8")
+    return path
+
+
+def build(model, corpus_file, out, *extra) -> int:
+    return run("build", "--encoder", model, "--corpus", corpus_file, "--out", out, "--progress", "none",
+               "--threads", 1, *extra)
+
+
+@pytest.mark.parametrize("kind", ["exact", "hnsw", "int8", "binary"])
+def test_build_writes_the_index_beside_its_vectors(model, corpus_file, tmp_path, kind, capsys):
+    out = tmp_path / "index"
+    assert build(model, corpus_file, out, "--index", kind, "--chunk", 10) == 0  # five chunks
+    assert f": {kind} index" in capsys.readouterr().out
+    meta = json.loads((out / "index.json").read_text())
+    assert (meta["kind"], meta["documents"], meta["dim"], meta["score"]) == (kind, len(CORPUS), 32, "cos")
+    assert meta["model"]["path"] == str(model.resolve()) and meta["precision"] == PRECISION[kind]
+    encoder = SentenceEncoder.from_pretrained(model)
+    vectors = np.load(out / "vectors.npy")
+    assert np.abs(vectors - encoder.encode(CORPUS, batch_size=64).numpy()).max() < 1e-5
+    assert (out / "ranges.npy").is_file() == (kind == "int8")
+    ids, texts = store.read_documents(out)
+    assert ids == [str(i) for i in range(len(CORPUS))] and texts == CORPUS
+    index, _ = store.load(out)
+    assert len(index) == len(CORPUS) and meta["index_bytes"] == (out / "index.faiss").stat().st_size
+    if kind == "int8":  # ranges of the corpus's unit vectors
+        assert np.array_equal(np.load(out / "ranges.npy"), np.vstack([store.unit(vectors).min(0), store.unit(vectors).max(0)]))
+
+
+@pytest.mark.parametrize("kind", ["exact", "hnsw", "int8", "binary"])
+def test_query_answers_as_the_index_and_exact_search_as_the_vectors_do(model, corpus_file, tmp_path, kind, capsys):
+    out = tmp_path / "index"
+    assert build(model, corpus_file, out, "--index", kind) == 0
+    capsys.readouterr()
+    assert run("query", "--index", out, "-k", 5, "--threads", 1, *sum((["--query", q] for q in QUERIES), []),
+               "--json", tmp_path / "hits.json") == 0
+    printed = capsys.readouterr().out
+    result = json.loads((tmp_path / "hits.json").read_text())
+    encoder = SentenceEncoder.from_pretrained(model)
+    queries = encoder.encode(QUERIES).numpy()
+    index, _ = store.load(out)
+    scores, ids = index.search(queries, 5)
+    assert [[int(h["id"]) for h in r["hits"]] for r in result["results"]] == ids.tolist()
+    assert [[h["text"] for h in r["hits"]] for r in result["results"]] == [[CORPUS[i] for i in row] for row in ids]
+    assert np.allclose([[h["score"] for h in r["hits"]] for r in result["results"]], scores, atol=1e-6)
+    if kind == "exact":  # the model's cosine, every document scored
+        cosines = queries @ encoder.encode(CORPUS).numpy().T
+        assert ids.tolist() == np.argsort(-cosines, axis=1, kind="stable")[:, :5].tolist()
+    assert printed.count("query: ") == 3 and CORPUS[ids[0, 0]] in printed
+
+
+def test_query_with_an_onnx_export_of_the_same_model_is_accepted(model, corpus_file, tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    from bertcf.commands import export
+
+    assert build(model, corpus_file, tmp_path / "index", "--index", "exact") == 0
+    assert run_main(export.run, ["onnx", str(model), "--out", str(tmp_path / "onnx")]) == 0
+    capsys.readouterr()
+    assert run("query", "--index", tmp_path / "index", "--encoder", tmp_path / "onnx", "--query", QUERIES[0],
+               "--json", tmp_path / "onnx.json") == 0
+    assert run("query", "--index", tmp_path / "index", "--query", QUERIES[0], "--json", tmp_path / "torch.json") == 0
+    hits = [[h["id"] for h in json.loads((tmp_path / f"{n}.json").read_text())["results"][0]["hits"]]
+            for n in ("onnx", "torch")]
+    assert hits[0] == hits[1]
+
+
+def test_a_beir_corpus_keeps_its_ids_and_a_csv_column_its_rows(model, tmp_path):
+    corpus = {f"doc-{i}": text for i, text in enumerate(CORPUS)}
+    beir.write(tmp_path / "set", corpus, {"q": QUERIES[0]}, {"q": {"doc-3": 1}})
+    assert run("build", "--encoder", model, "--beir", tmp_path / "set", "--out", tmp_path / "a", "--index", "binary",
+               "--progress", "none") == 0
+    assert store.read_documents(tmp_path / "a") == (list(corpus), CORPUS)
+    table = tmp_path / "docs.tsv"
+    table.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in enumerate(CORPUS)), encoding="utf-8")
+    assert run("build", "--encoder", model, "--corpus", table, "--column", "text", "--out", tmp_path / "b",
+               "--progress", "none", "--index", "exact") == 0
+    assert store.read_documents(tmp_path / "b")[1] == CORPUS
+
+
+def test_int8_calibration_sets_the_ranges(model, corpus_file, tmp_path):
+    calibration = tmp_path / "calibration.txt"
+    calibration.write_text("\n".join(QUERIES + CORPUS[:5]) + "\n", encoding="utf-8")
+    assert build(model, corpus_file, tmp_path / "index", "--index", "int8", "--calibration", calibration) == 0
+    vectors = store.unit(SentenceEncoder.from_pretrained(model).encode(QUERIES + CORPUS[:5]).numpy())
+    assert np.allclose(np.load(tmp_path / "index" / "ranges.npy"), np.vstack([vectors.min(0), vectors.max(0)]),
+                       atol=1e-6)
+    assert json.loads((tmp_path / "index" / "index.json").read_text())["int8_ranges"] == "calibration sentences"
+
+
+def one_line(capsys, *needles) -> None:
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "Traceback" not in captured.err + captured.out, captured.err
+    for needle in needles:
+        assert needle in captured.err, (needle, captured.err)
+
+
+def test_another_model_or_width_is_refused_in_one_line(model, corpus_file, tmp_path, vocab_path, capsys):
+    assert build(model, corpus_file, tmp_path / "index", "--index", "hnsw") == 0
+    other = make_hf_bert_dir(tmp_path / "other", vocab_path, seed=1)
+    wider = make_hf_bert_dir(tmp_path / "wider", vocab_path, hidden_size=48)
+    capsys.readouterr()
+    assert run("query", "--index", tmp_path / "index", "--query", "x", "--encoder", other) == 2
+    one_line(capsys, "is not the model the index was built with", str(model))
+    assert run("query", "--index", tmp_path / "index", "--query", "x", "--encoder", wider) == 2
+    one_line(capsys, "gives vectors of 48 dimensions; the index holds 32")
+    small = tmp_path / "small"
+    assert build(model, corpus_file, small, "--index", "exact", "--truncate-dim", 16) == 0
+    assert json.loads((small / "index.json").read_text())["dim"] == 16
+    capsys.readouterr()
+    assert run("query", "--index", small, "--query", "x") == 0  # queried at the width it was built at
+
+
+def test_bad_indexes_and_inputs_are_one_line(model, corpus_file, tmp_path, capsys, monkeypatch):
+    good = tmp_path / "index"
+    assert build(model, corpus_file, good, "--index", "hnsw") == 0
+    capsys.readouterr()
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(good, corrupt)
+    (corrupt / "index.faiss").write_bytes((good / "index.faiss").read_bytes()[:300])
+    assert run("query", "--index", corrupt, "--query", "x") == 2
+    one_line(capsys, "is not a readable faiss index")
+    (corrupt / "index.json").write_text("{not json")
+    assert run("query", "--index", corrupt, "--query", "x") == 2
+    one_line(capsys, "is not a readable JSON file")
+    assert run("query", "--index", tmp_path, "--query", "x") == 2
+    one_line(capsys, "not a search index")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert build(model, corpus_file, mine) == 2
+    one_line(capsys, "exists and is not a search index")
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert build(model, corpus_file, tmp_path / "x", "--index", "hnsw", "--calibration", corpus_file) == 2
+    one_line(capsys, "--calibration sets int8's ranges")
+    assert build(model, tmp_path / "missing.txt", tmp_path / "x") == 2
+    one_line(capsys, "--corpus", "not found")
+    assert not (tmp_path / "x").exists()
+    monkeypatch.setitem(sys.modules, "faiss", None)
+    assert build(model, corpus_file, tmp_path / "y") == 2
+    one_line(capsys, "pip install 'bertcf[search]'")
+    assert run("query", "--index", good, "--query", "x") == 2
+    one_line(capsys, "pip install 'bertcf[search]'")
