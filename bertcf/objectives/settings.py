@@ -129,8 +129,8 @@ class MarginMSESettings(Settings):
 
     GROUP = SUPERVISED
     margin_score: str = option("dot", "margin-mse: the bi-encoder's score of a (query, passage) pair whose margins are "
-                                      "fitted: dot, the dot product (sentence-transformers' MarginMSELoss and GPL's "
-                                      "default), or cos, the cosine", choices=MARGIN_SCORES)
+                                      "fitted: dot, the dot product (as sentence-transformers' MarginMSELoss and GPL "
+                                      "score), or cos, the cosine", choices=MARGIN_SCORES)
 
 
 WIDTHS = comma_list(int, lambda v: all(d >= 1 for d in v) and len(set(v)) == len(v),
