@@ -7,6 +7,7 @@ import torch
 
 from ..data import beir
 from ..errors import UsageError
+from ..models.cross_encoder import CrossEncoder
 from ..models.encoder import SentenceEncoder
 from ..utils import environment, progress
 from ..utils.files import write_json_atomic
@@ -29,6 +30,8 @@ def run(config) -> dict:
     if retrieval and not config.retrieval_dir:
         raise UsageError("--tasks retrieval needs --retrieval-dir DIR (a set in BEIR's layout)")
     retrieval_set = beir.load(config.retrieval_dir) if retrieval else None
+    if config.rerank and not retrieval:
+        raise UsageError("--rerank reranks retrieval's lists: add retrieval to --tasks")
     if lexical and config.mode == "dev":
         raise UsageError("--mode dev: the word-similarity sets have no dev split; score lexical in --mode test")
     torch.set_num_threads(config.threads)
@@ -39,6 +42,10 @@ def run(config) -> dict:
         raise UsageError(f"--truncate-dim {config.truncate_dim}: the encoder's vectors have {encoder.output_dim} "
                          f"dimensions")
     encoder.truncate_dim = config.truncate_dim  # every task encodes through encode(): scored at that width
+    reranker = None
+    if config.rerank:  # loaded before any encoding: a name that cannot be loaded stops the run at once
+        reranker = CrossEncoder.from_pretrained(config.rerank).to(device)
+        reranker.precision = encoder.precision
     show = not config.no_progress and progress.resolve("auto") == "bar"
     result = evaluate(encoder, config.senteval_dir, tasks, config.mode, config.batch_size, config.max_length,
                       show_progress_bar=show, mrpc_features=config.mrpc_features, probe=config.probe,
@@ -47,7 +54,10 @@ def run(config) -> dict:
     if retrieval:
         result["retrieval"] = evaluate_retrieval(encoder, retrieval_set, str(config.retrieval_dir),
                                                  config.retrieval_score or model_score(config.encoder),
-                                                 config.batch_size, show_progress_bar=show)
+                                                 config.batch_size, show_progress_bar=show, reranker=reranker,
+                                                 rerank_top=config.rerank_top)
+        if reranker is not None:
+            result["retrieval"]["rerank"] = str(config.rerank)
     result["encoder"] = str(config.encoder)
     result["truncate_dim"] = config.truncate_dim
     result["environment"] = environment.collect(device, encoder.precision)  # what the scores were computed with

@@ -1,5 +1,5 @@
 """The package as pip builds and installs it: a wheel whose metadata lists requirements.txt's
-dependencies and the seven commands, and installed commands that run from outside the repository."""
+dependencies and the eight commands, and installed commands that run from outside the repository."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
             "bertcf-evaluate": "python -m bertcf.evaluate", "bertcf-experiments": "python -m bertcf.experiments",
             "bertcf-bench": "python -m bertcf.bench", "bertcf-export": "python -m bertcf.export",
-            "bertcf-encode": "python -m bertcf.encode"}
+            "bertcf-encode": "python -m bertcf.encode", "bertcf-cross": "python -m bertcf.cross"}
 
 
 def requirements() -> list[str]:
@@ -98,6 +98,8 @@ DOCUMENTED = {
     "python -m bertcf.st_format": [sys.executable, "-m", "bertcf.st_format"],
     "bertcf-export onnx": [sys.executable, "-m", "bertcf.export", "onnx"],
     "bertcf-encode": [sys.executable, "-m", "bertcf.encode"],
+    "python -m bertcf.cross train": [sys.executable, "-m", "bertcf.cross", "train"],
+    "python -m bertcf.cross evaluate": [sys.executable, "-m", "bertcf.cross", "evaluate"],
 }
 
 
