@@ -9,7 +9,8 @@ encoders from Python, and the commands of the report's pipeline.
     Trainer(objective, sentences, TrainConfig(steps=1000, out_dir="runs/simcse")).fit()
 """
 
-__all__ = ["SentenceEncoder", "Trainer", "TrainConfig", "Examples", "STSDevEvaluator", "objectives", "set_seed"]
+__all__ = ["SentenceEncoder", "CrossEncoder", "Trainer", "TrainConfig", "Examples", "STSDevEvaluator", "objectives",
+           "set_seed"]
 
 
 def __getattr__(name):
@@ -17,6 +18,9 @@ def __getattr__(name):
     if name == "SentenceEncoder":
         from .models.encoder import SentenceEncoder
         return SentenceEncoder
+    if name == "CrossEncoder":
+        from .models.cross_encoder import CrossEncoder
+        return CrossEncoder
     if name == "Trainer":
         from .training.trainer import Trainer
         return Trainer

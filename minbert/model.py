@@ -540,13 +540,28 @@ def _from_hub(name: str) -> tuple[Path, Path]:
         config = Path(hf_hub_download(name, "config.json"))
     except Exception as e:
         raise CheckpointError(f"cannot load {name!r}: not a local directory, and the Hugging Face hub "
-                              f"(or its local cache) does not have it ({type(e).__name__})") from None
+                              f"(or its local cache) does not have it: {hub_failure(e)} ({type(e).__name__})") from None
     for weights in WEIGHT_FILES:
         try:
             return config, Path(hf_hub_download(name, weights))
         except Exception:
             continue
     raise CheckpointError(f"cannot load weights of {name!r} from the hub or its cache")
+
+
+def hub_failure(error: Exception) -> str:
+    """Why the hub did not give a file, in words: offline (or unreachable) with no cached copy, no
+    such model, or a gated one; else the error's first line."""
+    kind = type(error).__name__
+    if kind in ("RepositoryNotFoundError", "RevisionNotFoundError", "EntryNotFoundError",
+                "RemoteEntryNotFoundError"):
+        return "no such model on the hub"
+    if kind == "GatedRepoError":
+        return "a gated model (log in with an account that has access)"
+    if kind in ("LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectionError", "ConnectTimeout",
+                "ReadTimeout", "ProxyError"):
+        return "offline or the hub unreachable, and no copy in the local cache"
+    return str(error).strip().splitlines()[0][:120] if str(error).strip() else "unknown"
 
 
 def load_state_dict_file(path) -> dict:

@@ -25,7 +25,8 @@ Fixtures (scope):
     mlm_dir (module)            a random-weight ``BertForMaskedLM`` directory with a non-trivial head.
     server (function)           a local HTTP server serving ``tmp_path/'srv'``: (dir, base URL).
 
-Helpers: ``make_objective``, ``record_pretrainings``, ``write_cs224n_files``, ``make_hf_bert_dir``;
+Helpers: ``make_objective``, ``record_pretrainings``, ``write_cs224n_files``, ``make_hf_bert_dir``,
+``offline_hub_cache`` (a hub name served from a fresh local cache, offline);
 ``base_args``, ``run_quiet``, ``exit_status``, ``assert_one_error_line``, ``tensors``,
 ``training_state`` (run_pretrain.py runs); ``OBJECTIVE_SENTENCES``, ``load``, ``batch``,
 ``random_batch`` (objectives on a batch); ``PREMISES``, ``ENTAILED``, ``NEUTRAL``,
@@ -206,6 +207,29 @@ def real_bert_dir() -> Path:
     if not (path / "config.json").is_file():
         pytest.fail(f"{REAL_BERT_ENV}={value} is not a Hugging Face BERT directory (no config.json)")
     return path
+
+
+# ----------------------------------------------------------------------------- the hub, offline
+
+def offline_hub_cache(monkeypatch, tmp_path, name: str, files_from) -> None:
+    """Put the files of ``files_from`` into a fresh Hugging Face hub cache as repository ``name``
+    (the layout huggingface_hub writes: refs/main -> snapshots/<commit>/) and go offline, so a
+    hub name resolves from the cache alone."""
+    import shutil
+
+    import huggingface_hub.constants
+
+    cache = tmp_path / "hub-cache"
+    repo = cache / ("models--" + name.replace("/", "--"))
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(files_from, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    # huggingface_hub reads these environment variables when imported, so set its constants too.
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 # ----------------------------------------------------------------------------- CS224N-format data

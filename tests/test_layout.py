@@ -24,6 +24,7 @@ LAYERS = {
     # the names earlier versions used (evaluate, encode, export, st_format; st, flow).
     "commands": 7, "__init__": 7, "evaluate": 7, "encode": 7, "export": 7, "st_format": 7, "st": 7, "flow": 7,
     "gpl": 7,
+    "cross": 7,
 }
 TOP_LAYER = max(LAYERS.values())
 MAX_FUNCTION_LINES = 80

@@ -7,6 +7,7 @@ scores as JSON (the tasks and how they are scored: ``bertcf.evaluation.senteval`
                               [--mode test|dev|fasttest] [--probe senteval|sklearn] [--threads N] [--lexical-dir DIR]
                               [--lexical-pooling cls|mean] [--json FILE]
     python -m bertcf.evaluate --encoder runs/<run> --tasks retrieval --retrieval-dir DIR [--retrieval-score cos|dot]
+                              [--rerank CROSS_ENCODER --rerank-top K]
     python -m bertcf.evaluate --encoder runs/<run> --tasks STSBenchmark,mteb-sts,mteb-retrieval --retrieval-dir DIR
 
 ``mteb-sts`` and ``mteb-retrieval`` score the same files with mteb's evaluators

@@ -51,7 +51,13 @@ class EvaluateConfig(IndexConfig):
     index: str = redefault(IndexConfig, "index", "exact", help="--tasks retrieval: exact, every document scored "
                            "(no faiss needed); hnsw, int8 or binary, the corpus in that search index (see "
                            "python -m bertcf.search)")
-    batch_size: int = option(64, "sentences encoded at once", type=cli.AT_LEAST_1)
+    rerank: str | None = option(None, "--tasks retrieval: rescore each query's best --rerank-top documents with this "
+                                      "cross-encoder (a checkpoint, run directory or Hugging Face name, e.g. "
+                                      "cross-encoder/ms-marco-MiniLM-L-6-v2) and rank them by its scores",
+                                metavar="DIR|NAME")
+    rerank_top: int = option(100, "--rerank: how many of each query's documents, the encoder's best, are rescored",
+                             type=cli.AT_LEAST_1)
+    batch_size: int = option(64, "sentences (or --rerank's pairs) encoded at once", type=cli.AT_LEAST_1)
     max_length: int | None = option(None, "tokens per sentence (default: whole sentences, up to the model's maximum)",
                                     type=cli.AT_LEAST_1)
     truncate_dim: int | None = option(None, "score each task on the vectors' first k dimensions (a Matryoshka-trained "

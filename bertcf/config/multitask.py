@@ -10,7 +10,7 @@ from pathlib import Path
 from .. import cli, runs
 from ..data.tasks import SPLITS, TASK_FILES
 from ..errors import UsageError
-from ..models.multitask import TASKS, renamed_from_para, resolve_checkpoint, run_dir_of
+from ..models.multitask import PAIR_ENCODINGS, TASKS, renamed_from_para, resolve_checkpoint, run_dir_of
 from .data import DataConfig
 from .fields import Settings, derived, option, redefault
 from .model import ModelConfig
@@ -38,6 +38,11 @@ class HeadsConfig(Settings):
     sts_dropout: float = option(0.1, "dropout before the STS head", type=cli.PROBABILITY)
     qqp_margin: float = option(0.7, "h of the QQP hinge y = max(cos, h)", type=MARGIN)
     sts_margin: float = option(0.0, "h of the STS y = max(cos, h)", type=MARGIN)
+    pair_encoding: str = option("bi", "the QQP and STS pairs: bi, each sentence encoded alone, the heads' cosine "
+                                      "(the report's); cross, both read together ([CLS] s1 [SEP] s2 [SEP], token "
+                                      "types), a linear head on the pooled [CLS]: a logit for QQP (binary cross-"
+                                      "entropy), a score for STS (squared error); --proj-dim and the margins do not "
+                                      "apply then", choices=PAIR_ENCODINGS)
 
 
 @dataclass(frozen=True)

@@ -20,21 +20,25 @@ logger = logging.getLogger("bertcf.multitask")
 @dataclass
 class TaskData:
     """One task file, tokenised once: ``ids`` [n]; ``tokens``: one list of token-id lists per
-    text column (1 for SST, 2 for pairs); ``labels`` [n] (None for unlabeled rows)."""
+    text column (1 for SST, 2 for pairs; 1 for a pair encoded jointly, ``[CLS] s1 [SEP] s2
+    [SEP]``); ``labels`` [n] (None for unlabeled rows); ``token_types``: a jointly encoded pair's
+    token types (0 for s1, 1 for s2) per row, else None."""
 
     task: str
     path: Path
     ids: list[str]
     tokens: tuple[list[list[int]], ...]
     labels: list = field(default_factory=list)
+    token_types: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def subset(self, rows) -> "TaskData":
         rows = list(rows)
+        types = None if self.token_types is None else [self.token_types[i] for i in rows]
         return TaskData(self.task, self.path, [self.ids[i] for i in rows],
-                        tuple([col[i] for i in rows] for col in self.tokens), [self.labels[i] for i in rows])
+                        tuple([col[i] for i in rows] for col in self.tokens), [self.labels[i] for i in rows], types)
 
     def labeled(self, limit: int | None = None) -> "TaskData":
         """The rows with a label (the first ``limit`` of them)."""
@@ -59,9 +63,12 @@ def _columns(task, rows):
     return [r.sentence1 for r in rows], [r.sentence2 for r in rows]
 
 
-def load_task(task: str, split: str, path, tokenizer, max_length: int, limit: int | None = None) -> TaskData:
+def load_task(task: str, split: str, path, tokenizer, max_length: int, limit: int | None = None,
+              joint: bool = False) -> TaskData:
     """Read and tokenise one file. train: labeled rows (the first ``limit``); dev: every row,
-    with the labels of the labeled ones (every id gets a prediction); test: every row."""
+    with the labels of the labeled ones (every id gets a prediction); test: every row.
+    ``joint``: a pair task's two sentences tokenised together (the tokenizer's pair encoding, at
+    most ``max_length`` tokens in all, the longer sentence cut first)."""
     path = Path(path)
     reader = READERS[task]
     if split == "train":
@@ -82,8 +89,18 @@ def load_task(task: str, split: str, path, tokenizer, max_length: int, limit: in
         labels = [None] * len(rows)
     if task == "sst":
         labels = [None if l is None else int(l) for l in labels]
+    if joint and task != "sst":
+        ids, types = tokenize_pairs(tokenizer, *_columns(task, rows), max_length)
+        return TaskData(task, path, [r.id for r in rows], (ids,), labels, types)
     tokens = tuple(tokenize_column(tokenizer, col, max_length) for col in _columns(task, rows))
     return TaskData(task, path, [r.id for r in rows], tokens, labels)
+
+
+def tokenize_pairs(tokenizer, first, second, max_length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``[CLS] a [SEP] b [SEP]`` ids and token types (0 for a, 1 for b), the longer text cut first."""
+    encoded = tokenizer(list(first), list(second), truncation="longest_first", max_length=max_length,
+                        return_token_type_ids=True, return_attention_mask=False)
+    return encoded["input_ids"], encoded["token_type_ids"]
 
 
 def task_paths(config) -> dict:
@@ -114,9 +131,10 @@ def fetch_data(config) -> str | None:
     return fetch_missing(config.data_dir, [path.name for path in missing.values()])
 
 
-def load_data(config, tokenizer, max_length: int, splits=SPLITS) -> dict:
+def load_data(config, tokenizer, max_length: int, splits=SPLITS, pair_encoding: str = "bi") -> dict:
     """(task, split) -> TaskData, or None for an absent test file (skipped with a warning).
-    Train and dev files must exist (DataError otherwise), checked before anything is read."""
+    Train and dev files must exist (DataError otherwise), checked before anything is read.
+    ``pair_encoding`` cross: the pair tasks tokenised jointly."""
     paths = check_files(config, splits)
     data = {}
     for (task, split), path in paths.items():
@@ -127,5 +145,5 @@ def load_data(config, tokenizer, max_length: int, splits=SPLITS) -> dict:
             data[task, split] = None
             continue
         limit = config.max_train_examples if split == "train" else None
-        data[task, split] = load_task(task, split, path, tokenizer, max_length, limit)
+        data[task, split] = load_task(task, split, path, tokenizer, max_length, limit, pair_encoding == "cross")
     return data

@@ -12,6 +12,7 @@ from ..data.tasks import TASKS
 from ..models.multitask import (
     MultitaskModel,
     clamped_cosine,
+    predict_joint,
     predict_paraphrase,
     predict_sentiment,
     predict_similarity,
@@ -61,10 +62,14 @@ def mean_dev(metrics: dict) -> float:
 
 @torch.inference_mode()
 def predict(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None) -> torch.Tensor:
-    """Predictions for every row: SST class [n] long, QQP 0/1 [n] long, STS score in [0, 5] [n]."""
+    """Predictions for every row: SST class [n] long, QQP 0/1 [n] long, STS score in [0, 5] [n]
+    (a pair task of a cross model: from its head on the jointly encoded pairs)."""
     was_training = model.training
     model.eval()
     try:
+        if data.task != "sst" and model.pair_encoding == "cross":
+            return predict_joint(data.task, model.joint_outputs(data.task, data.tokens[0], data.token_types,
+                                                                batch_size, precision))
         # Both columns of a pair task in one length-sorted pass, then split again.
         vectors = model.encoder.encode_ids([t for col in data.tokens for t in col], batch_size, precision)
         vectors = vectors.to(model.device).split(len(data))

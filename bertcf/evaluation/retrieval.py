@@ -34,11 +34,21 @@ ranked list cut at k:
 * MAP@k: the sum of the precision at the rank of each relevant document retrieved, over
   min(k, relevant documents): sentence-transformers' definition (trec_eval's map_cut divides by
   the number of relevant documents; the two differ only for a query with more than k of them).
+
+Reranking (``rerank``). Each query's first K documents of the search are scored again, each as a
+(query, document) pair by a cross-encoder, and put in the order of those scores, highest first
+(equal scores keep the search's order); the documents the search ranked after K follow in its
+order. The metrics are then those of the new lists, beside the search's own (``first_stage``).
+
+Time. ``index_seconds``: encoding the corpus (done once, offline, in a deployed system);
+``search_seconds``: encoding the queries and the exact search; ``rerank_seconds``: the cross-
+encoder's scores; ``queries_per_second``: the queries over the search's (and the reranking's) time.
 """
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +58,7 @@ from tqdm.auto import tqdm
 
 from ..runs import resolve_encoder_path
 from ..search.index import RESCORE_MULTIPLIER
+from .cross import pair_relevance
 
 SCORES = ("cos", "dot")
 INDEXES = ("exact", "hnsw", "int8", "binary")  # bertcf.search.index.KINDS; exact here: the search above
@@ -156,6 +167,7 @@ class RetrievalEvaluator:
         self.qrels = [data.qrels[q] for q in self.query_ids]
         self.corpus_chunk, self.query_block = corpus_chunk, query_block
         self.ignore_identical_ids = ignore_identical_ids
+        self.timing: dict = {}  # the last search's times (search)
 
     def _vectors(self, encode, texts, bar) -> torch.Tensor:
         """The vectors of ``texts``, encoded a slice at a time so that the bar moves."""
@@ -166,86 +178,142 @@ class RetrievalEvaluator:
         vectors = torch.cat(parts)
         return F.normalize(vectors, dim=-1) if self.score == "cos" else vectors
 
-    def search(self, encode, show_progress_bar: bool = False) -> TopK:
-        """Each query's top k (k: the largest cut-off) over the whole corpus."""
-        k = max(max(ks) for ks in self.cutoffs.values())
+    def depth(self) -> int:
+        """How many documents a search keeps per query: the largest cut-off."""
+        return max(max(ks) for ks in self.cutoffs.values())
+
+    def search(self, encode, show_progress_bar: bool = False, depth: int | None = None) -> TopK:
+        """Each query's top ``depth`` (default :meth:`depth`) over the whole corpus; ``self.timing``
+        then holds its ``index_seconds`` (the corpus encoded) and ``search_seconds`` (the rest)."""
+        k = depth or self.depth()
         position = {d: i for i, d in enumerate(self.corpus_ids)} if self.ignore_identical_ids else {}
         own = torch.tensor([position.get(q, -1) for q in self.query_ids], dtype=torch.long)
         top = TopK(len(self.queries), k)
         bar = tqdm(total=len(self.queries) + len(self.corpus), desc=f"{self.name}: queries + corpus encoded",
                    unit="text", disable=not show_progress_bar)
+        started, index = time.perf_counter(), 0.0
         with bar:
             queries = self._vectors(encode, self.queries, bar)
             for start in range(0, len(self.corpus), self.corpus_chunk):
+                encoding = time.perf_counter()
                 docs = self._vectors(encode, self.corpus[start:start + self.corpus_chunk], bar)
+                index += time.perf_counter() - encoding
                 for first in range(0, len(queries), self.query_block):
                     scores = queries[first:first + self.query_block] @ docs.T
                     mine = own[first:first + self.query_block] - start
                     inside = (mine >= 0) & (mine < len(docs))
                     scores[inside.nonzero()[:, 0], mine[inside]] = -math.inf  # BEIR: never the query itself
                     top.update(first, scores, start)
+        self.timing = {"index_seconds": index, "search_seconds": time.perf_counter() - started - index}
         return top
 
-    def search_index(self, encode, show_progress_bar: bool = False) -> list[list[int]]:
-        """Each query's top k corpus positions from an index of kind ``self.index`` (see the module's
-        docstring), best first."""
+    def search_index(self, encode, show_progress_bar: bool = False, depth: int | None = None) -> list[list[int]]:
+        """Each query's top ``depth`` (default :meth:`depth`) corpus positions from an index of kind
+        ``self.index`` (see the module's docstring), best first; ``self.timing`` then holds its
+        ``index_seconds`` (the corpus encoded and indexed) and ``search_seconds`` (the rest)."""
         import tempfile
 
         from ..search.store import build_index, encode_to_file
 
-        k = max(max(ks) for ks in self.cutoffs.values())
+        k = depth or self.depth()
         settings = dict(self.index_settings)
         multiplier = settings.pop("rescore_multiplier", RESCORE_MULTIPLIER)
         bar = tqdm(total=len(self.queries) + len(self.corpus), desc=f"{self.name}: queries + corpus encoded",
                    unit="text", disable=not show_progress_bar)
+        started = time.perf_counter()
         with bar, tempfile.TemporaryDirectory(prefix="bertcf-retrieval-") as tmp:
             queries = self._vectors(encode, self.queries, bar).numpy()
+            indexing = time.perf_counter()
             vectors = encode_to_file(lambda texts: self._vectors(encode, texts, bar).numpy(), self.corpus,
                                      Path(tmp) / "vectors.npy", self.corpus_chunk)
             index = build_index(vectors, self.index, normalize=False, chunk=self.corpus_chunk, **settings)
             del vectors
+            built = time.perf_counter()
         _, found = index.search(queries, k + 1 if self.ignore_identical_ids else k, rescore_multiplier=multiplier)
+        self.timing = {"index_seconds": built - indexing, "search_seconds": time.perf_counter() - started
+                       - (built - indexing)}
         position = {d: i for i, d in enumerate(self.corpus_ids)} if self.ignore_identical_ids else {}
         return [[i for i in row if i >= 0 and i != position.get(q, -1)][:k]
                 for q, row in zip(self.query_ids, found.tolist())]
 
-    def __call__(self, encode, show_progress_bar: bool = False) -> dict:
+    @staticmethod
+    def _positions(top: TopK) -> list[list[int]]:
+        """Each query's retrieved documents (corpus positions), best first."""
+        return [[i for i, v in zip(row_i, row_v) if v > -math.inf]
+                for row_i, row_v in zip(top.indices.tolist(), top.values.tolist())]
+
+    def rerank(self, positions: list[list[int]], score_pairs, depth: int,
+               show_progress_bar: bool = False) -> list[list[str]]:
+        """Each query's ranked document ids after reranking its first ``depth`` of ``positions``
+        (see the module's docstring): ``score_pairs(list of (query, document) texts) -> [n]``
+        scores, a block of queries at a time."""
+        ranked = []
+        for first in tqdm(range(0, len(self.queries), self.query_block), desc=f"{self.name}: queries reranked",
+                          unit="block", disable=not show_progress_bar):
+            heads = positions[first:first + self.query_block]
+            pairs = [(self.queries[first + q], self.corpus[i]) for q, head in enumerate(heads) for i in head[:depth]]
+            scores = score_pairs(pairs) if pairs else torch.empty(0)
+            for head, part in zip(heads, scores.split([len(h[:depth]) for h in heads])):
+                order = torch.argsort(part, descending=True, stable=True).tolist()
+                ranked.append([self.corpus_ids[head[j]] for j in order] + [self.corpus_ids[i] for i in head[depth:]])
+        return ranked
+
+    def __call__(self, encode, show_progress_bar: bool = False, rerank=None, rerank_top: int = 100) -> dict:
+        """The metrics of the search (exact, or through ``self.index``; and, with ``rerank``, a
+        ``score_pairs`` as :meth:`rerank` takes, of its reranking of each query's ``rerank_top``),
+        the set's size and the times."""
+        depth = max(self.depth(), rerank_top) if rerank else None
         if self.index == "exact":
-            top = self.search(encode, show_progress_bar)
-            positions = [[i for i, v in zip(row_i, row_v) if v > -math.inf]
-                         for row_i, row_v in zip(top.indices.tolist(), top.values.tolist())]
+            positions = self._positions(self.search(encode, show_progress_bar, depth))
         else:
-            positions = self.search_index(encode, show_progress_bar)
-        ranked = [[self.corpus_ids[i] for i in row] for row in positions]
-        scores = ranking_metrics(ranked, self.qrels, **self.cutoffs)
+            positions = self.search_index(encode, show_progress_bar, depth)
+        searched = [[self.corpus_ids[i] for i in row] for row in positions]
         rescored = self.index in ("int8", "binary") and self.index_settings.get("rescore_multiplier",
                                                                                  RESCORE_MULTIPLIER) or None
-        return scores | {"score": self.score, "queries": len(self.queries), "corpus": len(self.corpus),
-                         "ignore_identical_ids": self.ignore_identical_ids, "index": self.index,
-                         "rescore_multiplier": rescored}
+        info = {"score": self.score, "queries": len(self.queries), "corpus": len(self.corpus),
+                "ignore_identical_ids": self.ignore_identical_ids, "index": self.index,
+                "rescore_multiplier": rescored} | self.timing
+        first = ranking_metrics(searched, self.qrels, **self.cutoffs) | {
+            "queries_per_second": len(self.queries) / max(self.timing["search_seconds"], 1e-9)}
+        if rerank is None:
+            return first | info
+        started = time.perf_counter()
+        reranked = self.rerank(positions, rerank, rerank_top, show_progress_bar)
+        seconds = time.perf_counter() - started
+        return ranking_metrics(reranked, self.qrels, **self.cutoffs) | info | {
+            "rerank_top": rerank_top, "rerank_seconds": seconds, "first_stage": first,
+            "queries_per_second": len(self.queries) / max(self.timing["search_seconds"] + seconds, 1e-9)}
 
 
 def evaluate_retrieval(encoder, data, name: str, score: str, batch_size: int = 64,
-                       show_progress_bar: bool = False, **settings) -> dict:
+                       show_progress_bar: bool = False, reranker=None, rerank_top: int = 100, **settings) -> dict:
     """:class:`RetrievalEvaluator` on a SentenceEncoder (texts up to its own ``max_length``, as
     sentence-transformers encodes them); the scores with ``name`` (the set), ``score`` and
     ``normalized`` (whether the encoder returns unit vectors: then cos and dot are the same).
-    ``settings``: RetrievalEvaluator's (``index``, ``index_settings``, the cut-offs, ...)."""
+    ``settings``: RetrievalEvaluator's (``index``, ``index_settings``, the cut-offs, ...);
+    ``reranker``: a cross-encoder that reranks each query's ``rerank_top`` (its relevance, as
+    ``evaluation.cross.pair_relevance``, ``batch_size`` pairs at a time)."""
     evaluator = RetrievalEvaluator(name, data, score=score, **settings)
-    result = evaluator(lambda texts: encoder.encode(texts, batch_size=batch_size), show_progress_bar)
+    rerank = None if reranker is None else lambda pairs: pair_relevance(reranker, pairs, batch_size)
+    result = evaluator(lambda texts: encoder.encode(texts, batch_size=batch_size), show_progress_bar, rerank,
+                       rerank_top)
     return {"dir": name} | result | {"normalized": bool(encoder.normalize)}
 
 
 def format_retrieval(result: dict) -> str:
-    """One table: the set, its size, the score and the four metrics (×100, as BEIR's tables)."""
+    """One table: the set, its size, the score, the four metrics (×100, as BEIR's tables) and the
+    queries per second; with a reranking, a row for the search and one for the reranked lists."""
     names = [n for n in result if "@" in n]
     heads = ["set", "queries", "corpus", "score", "index"] + [n.replace("ndcg", "nDCG").replace("mrr", "MRR").replace(
-        "recall", "Recall").replace("map", "MAP") for n in names]
+        "recall", "Recall").replace("map", "MAP") for n in names] + ["queries/s"]
     index = result.get("index", "exact") + (f", rescored {result['rescore_multiplier']}k" if result.get(
         "rescore_multiplier") else ", not rescored" if result.get("index") in ("int8", "binary") else "")
-    cells = [str(result["dir"]), str(result["queries"]), str(result["corpus"]), result["score"], index] + [
-        f"{100 * result[n]:.2f}" for n in names]
-    widths = [max(len(h), len(c)) for h, c in zip(heads, cells)]
+    stages = [(result["score"], result["first_stage"]), (f"+ rerank@{result['rerank_top']}", result)] \
+        if "first_stage" in result else [(result["score"], result)]
+    rows = [[str(result["dir"]), str(result["queries"]), str(result["corpus"]), label, index]
+            + [f"{100 * metrics[n]:.2f}" for n in names] + [f"{metrics['queries_per_second']:.1f}"]
+            for label, metrics in stages]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
     rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
     line = lambda items: "| " + " | ".join(i.rjust(w) for i, w in zip(items, widths)) + " |"  # noqa: E731
-    return "\n".join([rule, line(heads), rule, line(cells), rule])
+    return "\n".join([rule, line(heads), rule, *map(line, rows), rule])

@@ -11,6 +11,7 @@ import torch
 
 from ..data import beir
 from ..errors import UsageError
+from ..models.cross_encoder import CrossEncoder
 from ..models.encoder import SentenceEncoder
 from ..search.index import import_faiss, set_threads
 from ..utils import environment, progress
@@ -39,6 +40,8 @@ def run(config) -> dict:
     if (retrieval or mteb_retrieval) and not config.retrieval_dir:
         name = "retrieval" if retrieval else MTEB_RETRIEVAL
         raise UsageError(f"--tasks {name} needs --retrieval-dir DIR (a set in BEIR's layout)")
+    if config.rerank and not retrieval:
+        raise UsageError("--rerank reranks retrieval's lists: add retrieval to --tasks")
     if retrieval and config.index != "exact":
         import_faiss()  # before the model loads
     retrieval_set = beir.load(config.retrieval_dir) if retrieval or mteb_retrieval else None
@@ -62,6 +65,10 @@ def run(config) -> dict:
         raise UsageError(f"--truncate-dim {config.truncate_dim}: the encoder's vectors have {encoder.output_dim} "
                          f"dimensions")
     encoder.truncate_dim = config.truncate_dim  # every task encodes through encode(): scored at that width
+    reranker = None
+    if config.rerank:  # loaded before any encoding: a name that cannot be loaded stops the run at once
+        reranker = CrossEncoder.from_pretrained(config.rerank).to(device)
+        reranker.precision = encoder.precision
     show = _show_progress(config)
     result = evaluate(encoder, config.senteval_dir, tasks, config.mode, config.batch_size, config.max_length,
                       show_progress_bar=show, mrpc_features=config.mrpc_features, probe=config.probe,
@@ -72,7 +79,10 @@ def run(config) -> dict:
                                                  config.retrieval_score or model_score(config.encoder),
                                                  config.batch_size, show_progress_bar=show, index=config.index,
                                                  index_settings=config.graph() | {
-                                                     "rescore_multiplier": config.multiplier()})
+                                                     "rescore_multiplier": config.multiplier()},
+                                                 reranker=reranker, rerank_top=config.rerank_top)
+        if reranker is not None:
+            result["retrieval"]["rerank"] = str(config.rerank)
     if mteb_tasks:
         result |= _run_mteb(config, encoder, mteb_tasks)
     return _finish(config, result, device, encoder.precision)

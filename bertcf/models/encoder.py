@@ -121,7 +121,11 @@ class SentenceEncoder(nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
         """The sentence vector [b, output_dim]: f(x), then the flow's F(x) when there is one, then the
         linear head when there is one."""
-        u = self.embed(input_ids, attention_mask, token_type_ids, num_tokens)
+        return self.transform(self.embed(input_ids, attention_mask, token_type_ids, num_tokens))
+
+    def transform(self, u: torch.Tensor) -> torch.Tensor:
+        """What follows the pooling: f(x) [b, D] -> the flow's F(x) when there is one, then the linear
+        head when there is one, [b, output_dim]."""
         if self.flow is not None:
             u = self.flow(u)[0]
         if self.dense is not None:

@@ -101,3 +101,34 @@ def add_experiment_row(directory, row: str, command: str) -> None:
     if card.is_file():
         write_text_atomic(card, card.read_text() + f"\n## In BERT-CF's experiments\n\nThe row **{row}** of "
                                                    f"`{command}`.\n")
+
+
+def cross_encoder_card(config: dict, metric: str, score: float, step: int, software: dict | None = None) -> str:
+    """The card of a cross-encoder checkpoint (``python -m bertcf.cross train``'s best/)."""
+    hub = hub_base({"model": config.get("model")})
+    lines = ["---", "library_name: sentence-transformers", "pipeline_tag: text-ranking", "tags:",
+             "- sentence-transformers", "- cross-encoder", "- bertcf"]
+    lines += [f"base_model: {hub}"] if hub else []
+    lines += ["---", "", "# A BERT-CF cross-encoder", "",
+              "Trained with BERT-CF on minBERT, a BERT written from scratch: both texts of a pair read together, "
+              "scored from the pooled [CLS] vector (a BertForSequenceClassification).", "", "## Training", "",
+              f"- Command: `{config.get('command', '(not recorded)')}`",
+              f"- Base model: `{config.get('model')}`",
+              f"- Head: {config.get('head')}; training files: {', '.join(map(str, config.get('train_file') or []))}",
+              f"- Steps: {config.get('steps')} (batch {config.get('batch_size')}, lr {config.get('lr')}, "
+              f"seed {config.get('seed')})",
+              f"- Best dev metric: {metric} = {score:.4f} at step {step}",
+              f"- Software: {environment.summary(software or environment.versions())}", "",
+              "## Usage", "", "With sentence-transformers alone (BERT-CF is not needed):", "",
+              "```python", "from sentence_transformers import CrossEncoder", "",
+              'model = CrossEncoder("PATH")',
+              'scores = model.predict([("A man plays a guitar.", "Someone plays music.")])', "```", "",
+              "With BERT-CF:", "", "```python", "from bertcf import CrossEncoder", "",
+              'model = CrossEncoder.from_pretrained("PATH")',
+              'scores = model.predict([("A man plays a guitar.", "Someone plays music.")])', "```", ""]
+    return "\n".join(lines)
+
+
+def write_cross_encoder_card(directory, config: dict, metric: str, score: float, step: int) -> None:
+    """:func:`cross_encoder_card` written into ``directory``."""
+    write_text_atomic(Path(directory) / CARD_FILE, cross_encoder_card(config, metric, score, step))

@@ -68,16 +68,19 @@ class TrainingLoop:
     ``modules``: name -> nn.Module whose state dicts go into last/ (the encoder, heads, flow);
     ``samplers``: name -> EpochSampler; ``metric``: the evaluate() key that picks best/
     (higher is better); ``upgrade_state``: applied to a resumed state before it is loaded, for
-    names that changed since it was written."""
+    names that changed since it was written; ``card``: writes best/'s model card, called as
+    ``card(directory, run config, metric, score, step)`` (default: a sentence encoder's)."""
 
     def __init__(self, config, run: Run, modules: dict, optimizer, scheduler, samplers: dict,
-                 metric: str, save_model, evaluate, items_per_step: int, extra_state=None, upgrade_state=None):
+                 metric: str, save_model, evaluate, items_per_step: int, extra_state=None, upgrade_state=None,
+                 card=None):
         self.config, self.run = config, run
         self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
         self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
         self.items_per_step = items_per_step
         self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
         self.upgrade_state = upgrade_state
+        self.card = card or write_model_card
         self.rank, self.world = dist_info()
         self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
         self.stale = 0  # evaluations since the best one (--patience)
@@ -169,7 +172,7 @@ class TrainingLoop:
 
                 def write_best(tmp):
                     self.save_model(tmp)
-                    write_model_card(tmp, self.run.config, self.metric, score, self.step)
+                    self.card(tmp, self.run.config, self.metric, score, self.step)
                 with self._checkpointing():
                     save_dir_atomic(self.run.dir / "best", write_best)
             if self.progress is not None:

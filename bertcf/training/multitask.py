@@ -4,9 +4,11 @@ is ``models.multitask.MultitaskModel``; with a flow or a linear head (``Sentence
 e.g. a whitening map), they are fine-tuned with the encoder unless frozen (``freeze_flow``,
 ``freeze_encoder``), and saved with it.
 
-Pairs are encoded as two separate sentences (a bi-encoder). Each step draws one batch of every
-task (32 SST sentences, 96 QQP pairs, 32 STS pairs; each task's data cycles on its own), encodes
-all 288 sentences in one pass and minimises 5 L_sst + 20 L_qqp + 1 L_sts (``MultitaskLoss``).
+Pairs are encoded as two separate sentences (a bi-encoder), or with ``--pair-encoding cross``
+together, one row ``[CLS] s1 [SEP] s2 [SEP]`` per pair (``models.multitask``). Each step draws one
+batch of every task (32 SST sentences, 96 QQP pairs, 32 STS pairs; each task's data cycles on its
+own), encodes all its sentences (288; 160 rows with joint pairs) in one pass and minimises
+5 L_sst + 20 L_qqp + 1 L_sts (``MultitaskLoss``).
 Every --eval-every steps the dev sets are scored (SST accuracy, QQP accuracy, STS Pearson r)
 and the checkpoint with the best mean (``mean_dev``) is kept as ``best/`` (the encoder
 checkpoint plus ``heads.safetensors``); at the end the best checkpoint writes the six CS224N
@@ -23,6 +25,7 @@ from .. import runs
 from ..config.multitask import MultitaskConfig
 from ..data.multitask import check_files, fetch_data, load_data
 from ..evaluation.multitask import SELECTION_METRIC, evaluate, summary_line, write_predictions
+from ..models.cross_encoder import pad_pairs
 from ..models.encoder import SentenceEncoder
 from ..models.multitask import (
     TASKS,
@@ -54,15 +57,18 @@ def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device) -> tupl
     (keyword arguments of :meth:`MultitaskModel.forward`, labels per task [len(rows)]).
     Every sentence of the step goes into one batch, padded to its longest sentence; the number
     of real tokens is counted here, on the host, so the unpadded encoder needs no GPU sync."""
-    sentences, labels = [], {}
+    sentences, types, labels = [], [], {}
     for task, task_rows in rows.items():
         data = train_sets[task]
         for column in data.tokens:
             sentences += [column[i] for i in task_rows]
+            types += [[] if data.token_types is None else data.token_types[i] for i in task_rows]
         labels[task] = data.label_tensor[task_rows].to(device, non_blocking=True)
     ids, mask = pad_batch(sentences, pad_token_id)
     inputs = {"input_ids": ids.to(device, non_blocking=True), "attention_mask": mask.to(device, non_blocking=True),
               "sizes": {task: len(task_rows) for task, task_rows in rows.items()}, "num_tokens": int(mask.sum())}
+    if any(types):  # jointly encoded pairs: their token types (0 everywhere else)
+        inputs["token_type_ids"] = pad_pairs(sentences, types, pad_token_id)[1].to(device, non_blocking=True)
     return inputs, labels
 
 
@@ -87,7 +93,7 @@ def predict_only(config: MultitaskConfig) -> dict:
     out_dir = Path(config.out_dir) if config.out_dir else run_dir_of(checkpoint)
     model = MultitaskModel.from_pretrained(checkpoint, vocab=config.vocab).to(config.device)
     data = load_data(config, model.encoder.tokenizer, effective_max_length(config, model.encoder),
-                     splits=("dev", "test"))
+                     splits=("dev", "test"), pair_encoding=model.pair_encoding)  # the checkpoint's
     meta = {"checkpoint": str(checkpoint), "step": checkpoint_meta(checkpoint).get("step")}
     with runs.hold(out_dir):  # not into a run directory that a run is writing
         metrics = write_predictions(model, data, out_dir, config.batch_size, config.precision, meta)
@@ -99,7 +105,8 @@ def build_model(config: MultitaskConfig, encoder, device) -> MultitaskModel:
     """The encoder and the three heads, frozen as asked, on ``device``."""
     model = MultitaskModel(encoder, proj_dim=config.proj_dim, sst_dropout=config.sst_dropout,
                            qqp_dropout=config.qqp_dropout, sts_dropout=config.sts_dropout,
-                           qqp_margin=config.qqp_margin, sts_margin=config.sts_margin)
+                           qqp_margin=config.qqp_margin, sts_margin=config.sts_margin,
+                           pair_encoding=config.pair_encoding)
     if config.freeze_encoder:
         encoder.requires_grad_(False)
     elif config.freeze_flow:
@@ -118,13 +125,13 @@ def train(config: MultitaskConfig, device) -> dict:
     encoder = load_encoder(config)
     max_length = effective_max_length(config, encoder)
     encoder.max_length = max_length
-    data = load_data(config, encoder.tokenizer, max_length)
+    data = load_data(config, encoder.tokenizer, max_length, pair_encoding=config.pair_encoding)
     model = build_model(config, encoder, device)
     train_sets = {t: data[t, "train"] for t in TASKS}
     dev_sets = {t: data[t, "dev"] for t in TASKS}
     batch_sizes = {t: getattr(config, f"{t}_batch_size") for t in TASKS}
     multitask_loss = MultitaskLoss({t: getattr(config, f"{t}_weight") for t in TASKS}, config.qqp_margin,
-                                   config.sts_margin)
+                                   config.sts_margin, config.pair_encoding)
     samplers = make_samplers({t: len(d) for t, d in train_sets.items()}, config.seed)
     rank, world = dist_info()
     pad_id = encoder.tokenizer.pad_token_id
@@ -149,8 +156,9 @@ def train(config: MultitaskConfig, device) -> dict:
         model.save_pretrained(directory, extra={"step": loop.step})
 
     loop = TrainingLoop(config, run, {"model": model}, optimizer, scheduler, samplers, metric=SELECTION_METRIC,
-                        save_model=save_model, evaluate=evaluate_fn, items_per_step=sum(
-                            batch_sizes[t] * (1 if t == "sst" else 2) for t in TASKS),
+                        save_model=save_model, evaluate=evaluate_fn, items_per_step=sum(  # sequences encoded
+                            batch_sizes[t] * (1 if t == "sst" or config.pair_encoding == "cross" else 2)
+                            for t in TASKS),
                         upgrade_state=renamed_from_para)
     if config.resume:
         loop.resume()

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
             "bertcf-evaluate": "python -m bertcf.evaluate", "bertcf-experiments": "python -m bertcf.experiments",
             "bertcf-bench": "python -m bertcf.bench", "bertcf-export": "python -m bertcf.export",
-            "bertcf-encode": "python -m bertcf.encode", "bertcf-search": "python -m bertcf.search"}
+            "bertcf-encode": "python -m bertcf.encode", "bertcf-search": "python -m bertcf.search",
+            "bertcf-cross": "python -m bertcf.cross"}
 
 
 def requirements() -> list[str]:
@@ -102,6 +103,8 @@ DOCUMENTED = {
     "bertcf-encode": [sys.executable, "-m", "bertcf.encode"],
     "python -m bertcf.search build": [sys.executable, "-m", "bertcf.search", "build"],
     "python -m bertcf.search query": [sys.executable, "-m", "bertcf.search", "query"],
+    "python -m bertcf.cross train": [sys.executable, "-m", "bertcf.cross", "train"],
+    "python -m bertcf.cross evaluate": [sys.executable, "-m", "bertcf.cross", "evaluate"],
 }
 
 

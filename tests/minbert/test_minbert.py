@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from conftest import offline_hub_cache
 from safetensors.torch import load_file, save_file
 
 import minbert
@@ -465,25 +466,6 @@ def test_missing_local_paths_raise(tmp_path, hf_dir):
     assert not torch.equal(a.embeddings.word_embeddings.weight, hf_dir[1].embeddings.word_embeddings.weight)
     with pytest.raises(CheckpointError, match="is a file; pass the checkpoint directory"):
         BertModel.from_pretrained(hf_dir[0] / "model.safetensors")
-
-
-def offline_hub_cache(monkeypatch, tmp_path, name: str, files_from) -> None:
-    """Put the files of ``files_from`` into a fresh Hugging Face hub cache as repository ``name``
-    (the layout huggingface_hub writes: refs/main -> snapshots/<commit>/) and go offline, so a
-    hub name resolves from the cache alone."""
-    import huggingface_hub.constants
-
-    cache = tmp_path / "hub-cache"
-    repo = cache / ("models--" + name.replace("/", "--"))
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    shutil.copytree(files_from, repo / "snapshots" / commit)
-    (repo / "refs").mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    # huggingface_hub reads these environment variables when imported, so set its constants too.
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 def test_loads_a_hub_name_from_the_hub_cache(monkeypatch, tmp_path, tiny_bert_dir, capsys):

@@ -1,7 +1,8 @@
 """Multitask fine-tuning (bertcf.multitask, run_multitask.py) on the CPU: the three losses and
 the prediction rules against values computed by hand, the per-task batch cycling, and tiny
 end-to-end runs (tiny random BERT, a few rows of every CS224N file): prediction files,
-metrics.json, --predict-only, resume bit-identity, a flow checkpoint, bad input."""
+metrics.json, --predict-only, resume bit-identity, a flow checkpoint, bad input; and the same
+for --pair-encoding cross (the pairs encoded jointly)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,13 +19,15 @@ from safetensors.torch import load_file
 
 from bertcf.cli import run_main
 from bertcf.commands import multitask as command
-from bertcf.data.multitask import TaskData
+from bertcf.data.multitask import TaskData, load_task
 from bertcf.runs import resolve_encoder_path
 from bertcf.training import multitask as mt
 from bertcf.data.tasks import read_qqp, read_sst, read_sts
 from bertcf.evaluation import multitask as mtm_metrics
 from bertcf.evaluation.bootstrap import interval
+from bertcf.evaluation.metrics import pearson
 from bertcf.models import multitask as mtm
+from bertcf.models.cross_encoder import pad_pairs
 from bertcf.models.encoder import SentenceEncoder
 from bertcf.models.flow import Glow
 from bertcf.training.sampler import EpochSampler
@@ -505,3 +508,106 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
     assert logged[-1]["mean_dev"] == pytest.approx(reference[-1]["mean_dev"], abs=1e-4)
     start = load_file(str(Path(tiny_bert_dir) / "model.safetensors"))
     assert not torch.equal(start["encoder.layer.0.output.dense.weight"], a["encoder.layer.0.output.dense.weight"])
+
+
+# ---- --pair-encoding cross: the pairs encoded jointly ---------------------------------------------
+def test_joint_losses_by_hand():
+    logits, labels = torch.tensor([0.0, 2.0, -1.0]), torch.tensor([1.0, 0.0, 0.0])
+    expected = (math.log(2) + math.log(1 + math.exp(2)) + math.log(1 + math.exp(-1))) / 3
+    assert mtm.PairLogitLoss()(logits, labels).item() == pytest.approx(expected, abs=1e-6)
+    # STS: the score against gold / 5: (0.5 - 0.5)^2 and (1.2 - 1.0)^2
+    assert mtm.PairScoreLoss()(torch.tensor([0.5, 1.2]), torch.tensor([2.5, 5.0])).item() == pytest.approx(0.02)
+    loss = mtm.MultitaskLoss({"sst": 5, "qqp": 20, "sts": 1}, pair_encoding="cross")
+    out = {"sst": torch.tensor([[2.0, 0, 0, 0, 0]]), "qqp": logits, "sts": torch.tensor([0.5, 1.2])}
+    total, parts = loss(out, {"sst": torch.tensor([0]), "qqp": labels, "sts": torch.tensor([2.5, 5.0])})
+    assert parts["qqp"].item() == pytest.approx(expected, abs=1e-6) and parts["sts"].item() == pytest.approx(0.02)
+    torch.testing.assert_close(total, 5 * parts["sst"] + 20 * parts["qqp"] + parts["sts"])
+
+
+def test_joint_prediction_rules():
+    assert mtm.predict_joint("qqp", torch.tensor([0.0, -0.01, 3.0])).tolist() == [1, 0, 1]
+    assert mtm.predict_joint("sts", torch.tensor([0.5, -0.2, 1.3])).tolist() == pytest.approx([2.5, 0.0, 5.0])
+
+
+def test_joint_tokens_are_the_tokenizers_pair_encoding(tiny_bert_dir, data_dir):
+    tokenizer = SentenceEncoder.from_pretrained(tiny_bert_dir).tokenizer
+    data = load_task("sts", "dev", data_dir / "sts-dev.csv", tokenizer, 24, joint=True)
+    rows = read_sts(data_dir / "sts-dev.csv", labeled=False)
+    enc = tokenizer([r.sentence1 for r in rows], [r.sentence2 for r in rows], truncation="longest_first", max_length=24)
+    assert len(data.tokens) == 1 and data.tokens[0] == enc["input_ids"] and data.token_types == enc["token_type_ids"]
+    assert any(1 in t for t in data.token_types) and data.subset([2, 0]).token_types == [enc["token_type_ids"][i]
+                                                                                         for i in (2, 0)]
+
+
+def test_joint_forward_equals_each_part_alone(tiny_bert_dir, data_dir):
+    """One pass over SST sentences and joint pairs: SST's logits are the bi model's head on the
+    encoder's sentence vector, the pair heads read BERT's pooled [CLS] of each pair (token types on)."""
+    torch.manual_seed(0)
+    model = mtm.MultitaskModel(SentenceEncoder.from_pretrained(tiny_bert_dir), pair_encoding="cross").eval()
+    assert model.qqp_head[1].weight.shape == (1, model.encoder.dim)
+    tokenizer = model.encoder.tokenizer
+    sst = load_task("sst", "dev", data_dir / "ids-sst-dev.csv", tokenizer, 24).subset(range(3))
+    qqp = load_task("qqp", "dev", data_dir / "quora-dev.csv", tokenizer, 24, joint=True).subset(range(4))
+    sts = load_task("sts", "dev", data_dir / "sts-dev.csv", tokenizer, 24, joint=True).subset(range(2))
+    inputs, _ = mt.train_batch({"sst": sst, "qqp": qqp, "sts": sts}, {"sst": [0, 1, 2], "qqp": [0, 1, 2, 3],
+                                                                     "sts": [0, 1]}, 0, "cpu")
+    out = model(**inputs)
+    ids, mask = pad_batch(sst.tokens[0], 0)
+    torch.testing.assert_close(out["sst"], model.sst_head(model.encoder(ids, mask)), rtol=1e-5, atol=1e-6)
+    for task, data in (("qqp", qqp), ("sts", sts)):
+        ids, types, mask = pad_pairs(data.tokens[0], data.token_types)
+        pooled = model.encoder.bert(ids, mask, types)["pooler_output"]
+        torch.testing.assert_close(out[task], model.head(task)(pooled).squeeze(-1), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(model.joint_outputs(task, data.tokens[0], data.token_types, batch_size=3),
+                                   out[task], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def cross_run(tiny_bert_dir, data_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("mt-cross") / "run"
+    run_quiet(argv(tiny_bert_dir, data_dir, out, pair_encoding="cross", lr=1e-3))
+    return out
+
+
+def test_cross_run_writes_the_prediction_files(cross_run, data_dir):
+    assert sorted(p.name for p in (cross_run / "predictions").iterdir()) == sorted(PREDICTION_FILES)
+    for task, (dev, test, reader) in INPUT_FILES.items():
+        for split, name in (("dev", dev), ("test", test)):
+            header, ids, values = read_predictions(cross_run / "predictions" / mtm_metrics.prediction_file(task, split))
+            assert header == f"id \t {mtm_metrics.PREDICTION_HEADERS[task]} "
+            assert ids == [r.id for r in reader(data_dir / name, labeled=False)]
+            numbers = [float(v) for v in values]
+            if task == "sts":
+                assert all(0 <= v <= 5 for v in numbers)
+            else:
+                assert set(numbers) <= ({0, 1, 2, 3, 4} if task == "sst" else {0, 1})
+    assert json.loads((cross_run / "best" / "multitask.json").read_text())["pair_encoding"] == "cross"
+    assert json.loads((cross_run / "config.json").read_text())["pair_encoding"] == "cross"
+    metrics = json.loads((cross_run / "metrics.json").read_text())
+    gold = {r.id: r.label for r in read_sts(data_dir / "sts-dev.csv")}
+    _, ids, values = read_predictions(cross_run / "predictions" / "sts-dev-output.csv")
+    assert metrics["sts_pearson"] == pytest.approx(pearson([float(v) for v in values], [gold[i] for i in ids]),
+                                                   abs=1e-3)  # the file rounds to 4 decimals
+    model = mtm.MultitaskModel.from_pretrained(cross_run)
+    assert model.pair_encoding == "cross" and model.sts_head[1].out_features == 1
+
+
+def test_cross_predict_only_reproduces_the_files(cross_run, tmp_path):
+    # the checkpoint says cross: --pair-encoding need not (and cannot) be given again
+    run_quiet(["--predict-only", "--checkpoint", str(cross_run), "--out-dir", str(tmp_path / "again"),
+               "--device", "cpu"])
+    for name in PREDICTION_FILES:
+        assert (tmp_path / "again" / "predictions" / name).read_bytes() == \
+            (cross_run / "predictions" / name).read_bytes(), name
+
+
+def test_cross_resume_is_bit_identical(tiny_bert_dir, data_dir, tmp_path):
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    flags = dict(max_train_examples=10, pair_encoding="cross", lr=1e-3)
+    run_quiet(argv(tiny_bert_dir, data_dir, straight, steps=4, **flags))
+    run_quiet(argv(tiny_bert_dir, data_dir, part, steps=2, **flags))
+    assert run_quiet(["--resume", "--out-dir", str(part), "--steps", "4"])["step"] == 4
+    a, b = last_tensors(straight), last_tensors(part)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert (part / "predictions" / "sts-dev-output.csv").read_bytes() == \
+        (straight / "predictions" / "sts-dev-output.csv").read_bytes()
