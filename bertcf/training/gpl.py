@@ -115,6 +115,8 @@ class Pipeline:
     def run(self) -> dict:
         steps = self.steps()
         self.check(steps)
+        if not steps[-1].is_done():  # step 4 evaluates on this file: missing, stop now, not after steps 1-3
+            pretraining.fetch_files(Path(self.config.data_dir), pretraining.dev_files(self.config.select_on))
         results = {}
         for number, step in enumerate(steps, start=1):
             label = f"GPL step {number}/{len(steps)} ({step.name})"

@@ -35,15 +35,26 @@ def run(config: PretrainConfig) -> dict:
 
 def fetch_data(config: PretrainConfig) -> None:
     """The files this run reads from --data-dir by default (Wiki1M unless --corpus or
-    --corpus-from-tasks, the task train files for the latter, the CS224N STS dev file to select
-    on), downloaded when missing; when that fails, the line a missing file has always given, with
-    why it was not downloaded."""
-    data = Path(config.data_dir)
+    --corpus-from-tasks, the task train files for the latter, the evaluation's: ``dev_files``),
+    downloaded when missing; when that fails, the line a missing file has always given, with why
+    it was not downloaded."""
     reads = reads_corpus(config)
     default_corpus = reads and not any(getattr(config, f) for f in CORPUS_SETTINGS)
     names = ([WIKI1M_NAME] if default_corpus else []) \
         + ([TASK_FILES[t, "train"] for t in TASKS] if config.corpus_from_tasks and reads else []) \
-        + ([TASK_FILES["sts", "dev"]] if config.select_on == "cs224n-sts" else [])
+        + dev_files(config.select_on)
+    fetch_files(Path(config.data_dir), names, default_corpus)
+
+
+def dev_files(select_on: str) -> list[str]:
+    """The file of --data-dir every evaluation scores, whatever picks best/: CS224N STS dev (none
+    with --select-on stsb-dev, which scores SentEval's STS-B dev instead)."""
+    return [] if select_on == "stsb-dev" else [TASK_FILES["sts", "dev"]]
+
+
+def fetch_files(data: Path, names: list[str], default_corpus: bool = False) -> None:
+    """``names`` in ``data``, downloaded when missing; a DataError naming the missing ones and why
+    they were not downloaded."""
     why = fetch_missing(data, names)
     if why is None:
         return
