@@ -21,9 +21,12 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
     bertcf_quantization.py  a copy of bertcf/search/quantization.py, which bertcf_onnx.py imports (numpy only):
                          OnnxEncoder.encode's int8 and binary vectors
 
-minBERT exports through its padded path (``unpad=False``: scaled_dot_product_attention with a
-boolean key mask), which gives the same values at the real tokens as the unpadded training
-path; the export checks that on a batch (``onnx_encoder.json``: "parity").
+minBERT exports through its padded path (``unpad=False``), each layer's attention as ONNX
+Runtime's fused ``com.microsoft::Attention`` operator (``attention="fused"``, the default:
+``backend.fused_attention``; ``QAttention`` once quantised) or as standard operators
+(``"plain"``: scaled_dot_product_attention with a boolean key mask, for other runtimes). Both give
+the same values at the real tokens as the unpadded training path; the export checks that on a
+batch (``onnx_encoder.json``: "parity").
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import UsageError
-from ..models.encoder import SentenceEncoder, pool
+from ..models.encoder import FIRST_LAST_AVG, SentenceEncoder, pool
 from ..runs import resolve_encoder_path
 from ..search import quantization
 from ..utils.files import save_dir_atomic, write_json_atomic
@@ -72,8 +75,9 @@ class SentenceGraph(nn.Module):
 
     def forward(self, input_ids, attention_mask):
         encoder = self.encoder
-        hidden = encoder.bert(input_ids, attention_mask, unpad=False)["last_hidden_state"]
-        vector = pool(hidden, attention_mask, encoder.pooling)
+        first = {"output_first_layer": True} if encoder.pooling == FIRST_LAST_AVG else {}
+        out = encoder.bert(input_ids, attention_mask, unpad=False, **first)
+        vector = pool(out["last_hidden_state"], attention_mask, encoder.pooling, out.get("first_layer_hidden_state"))
         if encoder.flow is not None:
             vector = encoder.flow(vector)[0]
         if encoder.dense is not None:  # the linear head (a whitening map, a projection), last
@@ -125,13 +129,16 @@ def export_graph(module: nn.Module, inputs: dict, outputs: list[str], path: Path
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def quantize(source: Path, target: Path) -> None:
-    """Dynamic int8 quantisation (ONNX Runtime): int8 weights, activations quantised per batch."""
+def quantize(source: Path, target: Path, **options) -> None:
+    """Dynamic int8 quantisation (ONNX Runtime): int8 weights, activations quantised per batch;
+    ``options``: quantize_dynamic's (per_channel, op_types_to_quantize: the bench's variants)."""
+    import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     logging.disable(logging.WARNING)  # its advice to pre-process, meant for static quantisation
-    try:
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8)
+    try:  # the fused operators' outputs have no type for shape inference: they are float
+        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8,
+                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}, **options)
     finally:
         logging.disable(logging.NOTSET)
 

@@ -109,8 +109,9 @@ class OnnxEncoder:
                calibration_embeddings=None) -> np.ndarray:
         """Encode sentences to a float32 array [n, D] (a single string gives [D]), as
         ``SentenceEncoder.encode``: length-sorted batches, rows in input order, unit vectors when
-        the model normalises (``normalize`` overrides it); ``truncate_dim``: the first k dimensions,
-        after the normalisation (a Matryoshka-trained model's smaller widths);
+        the model normalises (``normalize`` overrides it); ``truncate_dim``: the first k dimensions
+        (a Matryoshka-trained model's smaller widths), cut after the model's own normalisation and
+        before the one ``normalize=True`` asks for, as sentence-transformers does;
         ``embedding_precision`` int8, uint8, binary or ubinary: the vectors quantised last, as
         sentence-transformers' ``quantize_embeddings``, int8's ranges those of
         ``calibration_embeddings`` ([m, D] float vectors) or else of the vectors."""
@@ -118,12 +119,15 @@ class OnnxEncoder:
         sentences = [sentences] if single else list(sentences)
         vectors = np.empty((0, self.dim), dtype=np.float32)
         if sentences:
+            # the export's own Normalize before the cut; a normalize asked for here after it
             vectors = self.encode_ids(self.tokenize(sentences, max_length), batch_size, show_progress_bar,
-                                      self.normalize if normalize is None else normalize)
+                                      self.normalize if normalize is None else False)
         if truncate_dim is not None:
             if not 1 <= truncate_dim <= self.dim:
                 raise OnnxModelError(f"truncate_dim {truncate_dim}: the export's vectors have {self.dim} dimensions")
             vectors = vectors[:, :truncate_dim]
+        if normalize:
+            vectors = l2_normalize(vectors)
         if embedding_precision != "float32":
             try:
                 vectors = quantize_embeddings(vectors, embedding_precision, calibration_embeddings=calibration_embeddings)

@@ -23,10 +23,12 @@ Workloads (the report's settings):
   encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
              eval mode under torch.inference_mode.
 ``--onnx EXPORT_DIR`` times something else, on the CPU: ``encode()`` of STS-B test's 2,758
-sentences (length-sorted batches of 64) by the exported checkpoint under torch fp32, and by the
-export under ONNX Runtime fp32 and int8 (``bertcf.backend.onnx_runtime.OnnxEncoder``), one round of each in turn;
-it reports sentences/s, the ratio to torch fp32, each engine's STS-B test Spearman and its max
-abs difference from torch.
+sentences (length-sorted batches of 64) by the exported checkpoint under torch fp32, by
+transformers' BertModel of the same weights, and under ONNX Runtime (``OnnxEncoder``) by each graph
+of ``bench.onnx_variants``: minBERT's export with plain and fused attention, fp32 and int8 (per
+tensor, per channel, attention left in fp32), and transformers' export with and without ONNX
+Runtime's optimizer, fp32 and int8; one round of each in turn. It reports sentences/s, the ratio
+to torch fp32, each engine's STS-B test Spearman and its max abs difference from torch.
 ``--search VECTORS.npy|random`` times the search indexes (``bertcf.search.index``: exact float32,
 HNSW float32, int8 HNSW and binary, rescored or not) on the vectors of a .npy or on random unit
 vectors: each one's build time, size in bytes, queries per second and recall@k against exact

@@ -35,19 +35,6 @@ MINBERT_VARIANTS = {
 }
 
 
-def quantize(source: Path, target: Path, **options) -> None:
-    """ONNX Runtime's dynamic int8 quantisation with ``options`` (per_channel, op_types_to_quantize)."""
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    logging.disable(logging.WARNING)  # its advice to pre-process, meant for static quantisation
-    try:  # the fused operators' outputs have no type for shape inference: they are float
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}, **options)
-    finally:
-        logging.disable(logging.NOTSET)
-
-
 class TransformersEncoder:
     """transformers' BertModel (sdpa attention) of the same weights, pooled as the encoder pools
     (mean or [CLS]), then its linear head and Normalize where it has them: the torch reference
@@ -123,7 +110,7 @@ def optimize_transformers(source: Path, target: Path, config) -> None:
 def build(export_dir: Path, encoder, scratch: Path) -> dict[str, Path]:
     """Every variant graph, written into ``scratch`` (a copy of the export, for its tokenizer and
     settings): name -> its file there."""
-    from ..backend.onnx_export import SentenceGraph, example_inputs, export_graph, output_names
+    from ..backend.onnx_export import SentenceGraph, example_inputs, export_graph, output_names, quantize
 
     shutil.copytree(export_dir, scratch, dirs_exist_ok=True)
     config = encoder.bert.config

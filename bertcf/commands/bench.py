@@ -43,8 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the random inputs, and of the weights where they are random")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--onnx", default=None, metavar="EXPORT_DIR",
-                   help="instead of the workloads: time encode() on STS-B test with torch fp32, ONNX Runtime fp32 and "
-                        "int8, on the CPU, for this directory written by bertcf-export onnx (with --quantize int8)")
+                   help="instead of the workloads: time encode() on STS-B test, on the CPU, by the checkpoint of this "
+                        "directory written by bertcf-export onnx in torch (minBERT, transformers) and by ONNX Runtime "
+                        "on fp32 and int8 graphs of it (python -m bertcf.bench --help's epilogue: docs/benchmark.md)")
     p.add_argument("--senteval-dir", default="data/SentEval", help="--onnx: SentEval's data, for STS-B test")
     add_search_flags(p)
     return p

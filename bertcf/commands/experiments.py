@@ -22,13 +22,15 @@ def run(argv=None) -> dict:
     # One runner per OUT, from before the plan reads what is on disk. The runs it starts (in this
     # process) lock their own directories, OUT/stages/<name> and OUT/finetune/<row>, not OUT.
     with runs.hold(args.out_dir):
-        return run_suite(args, argv)
+        try:
+            return run_suite(args, argv)
+        except KeyboardInterrupt:  # between runs (a run's own Ctrl-C is Interrupted): the same hint
+            raise Interrupted("Ctrl-C", "SIGINT") from None
 
 
 def main(argv=None) -> int:
     try:
         return run_main(run, argv)
-    except (Interrupted, KeyboardInterrupt) as e:
-        what = f"{e}; " if isinstance(e, Interrupted) else ""
-        print(f"\ninterrupted: {what}run the same command again to continue where it stopped", file=sys.stderr)
-        return stop_status({"signal": getattr(e, "signal", None) or "SIGINT"})
+    except Interrupted as e:
+        print(f"\ninterrupted: {e}; run the same command again to continue where it stopped", file=sys.stderr)
+        return stop_status({"signal": e.signal or "SIGINT"})

@@ -1,6 +1,6 @@
 """``bertcf-export`` (``python -m bertcf.export``): a trained checkpoint in formats other tools run.
 
-    bertcf-export onnx RUN_OR_MODEL_DIR [--out DIR] [--quantize int8] [--opset N]
+    bertcf-export onnx RUN_OR_MODEL_DIR [--out DIR] [--quantize int8] [--opset N] [--attention fused|plain]
 """
 from __future__ import annotations
 

@@ -158,7 +158,7 @@ def run_query(args) -> dict:
     start = time.perf_counter()
     scores, found = index.search(vectors, args.k, rescore_multiplier=settings.multiplier())
     seconds = time.perf_counter() - start
-    ids, texts = store.read_documents(args.index)
+    ids, texts = store.read_documents(args.index, meta["documents"])
     measure = "hamming" if meta["kind"] == "binary" and not settings.multiplier() else "score"
     results = [{"query": q, "hits": [{"id": ids[i], measure: float(s), "text": texts[i]}
                                      for s, i in zip(row_s, row_i) if i >= 0]}

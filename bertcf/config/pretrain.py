@@ -1,9 +1,11 @@
 """``run_pretrain.py``'s settings (``PretrainConfig``), resolved once by ``parse``: the flags (with
 --resume, the run's config.json), a --preset's values, the data of an --init run, the stage's
 defaults (method, lr, out dir) and the checks that need more than one flag, all before any data is
-read. After it a config changes only through two named steps: ``with_data`` (a preset measured in
-epochs gets its steps once the corpus is counted) and ``with_model`` (the evaluation's length,
-the model's limit). ``config.json`` is ``to_dict()`` of the final object."""
+read (but "one corpus": which corpus flags name files is checked where the corpus is read,
+``data.corpus``). After it a run's config changes only through two named steps: ``with_data`` (a
+preset measured in epochs gets its steps once the corpus is counted) and ``with_model`` (the
+evaluation's length, the model's limit); a --stage mix run gives each part its own config
+(``training.pretraining.part_config``). ``config.json`` is ``to_dict()`` of the final object."""
 from __future__ import annotations
 
 import json

@@ -22,6 +22,8 @@ from .tasks import read_qqp, read_sts
 
 #: What a kind of pair file's labels are: NLI's three classes, QQP's two, STS's graded 0-5.
 CLASSES = {"nli": LABELS, "qqp": ("not duplicate", "duplicate"), "sts": ()}
+#: What a graded kind's labels are divided by to give a target in [0, 1] (QQP's 0/1 as they are).
+SCALE = {"sts": 5.0, "qqp": 1.0}
 FORMATS = ("SNLI/MultiNLI .jsonl, their .txt release (header with gold_label), a premise<TAB>hypothesis<TAB>label "
            "TSV, or a CS224N QQP/STS file (header id, sentence1, sentence2, is_duplicate or similarity)")
 #: The files of the contrastive and distilled methods, not labelled pairs: kind -> (what, the method that reads them).

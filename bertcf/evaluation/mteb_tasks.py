@@ -55,7 +55,8 @@ _LOCAL = dict(dataset={"path": "local", "revision": "local"}, category="t2t", ev
 class MtebModel(AbsEncoder):
     """``encoder`` (a ``SentenceEncoder`` or an ``OnnxEncoder``: anything with ``encode(texts,
     batch_size=, show_progress_bar=, max_length=)``) as an mteb model named ``name`` ("org/model",
-    mteb's form), scored by ``score`` ("cos" or "dot"); ``max_lengths``: {mteb task type: tokens}."""
+    mteb's form), scored by ``score`` ("cos" or "dot"); ``max_lengths``: {mteb task type: tokens};
+    ``truncate_dim``: the vectors' first k dimensions (passed to ``encode``)."""
 
     def __init__(self, encoder, name: str = "bertcf/encoder", score: str = "cos", max_lengths=None,
                  truncate_dim: int | None = None, framework: str = "PyTorch"):

@@ -57,11 +57,10 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..runs import resolve_encoder_path
-from ..search.index import RESCORE_MULTIPLIER
+from ..search.index import KINDS, RESCORE_MULTIPLIER
 from .cross import pair_relevance
 
 SCORES = ("cos", "dot")
-INDEXES = ("exact", "hnsw", "int8", "binary")  # bertcf.search.index.KINDS; exact here: the search above
 ENCODE_SLICE = 4096  # texts encoded at once (each call sorts its texts by length), between progress updates
 
 
@@ -152,8 +151,8 @@ class RetrievalEvaluator:
                  index: str = "exact", index_settings: dict | None = None):
         if score not in SCORES:
             raise ValueError(f"score must be one of {', '.join(SCORES)}, not {score!r}")
-        if index not in INDEXES:
-            raise ValueError(f"index must be one of {', '.join(INDEXES)}, not {index!r}")
+        if index not in KINDS:  # exact here: the search above, not faiss's
+            raise ValueError(f"index must be one of {', '.join(KINDS)}, not {index!r}")
         # hnsw_m, ef_construction, ef_search (the graph's), rescore_multiplier (int8, binary; 0: none),
         # bertcf.search.index's defaults where not given
         self.index, self.index_settings = index, dict(index_settings or {})

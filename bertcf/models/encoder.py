@@ -152,8 +152,9 @@ class SentenceEncoder(nn.Module):
         batched together (less padding) and the rows come back in input order. The result
         is an ordinary tensor (not an inference tensor), so it can feed autograd (e.g. a flow
         fitted on cached embeddings). ``truncate_dim`` (default the encoder's ``truncate_dim``):
-        the vectors' first k dimensions, after the normalisation, as sentence-transformers'
-        ``truncate_dim`` (a Matryoshka-trained model's smaller widths). ``embedding_precision``
+        the vectors' first k dimensions (a Matryoshka-trained model's smaller widths), cut after
+        the model's own normalisation and before the one ``normalize=True`` asks for, as
+        sentence-transformers' ``truncate_dim`` and ``normalize_embeddings``. ``embedding_precision``
         int8, uint8 ([n, D]), binary or ubinary ([n, ceil(D/8)]): the vectors quantised last, as
         sentence-transformers' ``quantize_embeddings`` (``bertcf.search.quantization``), int8's
         ranges those of ``calibration_embeddings`` ([m, D] float vectors) or else of the vectors."""
@@ -163,9 +164,12 @@ class SentenceEncoder(nn.Module):
         if sentences:
             token_ids = self.tokenizer(sentences, truncation=True, max_length=self._max_length(max_length))["input_ids"]
             vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
-        if self.normalize if normalize is None else normalize:
+        if normalize is None and self.normalize:  # the model's Normalize module: before the cut, as in the model
             vectors = torch.nn.functional.normalize(vectors, dim=-1)
-        vectors = quantized(self.truncated(vectors, truncate_dim), embedding_precision, calibration_embeddings)
+        vectors = self.truncated(vectors, truncate_dim)
+        if normalize:  # as sentence-transformers' normalize_embeddings: after the cut
+            vectors = torch.nn.functional.normalize(vectors, dim=-1)
+        vectors = quantized(vectors, embedding_precision, calibration_embeddings)
         return vectors[0] if single else vectors
 
     def truncated(self, vectors: torch.Tensor, truncate_dim: int | None = None) -> torch.Tensor:

@@ -54,9 +54,13 @@ class CoSENT(ScoredPairs):
     def similarity(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.cosine_similarity(u.float(), v.float())
 
+    def pair_loss(self, u: torch.Tensor, v: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        """The loss of vectors u, v [b, d] (one width) against the gold similarities [b]."""
+        return ranking_loss(self.similarity(u, v), gold, self.settings.scale)
+
     def loss(self, ids, mask, special, rank=0, world=1, labels=None):
         u, v, y = self.pair_vectors(ids, mask, rank, world, labels)
-        loss = self.at_widths(lambda w, gold: ranking_loss(self.similarity(*w), gold, self.settings.scale), [u, v], y)
+        loss = self.at_widths(lambda w, gold: self.pair_loss(*w, gold), [u, v], y)
         with torch.no_grad():
             scalars = {"pair_similarity": self.similarity(u, v).mean(), "gold": y.mean()}
         return loss, scalars

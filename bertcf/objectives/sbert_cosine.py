@@ -20,11 +20,15 @@ class SBERTCosine(ScoredPairs):
     Settings: ``MatryoshkaSettings``.
     """
 
+    @staticmethod
+    def pair_loss(u: torch.Tensor, v: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        """The loss of vectors u, v [b, d] (one width) against the gold similarities [b]."""
+        return F.mse_loss(F.cosine_similarity(u.float(), v.float()), gold)
+
     def loss(self, ids, mask, special, rank=0, world=1, labels=None):
         u, v, y = self.pair_vectors(ids, mask, rank, world, labels)
         cosine = F.cosine_similarity(u.float(), v.float())
-        loss = self.at_widths(lambda w, gold: F.mse_loss(F.cosine_similarity(w[0].float(), w[1].float()), gold),
-                              [u, v], y)
+        loss = self.at_widths(lambda w, gold: self.pair_loss(*w, gold), [u, v], y)
         with torch.no_grad():
             scalars = {"pair_cosine": cosine.mean(), "gold": y.mean()}
         return loss, scalars

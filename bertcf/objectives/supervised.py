@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..data.examples import Examples
-from ..data.pairs import FORMATS, LabelledPairs, read_pairs
+from ..data.pairs import FORMATS, SCALE, LabelledPairs, read_pairs
 from ..data.tasks import task_file
 from ..errors import UsageError
 from ..utils.distributed import local_rows
@@ -87,8 +87,6 @@ class Supervised(Objective):
         raise NotImplementedError
 
 
-#: What a pair file's labels are divided by to give the target in [0, 1].
-SCALE = {"sts": 5.0, "qqp": 1.0}
 
 
 class ScoredPairs(Supervised):

@@ -93,10 +93,6 @@ class VectorIndex:
         return int(self.faiss.ntotal)
 
     @property
-    def ef_search(self) -> int | None:
-        return int(self.faiss.hnsw.efSearch) if self.kind in ("hnsw", "int8") else None
-
-    @property
     def nbytes(self) -> int:
         """The index's size: the bytes faiss writes for it (vectors or codes, and the graph)."""
         faiss = import_faiss()

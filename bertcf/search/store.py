@@ -118,7 +118,8 @@ def build(directory, encode, ids: list[str], texts: list[str], kind: str, score:
         index.write(tmp / INDEX_FILE)
         write_documents(tmp / DOCUMENTS_FILE, ids, texts)
         probe = np.asarray(encode(PROBE_SENTENCES), dtype=np.float32)
-        meta.update(describe(index, score, model, probe, calibration is not None, hnsw))
+        meta.update(describe(index, score, model, probe, calibration is not None, hnsw)
+                    | {"index_bytes": (tmp / INDEX_FILE).stat().st_size})  # not index.nbytes: no second copy
         write_json_atomic(tmp / META_FILE, meta)
     save_dir_atomic(directory, write)
     return meta
@@ -133,7 +134,7 @@ def describe(index: VectorIndex, score: str, model: dict, probe: np.ndarray, cal
             "kind": index.kind, "precision": index.precision, "documents": len(index),
             "hnsw": graph if index.kind in ("hnsw", "int8") else None,
             "int8_ranges": ("calibration sentences" if calibrated else "the corpus") if index.kind == "int8" else None,
-            "index_bytes": index.nbytes, "faiss": faiss.__version__,
+            "faiss": faiss.__version__,
             "probe": {"sentences": PROBE_SENTENCES, "vectors": probe.tolist()}}
 
 
@@ -156,9 +157,19 @@ def read_meta(directory) -> dict:
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{path} is not a readable JSON file ({type(e).__name__}); build the index again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("kind") not in KINDS \
-            or not isinstance(meta.get("dim"), int):
+            or not isinstance(meta.get("dim"), int) or not isinstance(meta.get("model"), dict) \
+            or not _probe_ok(meta.get("probe"), meta["dim"]):
         raise DataError(f"{path} is not the description of a BERT-CF search index; build the index again")
     return meta
+
+
+def _probe_ok(probe, dim: int) -> bool:
+    """index.json's check vectors: one row of ``dim`` numbers per check sentence."""
+    try:
+        vectors = np.asarray(probe["vectors"], dtype=np.float32)
+    except (TypeError, KeyError, ValueError):
+        return False
+    return vectors.shape == (len(PROBE_SENTENCES), dim)
 
 
 def load(directory, ef_search: int | None = None) -> tuple[VectorIndex, dict]:
@@ -184,8 +195,9 @@ def load(directory, ef_search: int | None = None) -> tuple[VectorIndex, dict]:
     return index, meta
 
 
-def read_documents(directory) -> tuple[list[str], list[str]]:
-    """(ids, texts) of the index's documents, row order."""
+def read_documents(directory, documents: int | None = None) -> tuple[list[str], list[str]]:
+    """(ids, texts) of the index's documents, row order; ``documents``: how many index.json
+    says the index holds (a file with another count is refused)."""
     path = Path(directory) / DOCUMENTS_FILE
     ids, texts = [], []
     try:
@@ -196,6 +208,8 @@ def read_documents(directory) -> tuple[list[str], list[str]]:
                 texts.append(row["text"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path} cannot be read ({type(e).__name__}); build the index again") from None
+    if documents is not None and len(ids) != documents:
+        raise DataError(f"{path} holds {len(ids)} documents, index.json says {documents}; build the index again")
     return ids, texts
 
 

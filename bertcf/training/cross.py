@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import runs
-from ..data.pairs import read_pairs
+from ..data.pairs import CLASSES, SCALE, read_pairs
 from ..data.tasks import task_file
 from ..errors import UsageError
 from ..evaluation.cross import PairSetEvaluator, evaluate_pair_sets, format_pair_table, pair_set_paths, read_pair_set
@@ -35,9 +35,6 @@ from .loop import TrainingLoop, set_seed
 from .optim import make_optimizer, make_scheduler
 from .sampler import EpochSampler
 
-#: What a pair file's labels are divided by for the regression target in [0, 1].
-SCALE = {"sts": 5.0, "qqp": 1.0}
-CLASSES = {"qqp": 2, "nli": 3}
 EVAL_BATCH = 128  # pairs scored at once in evaluation, at least (no gradients: larger than a training batch)
 
 
@@ -59,10 +56,10 @@ def training_pairs(config):
             raise UsageError(f"{', '.join(pairs.sources)}: NLI labels are classes; train on them with --head "
                              f"classification")
         return pairs, torch.tensor(labels, dtype=torch.float32) / SCALE[pairs.kind], 1
-    if pairs.kind not in CLASSES:
+    if not CLASSES[pairs.kind]:
         raise UsageError(f"{', '.join(pairs.sources)}: STS scores are graded, not classes; train on them with --head "
                          f"regression")
-    return pairs, torch.tensor(labels, dtype=torch.long), CLASSES[pairs.kind]
+    return pairs, torch.tensor(labels, dtype=torch.long), len(CLASSES[pairs.kind])
 
 
 def selection(config, kind: str):
@@ -143,7 +140,7 @@ def finish(config, summary: dict, run_dir: Path, device) -> dict:
                                                                    "step": summary["best_step"]}
     write_json_atomic(run_dir / "metrics.json", metrics)
     summary["metrics"] = metrics
-    if summary["best"] is not None and summary["first"] is not None:
+    if summary["best_step"] is not None and summary["first"] is not None:
         print(f"dev (during training): step 0 {summary['first']:.4f}, best {summary['best']:.4f} "
               f"at step {summary['best_step']}")
     print(format_pair_table(metrics) or "no pair set found to score")

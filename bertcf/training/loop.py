@@ -3,9 +3,10 @@ checkpoints (best/, last/, --resume) in the run directory (``bertcf.runs``); pro
 evaluation, non-finite losses and Ctrl-C. The optimiser is ``training.optim``, the data order
 ``training.sampler``.
 
-Its users (``training.Trainer`` for an objective, multitask fine-tuning) supply three functions
-to ``TrainingLoop.fit``: ``step_fn(step)`` returning the loss and some scalars to log,
-``evaluate(step)`` returning metrics, and ``save_model(dir)``.
+Its users (``training.Trainer`` for an objective, multitask fine-tuning, the cross-encoder) give
+``TrainingLoop`` their ``evaluate(step)`` (returning metrics) and ``save_model(dir)``, and
+``TrainingLoop.fit`` their ``step_fn(step)`` (returning the loss and some scalars to log) and an
+optional ``after_step``.
 """
 from __future__ import annotations
 

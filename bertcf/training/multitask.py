@@ -120,7 +120,6 @@ def build_model(config: MultitaskConfig, encoder, device) -> MultitaskModel:
 
 
 def train(config: MultitaskConfig, device) -> dict:
-    check_files(config)  # fail on missing data before loading the (slow) model
     set_seed(config.seed)
     encoder = load_encoder(config)
     max_length = effective_max_length(config, encoder)

@@ -165,7 +165,7 @@ def train_whiten(config: PretrainConfig, device) -> dict:
         return {}
     if config.whiten_on == "corpus":
         sentences, word_list = load_corpus(config)
-        config = config.replace(word_list=word_list)
+        config = config.with_data(len(sentences), word_list)
     else:
         sentences = whiten.target_sentences(config.whiten_on, config.data_dir,
                                             config.senteval_dir or Path(config.data_dir) / "SentEval")

@@ -438,3 +438,14 @@ def test_plain_attention_writes_standard_operators_only(tiny_bert_dir, tmp_path)
     expected = SentenceEncoder.from_pretrained(tiny_bert_dir).encode(SENTENCES).numpy()
     assert max_diff(OnnxEncoder(tmp_path / "plain").encode(SENTENCES), expected) < 1e-4
     assert json.loads((tmp_path / "plain" / "onnx_encoder.json").read_text())["attention"] == "plain"
+
+
+@pytest.mark.parametrize("attention", ["fused", "plain"])
+def test_first_last_avg_pooling_exports(tiny_bert_dir, tmp_path, attention):
+    """first-last-avg reads the first layer's output too: the graph gives encode()'s vectors."""
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling="first-last-avg")
+    encoder.save_pretrained(tmp_path / "ckpt")
+    assert export([tmp_path / "ckpt", "--out", tmp_path / "served", "--attention", attention]) == 0
+    expected = encoder.encode(SENTENCES).numpy()
+    assert max_diff(OnnxEncoder(tmp_path / "served").encode(SENTENCES), expected) < 1e-4
+    assert max_diff(expected, SentenceEncoder.from_pretrained(tiny_bert_dir).encode(SENTENCES).numpy()) > 1e-3

@@ -171,6 +171,17 @@ def test_bad_indexes_and_inputs_are_one_line(model, corpus_file, tmp_path, capsy
     one_line(capsys, "is not a readable JSON file")
     assert run("query", "--index", tmp_path, "--query", "x") == 2
     one_line(capsys, "not a search index")
+    edited = tmp_path / "edited"  # index.json without its check vectors; documents.jsonl cut short
+    shutil.copytree(good, edited)
+    meta = json.loads((good / "index.json").read_text())
+    (edited / "index.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "probe"}))
+    assert run("query", "--index", edited, "--query", "x") == 2
+    one_line(capsys, "is not the description of a BERT-CF search index")
+    (edited / "index.json").write_text(json.dumps(meta))
+    lines = (good / "documents.jsonl").read_text().splitlines(keepends=True)
+    (edited / "documents.jsonl").write_text("".join(lines[:-1]))
+    assert run("query", "--index", edited, "--query", "x") == 2
+    one_line(capsys, f"holds {len(lines) - 1} documents, index.json says {len(lines)}")
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")

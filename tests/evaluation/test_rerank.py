@@ -87,8 +87,6 @@ def test_the_command_reranks_and_reports(models, tmp_path, capsys):
     assert set(result["first_stage"]) >= {"ndcg@10", "mrr@10", "recall@100", "map@100", "queries_per_second"}
     assert all(math.isfinite(result[k]) for k in ("ndcg@10", "mrr@10", "index_seconds", "search_seconds",
                                                   "rerank_seconds", "queries_per_second"))
-    # Recall@100 is the search's: reranking only reorders the lists
-    assert result["recall@100"] == result["first_stage"]["recall@100"]
 
 
 def test_a_hub_name_reranks_from_the_cache(models, tmp_path, monkeypatch, capsys):

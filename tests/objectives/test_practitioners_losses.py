@@ -109,13 +109,8 @@ def test_matryoshka_around_cosine_regression_and_cosent_equals_theirs(tiny_bert_
         columns = leaves((8, 32), (8, 32), seed=4)
         model = Precomputed(columns)
         their = losses.MatryoshkaLoss(model, their_class(model), list(DIMS), list(WEIGHTS))
-        if ours_class is SBERTCosine:
-            def ours(c):
-                return objective.at_widths(
-                    lambda w, y: torch.nn.functional.mse_loss(torch.cosine_similarity(w[0], w[1]), y), c, gold)
-        else:
-            def ours(c):
-                return objective.at_widths(lambda w, y: ranking_loss(objective.similarity(*w), y, 20.0), c, gold)
+        def ours(c):
+            return objective.at_widths(lambda w, y: objective.pair_loss(*w, y), c, gold)
         assert_same(*theirs_and_ours(their, columns, gold, ours))
 
 

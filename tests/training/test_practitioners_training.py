@@ -209,6 +209,12 @@ def test_truncated_vectors_are_sentence_transformers_truncate_dims(matryoshka_ru
     theirs = SentenceTransformer(str(tmp_path / "model"), truncate_dim=8, device="cpu").encode(SENTENCES)
     assert ours.shape == (4, 8)
     np.testing.assert_allclose(ours.numpy(), theirs, atol=1e-5)
+    # normalize asked for at encode time: unit vectors at the cut width, as normalize_embeddings gives them
+    ours = SentenceEncoder.from_pretrained(tmp_path / "model").encode(SENTENCES, truncate_dim=8, normalize=True)
+    theirs = SentenceTransformer(str(tmp_path / "model"), truncate_dim=8, device="cpu").encode(
+        SENTENCES, normalize_embeddings=True)
+    np.testing.assert_allclose(ours.numpy(), theirs, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(theirs, axis=1), 1, atol=1e-5)
     with pytest.raises(UsageError, match="--truncate-dim 64: the encoder's vectors have 32 dimensions"):
         encoder.encode(SENTENCES, truncate_dim=64)
 
@@ -222,6 +228,9 @@ def test_the_onnx_export_and_the_commands_truncate_alike(matryoshka_run, tmp_pat
     expected = SentenceEncoder.from_pretrained(matryoshka_run).encode(SENTENCES, truncate_dim=16).numpy()
     assert run_main(export.run, ["onnx", str(matryoshka_run), "--out", str(tmp_path / "onnx")]) == 0
     np.testing.assert_allclose(OnnxEncoder(tmp_path / "onnx").encode(SENTENCES, truncate_dim=16), expected, atol=1e-4)
+    np.testing.assert_allclose(OnnxEncoder(tmp_path / "onnx").encode(SENTENCES, truncate_dim=16, normalize=True),
+                               SentenceEncoder.from_pretrained(matryoshka_run).encode(SENTENCES, truncate_dim=16,
+                                                                                      normalize=True), atol=1e-4)
     (tmp_path / "in.txt").write_text("\n".join(SENTENCES) + "\n")
     for model in (matryoshka_run, tmp_path / "onnx"):
         out = tmp_path / f"{Path(model).name}.npy"
