@@ -203,7 +203,7 @@ def mine_negatives(args) -> dict:
 
 def add_genq(commands) -> None:
     """``genq``: the subcommand of ``python -m bertcf.data``."""
-    from ..cli import AT_LEAST_1, checked
+    from ..cli import AT_LEAST_1, AT_LEAST_2, TOP_P
     from ..data.genq import DEFAULT_GENERATOR, Generation
 
     d = Generation()
@@ -221,10 +221,10 @@ def add_genq(commands) -> None:
                         "AutoModelForSeq2SeqLM)")
     p.add_argument("--queries-per-passage", type=AT_LEAST_1, default=d.queries_per_passage,
                    help="sequences sampled per passage; repeats are kept once")
-    p.add_argument("--top-p", type=checked(float, lambda v: 0 < v <= 1, "in (0, 1]"), default=d.top_p,
+    p.add_argument("--top-p", type=TOP_P, default=d.top_p,
                    help="nucleus sampling's probability mass")
     p.add_argument("--top-k", type=AT_LEAST_1, default=d.top_k, help="sample among the k likeliest tokens")
-    p.add_argument("--query-max-length", type=checked(int, lambda v: v >= 2, "at least 2"), default=d.max_length,
+    p.add_argument("--query-max-length", type=AT_LEAST_2, default=d.max_length,
                    help="tokens per query, at most")
     p.add_argument("--batch-size", type=AT_LEAST_1, default=d.batch_size, help="passages at once")
     p.add_argument("--seed", type=int, default=d.seed, help="the draws' seed")

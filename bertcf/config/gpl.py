@@ -20,8 +20,6 @@ from .train import TrainConfig
 
 DEFAULT_CROSS_ENCODER = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 TRAINING = "step 4: the training (run_pretrain.py --stage supervised --method margin-mse; its other flags after --)"
-AT_LEAST_2 = cli.checked(int, lambda v: v >= 2, "at least 2")
-TOP_P = cli.checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -39,9 +37,9 @@ class QuerySettings(Settings):
     generator: str = option(DEFAULT_GENERATOR, "the seq2seq query generator (a Hugging Face name or directory)")
     queries_per_passage: int = option(Generation.queries_per_passage, "queries sampled per passage (repeats kept "
                                                                       "once)", type=cli.AT_LEAST_1)
-    top_p: float = option(Generation.top_p, "nucleus sampling's probability mass", type=TOP_P)
+    top_p: float = option(Generation.top_p, "nucleus sampling's probability mass", type=cli.TOP_P)
     top_k: int = option(Generation.top_k, "sample among the k likeliest tokens", type=cli.AT_LEAST_1)
-    query_max_length: int = option(Generation.max_length, "tokens per generated query, at most", type=AT_LEAST_2)
+    query_max_length: int = option(Generation.max_length, "tokens per generated query, at most", type=cli.AT_LEAST_2)
     generation_batch_size: int = option(Generation.batch_size, "passages given to the generator at once",
                                         type=cli.AT_LEAST_1)
 
