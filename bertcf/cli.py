@@ -59,6 +59,12 @@ PROBABILITY = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
 TOP_P = checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
+def check_truncate_dim(k: int | None, width: int, what: str) -> None:
+    """Refuse --truncate-dim ``k`` outside ``what``'s vectors (``width`` dimensions): one line, exit status 2."""
+    if k is not None and not 1 <= k <= width:
+        raise UsageError(f"--truncate-dim {k}: {what}'s vectors have {width} dimensions")
+
+
 def comma_list(convert, good, what: str):
     """An argparse ``type`` for a comma-separated list ("384,256,128") -> a tuple of ``convert``ed
     items, refused in one line unless ``good(the tuple)``; a list given from Python is checked alike."""
