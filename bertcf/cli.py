@@ -11,7 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
-from .errors import NonFiniteLossError, UsageError, WriteError
+from .errors import DataError, NonFiniteLossError, UsageError, WriteError
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -51,10 +51,18 @@ def checked(convert, good, what: str):
 
 
 AT_LEAST_1 = checked(int, lambda v: v >= 1, "at least 1")
+AT_LEAST_2 = checked(int, lambda v: v >= 2, "at least 2")
 AT_LEAST_0 = checked(int, lambda v: v >= 0, "at least 0")
 POSITIVE = checked(float, lambda v: 0 < v < math.inf, "positive")
 NON_NEGATIVE = checked(float, lambda v: 0 <= v < math.inf, "a number >= 0")
 PROBABILITY = checked(float, lambda v: 0 <= v < 1, "in [0, 1)")
+TOP_P = checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
+
+
+def check_truncate_dim(k: int | None, width: int, what: str) -> None:
+    """Refuse --truncate-dim ``k`` outside ``what``'s vectors (``width`` dimensions): one line, exit status 2."""
+    if k is not None and not 1 <= k <= width:
+        raise UsageError(f"--truncate-dim {k}: {what}'s vectors have {width} dimensions")
 
 
 def comma_list(convert, good, what: str):
@@ -135,17 +143,22 @@ def stop_status(result) -> int:
     return 128 + signal.Signals[name].value if name else 0
 
 
-def run_main(main, argv=None) -> int:
-    """Run an entry point: bad input is one line on stderr and exit status 2, no traceback."""
-    from minbert import CheckpointError
+def bad_input_errors() -> tuple[type[Exception], ...]:
+    """The errors that end a command with one line: minbert's CheckpointError among them once
+    minbert is imported (a command that loads no model, as the downloader, runs without torch)."""
+    errors = (UsageError, DataError, NonFiniteLossError, WriteError)
+    checkpoint_error = getattr(sys.modules.get("minbert"), "CheckpointError", None)
+    return errors + (checkpoint_error,) if checkpoint_error else errors
 
-    from .errors import DataError
+
+def run_main(main, argv=None) -> int:
+    """Run an entry point: bad input is one line on stderr and exit status 2 (or the error's
+    ``exit_status``), no traceback."""
     try:
         return stop_status(main(argv))
-    except (UsageError, DataError, CheckpointError, NonFiniteLossError, WriteError) as e:
+    except bad_input_errors() as e:  # evaluated once main has run: its imports are done
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop (or a second one inside it)
         print("interrupted", file=sys.stderr)
         return 130
-

@@ -82,6 +82,13 @@ def default_out_dir(stage: str, method: str) -> str:
     return str(Path("runs") / f"{stage}-{method}-{datetime.now():%Y%m%d-%H%M%S}")
 
 
+def model_name(model, fallback: str) -> str:
+    """What a default run directory calls the model it starts from: a run's name for the run (or
+    its best/), else the checkpoint directory's or hub name's last part (``fallback`` when empty)."""
+    source = Path(str(resolve_encoder_path(model)))
+    return (source.parent.name if source.name == "best" else source.name) or fallback
+
+
 def check_out_dir(out_dir) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cli import AT_LEAST_1, ArgumentParser, run_main
+from ..cli import AT_LEAST_1, ArgumentParser, check_truncate_dim, run_main
 from ..errors import DataError, UsageError
 from ..search import quantization
 from ..utils import progress
@@ -49,11 +49,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--input", required=True, help="a text file (one sentence a line), or a CSV/TSV file with --column")
     p.add_argument("--output", required=True, help="the .npy file to write: float32 [sentences, dim], input order")
     p.add_argument("--column", default=None, help="the CSV/TSV column that holds the sentences")
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="onnx: ONNX Runtime on an export; torch: PyTorch on a checkpoint; auto: onnx when --model is "
-                        "an export")
-    p.add_argument("--quantized", action="store_true", help="onnx: the int8 graph (an export made with --quantize int8)")
-    p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="sentences encoded at once")
+    add_backend_flags(p, "--model", calibration=("int8/uint8", "the vectors themselves"))
     p.add_argument("--max-length", type=AT_LEAST_1, default=None,
                    help="tokens per sentence after truncation (default: the model's max_length)")
     p.add_argument("--truncate-dim", type=AT_LEAST_1, default=None,
@@ -62,15 +58,35 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--embedding-precision", choices=quantization.PRECISIONS, default="float32",
                    help="the vectors' precision: int8/uint8 (a byte a dimension) or binary/ubinary (a bit a dimension, "
                         "packed), as sentence-transformers' quantize_embeddings")
-    p.add_argument("--calibration", default=None, metavar="FILE",
-                   help="int8/uint8: a text file of sentences (one a line) whose vectors set each dimension's range "
-                        "(default: the vectors themselves)")
-    p.add_argument("--threads", type=AT_LEAST_1, default=None,
-                   help="CPU threads (torch.set_num_threads; ONNX Runtime's intra-op threads) (default: the library's)")
-    p.add_argument("--device", default=None, help="torch: cpu, cuda, cuda:N (default: cuda when available)")
     p.add_argument("--progress", choices=progress.MODES, default="auto",
                    help="a tqdm bar (on a terminal, with auto), plain lines (in a log file, with auto), or none")
     return p
+
+
+def add_backend_flags(p: ArgumentParser, model_flag: str, calibration: tuple[str, str] | None = None) -> None:
+    """The flags of how the model runs, which bertcf-encode and python -m bertcf.search share
+    (``model_flag``: the flag that names the model); ``calibration``: (the precisions it serves,
+    what sets their ranges without it) for a --calibration flag, None for none."""
+    p.add_argument("--backend", choices=BACKENDS, default="auto",
+                   help=f"onnx: ONNX Runtime on an export; torch: PyTorch on a checkpoint; auto: onnx when "
+                        f"{model_flag} is an export")
+    p.add_argument("--quantized", action="store_true", help="onnx: the int8 graph (an export made with --quantize int8)")
+    p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="texts encoded at once")
+    p.add_argument("--device", default=None, help="torch: cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--threads", type=AT_LEAST_1, default=None,
+                   help="CPU threads (torch.set_num_threads; ONNX Runtime's intra-op threads; faiss's, in python -m "
+                        "bertcf.search) (default: the libraries')")
+    if calibration is not None:
+        precisions, default = calibration
+        p.add_argument("--calibration", default=None, metavar="FILE",
+                       help=f"{precisions}: a text file of sentences (one a line) whose vectors set each dimension's "
+                            f"range (default: {default})")
+
+
+def check_column(path: Path, column: str | None, flag: str) -> None:
+    """Refuse, before the model loads, a CSV/TSV file without --column."""
+    if column is None and path.suffix in (".csv", ".tsv"):
+        raise UsageError(f"{flag} {path} is a {path.suffix[1:].upper()} file: give --column NAME")
 
 
 def check_output(path: Path) -> None:
@@ -117,20 +133,16 @@ class Backend:
 
     def __init__(self, model, backend: str, quantized: bool, threads: int | None, device: str | None,
                  max_length: int | None, truncate_dim: int | None = None):
-        from ..backend.onnx_runtime import CONFIG_FILE, OnnxEncoder, OnnxModelError
+        from ..backend import is_onnx_export, load_onnx
 
         self.max_length = max_length
         if backend == "auto":
-            backend = "onnx" if (Path(model) / CONFIG_FILE).is_file() else "torch"
+            backend = "onnx" if is_onnx_export(model) else "torch"
         if quantized and backend != "onnx":
             raise UsageError("--quantized runs the int8 ONNX graph: give --backend onnx and an export as --model")
         self.name = backend + (" int8" if quantized else " fp32")
         if backend == "onnx":
-            from minbert import CheckpointError
-            try:
-                self.onnx = OnnxEncoder(model, quantized=quantized, threads=threads)
-            except OnnxModelError as e:
-                raise CheckpointError(str(e)) from None
+            self.onnx = load_onnx(model, quantized=quantized, threads=threads)
             self.dim = self.truncate(self.onnx.dim, truncate_dim)
             return
         import torch
@@ -144,8 +156,7 @@ class Backend:
 
     def truncate(self, width: int, truncate_dim: int | None) -> int:
         """The width of what ``run`` returns: ``truncate_dim`` when given (at most ``width``)."""
-        if truncate_dim is not None and truncate_dim > width:
-            raise UsageError(f"--truncate-dim {truncate_dim}: {self.name}'s vectors have {width} dimensions")
+        check_truncate_dim(truncate_dim, width, self.name)
         return truncate_dim or width
 
     def tokenize(self, sentences: list[str]) -> list[list[int]]:
@@ -216,22 +227,27 @@ def encode_texts(backend: Backend, texts: list[str], batch_size: int) -> np.ndar
     return vectors
 
 
-def calibration_ranges(backend: Backend, path: str | None, batch_size: int) -> np.ndarray | None:
-    """int8's ranges from the vectors of ``--calibration``'s sentences (None without the flag)."""
+def calibration_vectors(backend: Backend, path: str | None, batch_size: int) -> np.ndarray | None:
+    """The vectors of ``--calibration``'s sentences, which set int8's ranges (None without the flag)."""
     if path is None:
         return None
     vectors = encode_texts(backend, read_sentences(Path(path), None, "--calibration"), batch_size)
     if len(vectors) < 2:
         raise DataError(f"--calibration {path}: give at least two sentences (a range needs two vectors)")
-    return quantization.ranges_of(vectors)
+    return vectors
+
+
+def calibration_ranges(backend: Backend, path: str | None, batch_size: int) -> np.ndarray | None:
+    """int8's ranges from the vectors of ``--calibration``'s sentences (None without the flag)."""
+    vectors = calibration_vectors(backend, path, batch_size)
+    return None if vectors is None else quantization.ranges_of(vectors)
 
 
 def run(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     output, source = Path(args.output), Path(args.input)
     check_output(output)
-    if args.column is None and source.suffix in (".csv", ".tsv"):
-        raise UsageError(f"--input {source} is a {source.suffix[1:].upper()} file: give --column NAME")
+    check_column(source, args.column, "--input")
     if args.calibration is not None and not quantization.is_scalar(args.embedding_precision):
         raise UsageError("--calibration sets int8's ranges: give --embedding-precision int8 or uint8")
     backend = Backend(args.model, args.backend, args.quantized, args.threads, args.device, args.max_length,

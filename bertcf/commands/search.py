@@ -28,22 +28,16 @@ from ..search import index as search_index
 from ..search import store
 from ..utils import progress
 from ..utils.files import write_json_atomic
-from .encode import BACKENDS, Backend, encode_texts, read_sentences
+from .encode import Backend, add_backend_flags, calibration_vectors, check_column, encode_texts, read_sentences
 
 QUERY_SETTINGS = ("ef_search", "rescore_multiplier", "no_rescore")
 
 
-def add_encoder_flags(p: argparse.ArgumentParser, required: bool) -> None:
+def add_encoder_flags(p: argparse.ArgumentParser, required: bool, calibration: tuple[str, str] | None = None) -> None:
     p.add_argument("--encoder", required=required, default=None,
                    help="a checkpoint or run directory (torch), or a directory written by bertcf-export onnx (onnx)"
                    + ("" if required else " (default: the model the index was built with)"))
-    p.add_argument("--backend", choices=BACKENDS, default="auto",
-                   help="onnx: ONNX Runtime on an export; torch: PyTorch on a checkpoint; auto: onnx for an export")
-    p.add_argument("--quantized", action="store_true", help="onnx: the int8 graph")
-    p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="texts encoded at once")
-    p.add_argument("--device", default=None, help="torch: cpu, cuda, cuda:N (default: cuda when available)")
-    p.add_argument("--threads", type=AT_LEAST_1, default=None,
-                   help="CPU threads of the encoder and of faiss (default: the libraries')")
+    add_backend_flags(p, "--encoder", calibration)
 
 
 def build_parser() -> ArgumentParser:
@@ -51,7 +45,7 @@ def build_parser() -> ArgumentParser:
     commands = p.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     build = commands.add_parser("build", help="encode a corpus and write its search index",
                                 description="Encode a corpus a chunk at a time and write its search index.")
-    add_encoder_flags(build, required=True)
+    add_encoder_flags(build, required=True, calibration=("int8", "the corpus's vectors"))
     source = build.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help="a text file (one document a line; ids: row numbers from 0), or a CSV/TSV "
                                          "file with --column")
@@ -59,9 +53,6 @@ def build_parser() -> ArgumentParser:
     build.add_argument("--column", default=None, help="--corpus: the CSV/TSV column that holds the documents")
     build.add_argument("--out", required=True, help="the index directory to write (a new or empty one, or an index)")
     IndexConfig.add_arguments(build, only=("index", "hnsw_m", "ef_construction", "ef_search"))
-    build.add_argument("--calibration", default=None, metavar="FILE",
-                       help="int8: a text file of sentences whose vectors set each dimension's range (default: the "
-                            "corpus's vectors)")
     build.add_argument("--score", choices=SCORES, default=None,
                        help="cos (vectors scaled to unit length) or dot (default: the model's sentence-transformers "
                             "similarity_fn_name, else cos)")
@@ -97,8 +88,7 @@ def corpus(args) -> tuple[list[str], list[str]]:
         documents = beir.read_corpus(directory / beir.CORPUS)
         return list(documents), list(documents.values())
     path = Path(args.corpus)
-    if args.column is None and path.suffix in (".csv", ".tsv"):
-        raise UsageError(f"--corpus {path} is a {path.suffix[1:].upper()} file: give --column NAME")
+    check_column(path, args.column, "--corpus")
     texts = read_sentences(path, args.column, "--corpus")
     return [str(i) for i in range(len(texts))], texts
 
@@ -114,10 +104,7 @@ def run_build(args) -> dict:
     backend = Backend(args.encoder, args.backend, args.quantized, args.threads, args.device, args.max_length,
                       args.truncate_dim)
     score = args.score or (model_score(args.encoder) if backend.onnx is None else "cos")
-    calibration = None
-    if args.calibration is not None:
-        calibration = encode_texts(backend, read_sentences(Path(args.calibration), None, "--calibration"),
-                                   args.batch_size)
+    calibration = calibration_vectors(backend, args.calibration, args.batch_size)
     model = {"name": args.encoder, "path": str(Path(args.encoder).resolve()) if Path(args.encoder).exists() else None,
              "backend": backend.name, "max_length": args.max_length, "truncate_dim": args.truncate_dim}
     shown = progress.Progress(args.progress, "build: encode", total=max(1, -(-len(texts) // args.chunk)))

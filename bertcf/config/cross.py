@@ -6,7 +6,6 @@ from __future__ import annotations
 import shlex
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from .. import cli, runs
 from ..errors import UsageError
@@ -131,7 +130,6 @@ def parse(argv=None) -> CrossConfig | CrossEvalConfig:
     if subcommand == "evaluate":
         return CrossEvalConfig(**vars(parser.parse_args(rest)))
     config = CrossConfig(**vars(cli.parse_args(parser, rest))).on_device()
-    source = Path(str(runs.resolve_encoder_path(config.model)))
-    out_dir = config.out_dir or runs.default_out_dir("cross", (source.parent.name if source.name == "best"
-                                                              else source.name) or "model")
+    name = runs.model_name(config.model, "model")  # a run directory without best/ is refused here
+    out_dir = config.out_dir or runs.default_out_dir("cross", name)
     return config.replace(out_dir=out_dir, command=shlex.join(["python", "-m", "bertcf.cross", *argv]))

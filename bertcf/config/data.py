@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cli import checked
+from ..cli import AT_LEAST_2
 from .fields import Settings, option
-
-AT_LEAST_2 = checked(int, lambda v: v >= 2, "at least 2")
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@ def derived(default=None, help: str = "", default_factory=dataclasses.MISSING):
 
 
 def redefault(owner: type, name: str, default=dataclasses.MISSING, **changes):
-    """``owner``'s field ``name`` with another default (or ``help``, ``choices``, ``group``), for a
-    command whose default differs: declared once, in ``owner``; its help group stays ``owner``'s."""
+    """``owner``'s field ``name`` with another default (or ``help``, ``choices``, ``group``, ``flag``,
+    ``metavar``), for a command whose default differs: declared once, in ``owner``; its help group
+    stays ``owner``'s."""
     original = owner.__dataclass_fields__[name]
     meta = dict(original.metadata) | {"group": original.metadata.get("group") or owner.GROUP} | changes
     return field(default=original.default if default is dataclasses.MISSING else default, metadata=meta)

@@ -10,18 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .. import cli
-from ..data.genq import DEFAULT_GENERATOR, Generation
+from ..data.genq import Generation
 from ..data.negatives import Mining
 from ..errors import UsageError
 from ..objectives.settings import MARGIN_SCORES
+from .datatools import GenQSettings, MiningSettings
 from .fields import Settings, derived, option, redefault
 from .pretrain import SELECTION
 from .train import TrainConfig
 
 DEFAULT_CROSS_ENCODER = "cross-encoder/ms-marco-MiniLM-L-6-v2"
 TRAINING = "step 4: the training (run_pretrain.py --stage supervised --method margin-mse; its other flags after --)"
-AT_LEAST_2 = cli.checked(int, lambda v: v >= 2, "at least 2")
-TOP_P = cli.checked(float, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -36,14 +35,13 @@ class QuerySettings(Settings):
                                        "queries and qrels/train.tsv, each query's relevant passages its positives; "
                                        "python -m bertcf.data beir-quora --split train writes one) or a file of "
                                        "query<TAB>positive lines under that header")
-    generator: str = option(DEFAULT_GENERATOR, "the seq2seq query generator (a Hugging Face name or directory)")
-    queries_per_passage: int = option(Generation.queries_per_passage, "queries sampled per passage (repeats kept "
-                                                                      "once)", type=cli.AT_LEAST_1)
-    top_p: float = option(Generation.top_p, "nucleus sampling's probability mass", type=TOP_P)
-    top_k: int = option(Generation.top_k, "sample among the k likeliest tokens", type=cli.AT_LEAST_1)
-    query_max_length: int = option(Generation.max_length, "tokens per generated query, at most", type=AT_LEAST_2)
-    generation_batch_size: int = option(Generation.batch_size, "passages given to the generator at once",
-                                        type=cli.AT_LEAST_1)
+    generator: str = redefault(GenQSettings, "generator")
+    queries_per_passage: int = redefault(GenQSettings, "queries_per_passage")
+    top_p: float = redefault(GenQSettings, "top_p")
+    top_k: int = redefault(GenQSettings, "top_k")
+    query_max_length: int = redefault(GenQSettings, "query_max_length")
+    generation_batch_size: int = redefault(GenQSettings, "generation_batch_size", flag=None,
+                                           metavar=None)  # --batch-size: step 4's
 
 
 @dataclass(frozen=True)
@@ -53,12 +51,14 @@ class NegativeSettings(Settings):
     GROUP = "step 2: the negatives"
     retriever: list[str] | None = option(None, "the encoders that mine the negatives, each on its own (default: "
                                                "--encoder, the encoder being adapted)", nargs="+", metavar="NAME")
-    num_negatives: int = option(3, "negatives per (query, positive) pair and retriever", type=cli.AT_LEAST_1)
-    range_max: int = option(50, "consider each query's candidates up to this rank (GPL: each retriever's top 50)",
-                            type=cli.AT_LEAST_1)
-    sampling: str = option("random", "the negatives among them: a seeded random draw (GPL draws at random), or the "
-                                     "top ones", choices=("random", "top"))
-    encode_batch_size: int = option(64, "sentences a retriever encodes at once", type=cli.AT_LEAST_1)
+    num_negatives: int = redefault(MiningSettings, "num_negatives",
+                                   help="negatives per (query, positive) pair and retriever")
+    range_max: int = redefault(MiningSettings, "range_max", 50,
+                               help="consider each query's candidates up to this rank (GPL: each retriever's top 50)")
+    sampling: str = redefault(MiningSettings, "sampling", "random", help="the negatives among them: a seeded random "
+                                                                         "draw (GPL draws at random), or the top ones")
+    encode_batch_size: int = redefault(MiningSettings, "encode_batch_size", flag=None, metavar=None,
+                                       help="sentences a retriever encodes at once")
 
 
 @dataclass(frozen=True)
@@ -104,12 +104,10 @@ class GPLConfig(MarginSettings, NegativeSettings, QuerySettings):
     train_args: list = derived(default_factory=list, help="run_pretrain.py's flags after --, for the training step")
 
     def generation(self) -> Generation:
-        return Generation(self.queries_per_passage, self.top_p, self.top_k, self.query_max_length,
-                          self.generation_batch_size, self.seed)
+        return GenQSettings(**GenQSettings.pick(self)).generation()
 
     def mining(self) -> Mining:
-        return Mining(num_negatives=self.num_negatives, range_max=self.range_max, sampling=self.sampling,
-                      seed=self.seed)
+        return MiningSettings(**MiningSettings.pick(self)).mining()
 
 
 def build_parser() -> cli.ArgumentParser:

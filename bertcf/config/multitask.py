@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, make_dataclass
-from pathlib import Path
 
 from .. import cli, runs
 from ..data.tasks import SPLITS, TASK_FILES
@@ -140,7 +139,5 @@ def parse(argv=None) -> MultitaskConfig:
     encoder = str(config.encoder or config.init or config.model)  # --encoder defaults to --init, else --model
     out_dir = config.out_dir
     if out_dir is None and not config.predict_only:
-        source = Path(str(runs.resolve_encoder_path(encoder)))
-        out_dir = runs.default_out_dir("multitask", (source.parent.name if source.name == "best" else source.name)
-                                       or "encoder")
+        out_dir = runs.default_out_dir("multitask", runs.model_name(encoder, "encoder"))
     return config.replace(encoder=encoder, out_dir=out_dir, command=cli.command_line("run_multitask.py", argv))

@@ -39,7 +39,7 @@ from ..training.whiten import METHOD as WHITEN_METHOD
 from ..training.whiten import WHITEN_ON
 from ..utils.distributed import launch_world_size
 from ..data.corpus import CORPUS_SETTINGS
-from .data import AT_LEAST_2, CorpusConfig, DataConfig, TrainFilesConfig
+from .data import CorpusConfig, DataConfig, TrainFilesConfig
 from .fields import Settings, derived, option, redefault
 from .model import ModelConfig
 from .train import TrainConfig
@@ -89,7 +89,7 @@ class SelectionConfig(Settings):
     senteval_dir: str | None = option(None, "SentEval's data (default DATA_DIR/SentEval; data/README.md)")
     eval_max_length: int | None = option(None, "tokens per sentence in the STS-dev evaluation (default: the model's "
                                                "max_position_embeddings, i.e. whole sentences, as SentEval); "
-                                               "--max-length is for training", type=AT_LEAST_2)
+                                               "--max-length is for training", type=cli.AT_LEAST_2)
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,6 @@ from .. import cli
 from ..search.index import EF_CONSTRUCTION, EF_SEARCH, HNSW_M, KINDS, RESCORE_MULTIPLIER
 from .fields import Settings, option
 
-AT_LEAST_2 = cli.checked(int, lambda v: v >= 2, "at least 2")
-
 
 @dataclass(frozen=True)
 class IndexConfig(Settings):
@@ -19,7 +17,7 @@ class IndexConfig(Settings):
     index: str = option("hnsw", "exact: every float32 vector scored; hnsw: float32 vectors in an HNSW graph; int8: "
                                 "int8 codes in an HNSW graph; binary: one bit a dimension, by Hamming distance "
                                 "(faiss: pip install 'bertcf[search]')", choices=KINDS)
-    hnsw_m: int = option(HNSW_M, "hnsw, int8: the graph's links per vector (HNSW's M)", type=AT_LEAST_2)
+    hnsw_m: int = option(HNSW_M, "hnsw, int8: the graph's links per vector (HNSW's M)", type=cli.AT_LEAST_2)
     ef_construction: int = option(EF_CONSTRUCTION, "hnsw, int8: candidates considered when a vector is added",
                                   type=cli.AT_LEAST_1)
     ef_search: int = option(EF_SEARCH, "hnsw, int8: candidates considered by a search (at least k are)",

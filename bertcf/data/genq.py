@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DataError, UsageError
+from ..errors import DataError
 from ..utils.hub import load_failure
 from . import beir
 from .reading import read_lines
@@ -37,7 +37,8 @@ QUERY_PREFIX = "genQ"  # BEIR's ids of generated queries
 class Generation:
     """How queries are drawn (BEIR's ``QueryGenerator`` defaults, see the module's docstring):
     ``queries_per_passage`` sequences sampled per passage with nucleus sampling (``top_p``, ``top_k``),
-    each at most ``max_length`` tokens; ``batch_size`` passages at once; ``seed`` of the draws."""
+    each at most ``max_length`` tokens; ``batch_size`` passages at once; ``seed`` of the draws. The
+    command line's values are checked where its flags are declared (``config.datatools.GenQSettings``)."""
 
     queries_per_passage: int = 3
     top_p: float = 0.95
@@ -45,13 +46,6 @@ class Generation:
     max_length: int = 64
     batch_size: int = 32
     seed: int = 0
-
-    def __post_init__(self):
-        if self.queries_per_passage < 1 or self.top_k < 1 or self.max_length < 2 or self.batch_size < 1:
-            raise UsageError("--queries-per-passage, --top-k and --batch-size must be at least 1, --query-max-length "
-                             "at least 2")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"--top-p must be in (0, 1], not {self.top_p}")
 
 
 def read_passages(path) -> dict[str, str]:
@@ -114,6 +108,17 @@ def generate(passages: dict[str, str], model, tokenizer, settings: Generation = 
     if not queries:
         raise DataError("the generator wrote no query that is not blank")
     return queries, qrels
+
+
+def generate_set(corpus, out, generator: str, settings: Generation = Generation(), device=None,
+                 show_progress_bar: bool = True) -> dict:
+    """GenQ from end to end: the passages of ``corpus`` (``read_passages``), ``generator`` loaded on
+    ``device``, their queries generated and OUT written: {"queries": how many, "passages": how many}."""
+    passages = read_passages(corpus)
+    model, tokenizer = load_generator(generator, device)
+    queries, qrels = generate(passages, model, tokenizer, settings, show_progress_bar)
+    write(out, passages, queries, qrels)
+    return {"queries": len(queries), "passages": len(passages)}
 
 
 def write(out, passages: dict[str, str], queries: dict[str, str], qrels: dict[str, dict[str, int]]) -> None:

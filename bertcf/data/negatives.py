@@ -15,8 +15,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import DataError, UsageError
 from ..utils.files import write_text_atomic
@@ -27,6 +26,9 @@ TRIPLET_HEADER = ("anchor", "positive", "negative")
 MARGIN_HEADER = ("query", "positive", "negative", "margin")
 #: The header of a (query, positive) pairs file that a training file's kind is told by (``pairs.pair_kind``).
 PAIR_HEADERS = (("query", "positive"), ("anchor", "positive"))
+
+if TYPE_CHECKING:  # torch is imported by the search alone: Mining's defaults are the command line's (config)
+    import torch
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ def nearest(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int) -> 
     give cosines) and their corpus indices, [q, k] each, best first; computed ``chunk`` queries
     against ``chunk`` corpus rows at a time, the running best kept, so memory stays O(chunk^2 + q k).
     A corpus of fewer than k rows pads with -inf and index -1."""
+    import torch
+
     scores_out, indices_out = [], []
     for q0 in range(0, len(queries), chunk):
         q = queries[q0:q0 + chunk]
@@ -139,6 +143,8 @@ def mine(queries: list[str], positives: list[str], corpus: list[str] | None, emb
     the order of the queries' first appearance, then their positives', then the negatives' rank.
     ``corpus``: the candidates besides the positives (None: the positives alone). ``embed(texts)``:
     their unit vectors [n, D]. A query whose candidates the filters exhaust gets fewer rows."""
+    import torch
+
     corpus = list(dict.fromkeys((corpus or []) + positives))
     where = {text: i for i, text in enumerate(corpus)}
     unique = list(dict.fromkeys(queries))
@@ -159,10 +165,24 @@ def mine(queries: list[str], positives: list[str], corpus: list[str] | None, emb
             for n, s in zip(negatives[i], negative_scores[i]) if s != float("-inf")]
 
 
+def mine_and_write(path, encoder, queries: list[str], positives: list[str], corpus: list[str] | None,
+                   settings: Mining, batch_size: int = 64, show_progress_bar: bool = True) -> dict:
+    """``mine`` on the unit vectors of ``encoder`` (what has SentenceEncoder's ``encode``: data/ is
+    below models/), ``batch_size`` sentences encoded at once, and the rows written to ``path``
+    (``write_triplets``): {"rows": the rows written, "pairs": the distinct (query, positive) pairs}."""
+    def embed(texts):
+        return encoder.encode(texts, batch_size=batch_size, show_progress_bar=show_progress_bar, normalize=True)
+    rows = mine(queries, positives, corpus, embed, settings)
+    write_triplets(path, rows)
+    return {"rows": len(rows), "pairs": len(dict.fromkeys(zip(queries, positives)))}
+
+
 def filtered(scores, indices, positives: list[list[int]], floor, s: Mining) -> torch.Tensor:
     """``scores`` with -inf for every candidate that may not be a negative: padding, a positive of
     its query, and those the margins (to ``floor``, each query's lowest positive score) and the
     score bounds reject."""
+    import torch
+
     scores = scores.clone()
     scores[indices == -1] = float("-inf")
     for i, own in enumerate(positives):
@@ -183,6 +203,8 @@ def choose(scores, indices, range_max: int, s: Mining) -> tuple[torch.Tensor, to
     """Each query's negatives [q, num_negatives] and their scores: the best ``range_max`` candidates
     after the filters, without the first ``range_min``, then the top ones or a seeded draw among
     the valid ones (the draw's order: by score)."""
+    import torch
+
     best, local = torch.topk(scores, k=range_max, dim=1)
     chosen = indices.gather(1, local)[:, s.range_min:]
     best = best[:, s.range_min:]

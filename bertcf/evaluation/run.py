@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ..backend import is_onnx_export, load_onnx
+from ..cli import check_truncate_dim
 from ..data import beir
 from ..errors import UsageError
 from ..models.cross_encoder import CrossEncoder
@@ -61,9 +63,7 @@ def run(config) -> dict:
     device = resolve_device(config.device)
     encoder = SentenceEncoder.from_pretrained(config.encoder, pooling=config.pooling, vocab=config.vocab).to(device)
     encoder.precision = resolve_precision(config.precision, device)
-    if config.truncate_dim and config.truncate_dim > encoder.output_dim:
-        raise UsageError(f"--truncate-dim {config.truncate_dim}: the encoder's vectors have {encoder.output_dim} "
-                         f"dimensions")
+    check_truncate_dim(config.truncate_dim, encoder.output_dim, "the encoder")
     encoder.truncate_dim = config.truncate_dim  # every task encodes through encode(): scored at that width
     reranker = None
     if config.rerank:  # loaded before any encoding: a name that cannot be loaded stops the run at once
@@ -109,26 +109,13 @@ def _show_progress(config) -> bool:
     return not config.no_progress and progress.resolve("auto") == "bar"
 
 
-def is_onnx_export(path) -> bool:
-    """Whether ``path`` is a directory written by ``bertcf-export onnx`` (it holds onnx_encoder.json)."""
-    from ..backend.onnx_runtime import CONFIG_FILE
-    return (Path(path) / CONFIG_FILE).is_file()
-
-
 def _onnx_encoder(config):
     """The ONNX export of ``config.encoder`` under ONNX Runtime (--threads its intra-op threads),
     --truncate-dim checked against it."""
-    from minbert import CheckpointError
-
-    from ..backend.onnx_runtime import OnnxEncoder, OnnxModelError
     if config.pooling or config.vocab or config.precision:
         raise UsageError("--pooling, --vocab and --precision are fixed in an ONNX export; leave them out")
-    try:
-        encoder = OnnxEncoder(config.encoder, threads=config.threads)
-    except OnnxModelError as e:
-        raise CheckpointError(str(e)) from None
-    if config.truncate_dim and config.truncate_dim > encoder.dim:
-        raise UsageError(f"--truncate-dim {config.truncate_dim}: the export's vectors have {encoder.dim} dimensions")
+    encoder = load_onnx(config.encoder, threads=config.threads)
+    check_truncate_dim(config.truncate_dim, encoder.dim, "the export")
     return encoder
 
 

@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 
+from ..cli import check_truncate_dim
 from ..errors import UsageError
 from ..runs import resolve_encoder_path
 from ..utils.files import atomic_path, write_json_atomic
@@ -178,8 +179,7 @@ class SentenceEncoder(nn.Module):
         k = truncate_dim or self.truncate_dim
         if k is None:
             return vectors
-        if not 1 <= k <= self.output_dim:
-            raise UsageError(f"--truncate-dim {k}: the encoder's vectors have {self.output_dim} dimensions")
+        check_truncate_dim(k, self.output_dim, "the encoder")
         return vectors[..., :k]
 
     def encode_ids(self, token_ids, batch_size: int = 64, precision: str | None = None,

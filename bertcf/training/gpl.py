@@ -34,7 +34,7 @@ from .. import runs
 from ..config import pretrain as pretrain_config
 from ..config.gpl import GPLConfig
 from ..data import genq
-from ..data.negatives import beir_pairs, mine, read_query_pairs, read_triplets, write_margins, write_triplets
+from ..data.negatives import beir_pairs, mine_and_write, read_query_pairs, read_triplets, write_margins
 from ..errors import UsageError
 from ..models.encoder import SentenceEncoder
 from ..utils.files import write_json_atomic
@@ -136,11 +136,10 @@ class Pipeline:
     # ---- the steps ---------------------------------------------------------------------------------
     def generate(self) -> dict:
         """1: GenQ on --corpus into OUT/queries."""
-        passages = genq.read_passages(self.config.corpus)
-        model, tokenizer = genq.load_generator(self.config.generator, self.device)
-        queries, qrels = genq.generate(passages, model, tokenizer, self.config.generation(), self.show)
-        genq.write(self.out / "queries", passages, queries, qrels)
-        return {"what": f"{len(queries)} queries for {len(passages)} passages", "queries_written": len(queries)}
+        made = genq.generate_set(self.config.corpus, self.out / "queries", self.config.generator,
+                                 self.config.generation(), self.device, self.show)
+        return {"what": f"{made['queries']} queries for {made['passages']} passages",
+                "queries_written": made["queries"]}
 
     def pairs(self) -> tuple[list[str], list[str], list[str]]:
         """(queries, positives, corpus): the generated or given queries, each with a positive, and the
@@ -159,16 +158,10 @@ class Pipeline:
     def mine(self, retriever: str, path: Path) -> dict:
         """2: one retriever's negatives for every (query, positive) pair."""
         encoder = SentenceEncoder.from_pretrained(retriever).to(self.device).eval()
-
-        def embed(texts):
-            return encoder.encode(texts, batch_size=self.config.encode_batch_size, show_progress_bar=self.show,
-                                  normalize=True)
-        queries, positives, corpus = self.pairs()
-        rows = mine(queries, positives, corpus, embed, self.config.mining())
-        write_triplets(path, rows)
-        pairs = len(dict.fromkeys(zip(queries, positives)))
-        return {"what": f"{len(rows)} (query, positive, negative) rows for {pairs} pairs by {retriever}",
-                "rows": len(rows)}
+        made = mine_and_write(path, encoder, *self.pairs(), self.config.mining(), self.config.encode_batch_size,
+                              self.show)
+        return {"what": f"{made['rows']} (query, positive, negative) rows for {made['pairs']} pairs by {retriever}",
+                "rows": made["rows"]}
 
     def label(self) -> dict:
         """3: the cross-encoder's margin of every distinct row of step 2."""

@@ -200,7 +200,7 @@ def test_a_second_call_skips_every_step(gpl_out, tiny_bert_dir, data_dir, genera
     def never(*args, **kwargs):
         raise AssertionError("a done step ran again")
     for module, name in ((genq, "load_generator"), (gpl_pipeline.pseudo_labels, "load_cross_encoder"),
-                         (gpl_pipeline.pretraining, "run"), (gpl_pipeline, "mine")):
+                         (gpl_pipeline.pretraining, "run"), (gpl_pipeline, "mine_and_write")):
         monkeypatch.setattr(module, name, never)
     before = {p: p.stat().st_mtime_ns for p in gpl_out.rglob("*") if p.is_file()}
     capsys.readouterr()
