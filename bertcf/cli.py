@@ -107,6 +107,8 @@ def parse_args(parser: argparse.ArgumentParser, argv=None, upgrade=None) -> argp
         except (ValueError, UnicodeDecodeError) as e:
             raise UsageError(f"--resume: {config} is not valid JSON ({e}); it is the run's settings, which "
                              f"--resume needs: restore it or start a new run") from None
+        if not isinstance(saved, dict):
+            raise UsageError(f"--resume: {config} holds no settings (a JSON object); restore it or start a new run")
         saved = upgrade(saved) if upgrade else saved
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved.items() if k in known})

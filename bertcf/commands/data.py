@@ -133,6 +133,9 @@ def add_mine_negatives(commands) -> None:
     source.add_argument("--nli", help="an NLI file: its entailment pairs (premise, hypothesis)")
     source.add_argument("--beir", help="a set in BEIR's layout: its queries and relevant documents; its corpus the "
                                        "candidates")
+    p.add_argument("--split", choices=("train", "dev", "test"), default="train",
+                   help="--beir: the qrels whose (query, relevant document) pairs are mined for (qrels/SPLIT.tsv; "
+                        "train, so that no evaluation judgement becomes training data)")
     p.add_argument("--corpus", help="more candidates, one a line (default: the positives, and a BEIR set's corpus)")
     p.add_argument("--out", required=True, help="the triplets file to write (anchor, positive, negative)")
     MiningSettings.add_arguments(p)
@@ -157,7 +160,7 @@ def run_mine_negatives(args) -> dict:
         queries, positives = negatives.nli_pairs(args.nli)
         corpus = []
     else:
-        queries, positives, corpus = negatives.beir_pairs(args.beir)
+        queries, positives, corpus = negatives.beir_pairs(args.beir, args.split)
     if args.corpus:
         corpus += [line.strip() for line in read_lines(Path(args.corpus), "corpus file") if line.strip()]
     encoder = SentenceEncoder.from_pretrained(args.encoder).to(resolve_device(args.device))

@@ -103,7 +103,9 @@ def run_build(args) -> dict:
     search_index.set_threads(args.threads)
     backend = Backend(args.encoder, args.backend, args.quantized, args.threads, args.device, args.max_length,
                       args.truncate_dim)
-    score = args.score or (model_score(args.encoder) if backend.onnx is None else "cos")
+    # an export's similarity is its checkpoint's (the export records where it came from)
+    score = args.score or model_score(args.encoder if backend.onnx is None
+                                      else backend.onnx.config.get("source") or args.encoder)
     calibration = calibration_vectors(backend, args.calibration, args.batch_size)
     model = {"name": args.encoder, "path": str(Path(args.encoder).resolve()) if Path(args.encoder).exists() else None,
              "backend": backend.name, "max_length": args.max_length, "truncate_dim": args.truncate_dim}
@@ -140,8 +142,8 @@ def run_query(args) -> dict:
     vectors = encode_texts(backend, queries, args.batch_size)
     if meta["score"] == "cos":
         vectors = store.unit(vectors)
-    settings = IndexConfig(index=meta["kind"], **IndexConfig.pick({k: getattr(args, k) for k in QUERY_SETTINGS
-                                                                    if getattr(args, k) is not None}))
+    settings = IndexConfig(index=meta["kind"], **{k: getattr(args, k) for k in QUERY_SETTINGS
+                                                  if getattr(args, k) is not None})
     start = time.perf_counter()
     scores, found = index.search(vectors, args.k, rescore_multiplier=settings.multiplier())
     seconds = time.perf_counter() - start

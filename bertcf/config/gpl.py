@@ -16,6 +16,7 @@ from ..errors import UsageError
 from ..objectives.settings import MARGIN_SCORES
 from .datatools import GenQSettings, MiningSettings
 from .fields import Settings, derived, option, redefault
+from . import pretrain
 from .pretrain import SELECTION
 from .train import TrainConfig
 
@@ -128,8 +129,12 @@ def parse(argv=None) -> GPLConfig:
     argv = list(sys.argv[1:] if argv is None else argv)
     ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     config = GPLConfig(**vars(build_parser().parse_args(ours)) | {"train_args": train_args})
-    reserved = [a for a in train_args if a.split("=")[0] in ("--stage", "--method", "--train-file", "--out-dir",
-                                                             "--resume")]
+    # run_pretrain.py's flags are checked now, not hours later at step 4 (abbreviations resolved by its parser)
+    train_parser = pretrain.build_parser()
+    train_parser.prog = "python -m bertcf.gpl ... --"
+    given = train_parser.parse_args(train_args)
+    reserved = [f"--{name.replace('_', '-')}" for name in ("stage", "method", "train_file", "out_dir", "resume")
+                if getattr(given, name) != train_parser.get_default(name)]
     if reserved:
         raise UsageError(f"after --: {', '.join(reserved)} belong to the GPL command itself (the training step is "
                          f"--stage supervised --method margin-mse on OUT/margins.tsv, in OUT/model)")

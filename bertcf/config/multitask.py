@@ -3,7 +3,6 @@
 the old ``--para-*`` names, the encoder to start from and the run directory."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, make_dataclass
 
 from .. import cli, runs
@@ -127,9 +126,9 @@ def parse(argv=None) -> MultitaskConfig:
             raise UsageError("--predict-only and --resume exclude each other")
         if not args.checkpoint:
             raise UsageError("--predict-only needs --checkpoint DIR (a finished run directory)")
-        config = run_dir_of(resolve_checkpoint(args.checkpoint)) / "config.json"
-        if config.is_file():
-            saved = json.loads(config.read_text())
+        found = runs.run_settings(run_dir_of(resolve_checkpoint(args.checkpoint)))
+        if found:
+            saved = found[1]
             if isinstance(saved, dict) and "sst_train" in saved:  # a multitask run's settings
                 saved = renamed_from_para(saved)
                 parser.set_defaults(**{k: saved[k] for k in PREDICT_SETTINGS if k in saved})

@@ -18,7 +18,7 @@ from .. import cli, runs
 from ..errors import UsageError
 from ..models.encoder import POOLINGS
 from ..objectives import METHODS as OBJECTIVE_METHODS
-from ..objectives import MINI_BATCH_METHODS, SUPERVISED, objective_class
+from ..objectives import MATRYOSHKA_METHODS, MINI_BATCH_METHODS, SUPERVISED, objective_class
 from ..objectives.presets import PRESETS
 from ..objectives.settings import (
     BSLSettings,
@@ -274,7 +274,7 @@ def check(config: PretrainConfig) -> None:
     cls = objective_class(config.stage, config.method) if config.stage not in ("whiten", "mix") else None
     if config.matryoshka_dims and config.stage != "mix" and MatryoshkaSettings not in getattr(cls, "SETTINGS", ()):
         raise UsageError(f"--matryoshka-dims is for the objectives that compare pairs of vectors "
-                         f"({MatryoshkaSettings.GROUP.split('(')[1].rstrip(')')}), not --stage {config.stage} "
+                         f"({MATRYOSHKA_METHODS}), not --stage {config.stage} "
                          f"--method {config.method}")
     if config.scale != CoSENTSettings.scale and CoSENTSettings not in getattr(cls, "SETTINGS", ()):
         raise UsageError("--scale is for --stage supervised --method cosent|angle")

@@ -95,7 +95,7 @@ def nli_pairs(path) -> tuple[list[str], list[str]]:
     return [p for p, _ in pairs], [h for _, h in pairs]
 
 
-def beir_pairs(directory, split: str = "test") -> tuple[list[str], list[str], list[str]]:
+def beir_pairs(directory, split: str) -> tuple[list[str], list[str], list[str]]:
     """(queries, positives, corpus) of a set in BEIR's layout: each query with each document its
     qrels of ``split`` (``qrels/SPLIT.tsv``) call relevant (score > 0); the corpus is every document."""
     from .beir import load

@@ -13,7 +13,7 @@ from ..backend import is_onnx_export, load_onnx
 from ..cli import check_truncate_dim
 from ..data import beir
 from ..errors import UsageError
-from ..models.cross_encoder import CrossEncoder
+from ..models.cross_encoder import CrossEncoder, is_cross_encoder
 from ..models.encoder import SentenceEncoder
 from ..search.index import import_faiss, set_threads
 from ..utils import environment, progress
@@ -29,7 +29,7 @@ MTEB_INSTALL = "pip install 'bertcf[mteb]'"
 
 def run(config) -> dict:
     """The tasks of ``config`` on its encoder: the results (with the environment they were computed
-    in), printed as a table and written to ``config.json`` when given. Bad tasks and data are found
+    in), printed as a table and written to the ``--json`` file (``config.json``) when given. Bad tasks and data are found
     before the model loads."""
     tasks, retrieval = split_keyword(config.tasks, "retrieval")
     tasks, mteb_sts = split_keyword(tasks, MTEB_STS)
@@ -67,8 +67,14 @@ def run(config) -> dict:
     encoder.truncate_dim = config.truncate_dim  # every task encodes through encode(): scored at that width
     reranker = None
     if config.rerank:  # loaded before any encoding: a name that cannot be loaded stops the run at once
+        if not is_cross_encoder(config.rerank):  # a plain BERT would load with an untrained classifier
+            raise UsageError(f"--rerank {config.rerank} is not a cross-encoder (a ...ForSequenceClassification "
+                             f"checkpoint, as python -m bertcf.cross train writes)")
         reranker = CrossEncoder.from_pretrained(config.rerank).to(device)
         reranker.precision = encoder.precision
+        if reranker.num_labels > 2:
+            raise UsageError(f"--rerank {config.rerank}: a cross-encoder of {reranker.num_labels} classes gives no "
+                             f"relevance score (one label, or two with label 1 the relevant pairs', does)")
     show = _show_progress(config)
     result = evaluate(encoder, config.senteval_dir, tasks, config.mode, config.batch_size, config.max_length,
                       show_progress_bar=show, mrpc_features=config.mrpc_features, probe=config.probe,

@@ -30,6 +30,7 @@ from .mlm import MaskedLM
 from .sbert_cosine import SBERTCosine
 from .sbert_softmax import SBERTSoftmax
 from .simcse_sup import SupervisedSimCSE
+from .settings import MatryoshkaSettings
 from .tsdae import TSDAE
 
 #: ``--method`` of ``--stage mirror`` -> its objective.
@@ -44,6 +45,8 @@ METHODS = {"mirror": tuple(OBJECTIVES), "joint": ("mirror", "simcse"), "flow": (
 #: What --mini-batch-size applies to (``Objective.mini_batches``), in words.
 MINI_BATCH_METHODS = ", ".join([m for m, cls in (OBJECTIVES | SUPERVISED).items() if cls.mini_batches]
                                + ["--stage joint, flow"])
+#: What --matryoshka-dims applies to (``MatryoshkaSettings`` among an objective's settings), in words.
+MATRYOSHKA_METHODS = ", ".join(m for m, cls in (OBJECTIVES | SUPERVISED).items() if MatryoshkaSettings in cls.SETTINGS)
 
 
 def objective_class(stage: str, method: str) -> type[Objective]:

@@ -62,12 +62,15 @@ def training_pairs(config):
     return pairs, torch.tensor(labels, dtype=torch.long), len(CLASSES[pairs.kind])
 
 
-def selection(config, kind: str):
+def selection(config, kind: str, num_labels: int):
     """(the resolved --select-on, its evaluator or None for last): the selection set is read now,
     so a missing file stops the run before the model loads."""
     select_on = config.select_on or {"qqp": "qqp-dev", "nli": "last"}.get(kind, "sts-dev")
     if select_on == "last":
         return select_on, None
+    if num_labels > 2:  # refused here, before the model loads
+        raise UsageError(f"--select-on {select_on} scores a pair's similarity, which a classifier of {num_labels} "
+                         f"classes does not give: use --select-on last")
     path = pair_set_paths(config.data_dir, config.sts_dev, config.qqp_dev, config.senteval_dir)[select_on]
     pairs = read_pair_set(select_on, path)[:config.max_eval_examples]
     return select_on, PairSetEvaluator(select_on, pairs, max(config.batch_size, EVAL_BATCH))
@@ -84,7 +87,7 @@ def load_model(config, num_labels: int) -> CrossEncoder:
 
 def train(config, device) -> dict:
     pairs, targets, num_labels = training_pairs(config)
-    select_on, evaluator = selection(config, pairs.kind)
+    select_on, evaluator = selection(config, pairs.kind, num_labels)
     config = config.replace(select_on=select_on, train_file=pairs.sources)  # what config.json records
     set_seed(config.seed)
     model = load_model(config, num_labels).to(device)

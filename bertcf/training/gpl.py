@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -47,8 +48,12 @@ QUERY_SETTINGS = ("corpus", "generator", "queries_per_passage", "top_p", "top_k"
                   "generation_batch_size", "seed")
 NEGATIVE_SETTINGS = ("queries", "corpus", "num_negatives", "range_max", "sampling", "seed")
 MARGIN_SETTINGS = ("cross_encoder", "ce_max_length")
-TRAIN_SETTINGS = ("encoder", "steps", "batch_size", "lr", "warmup_steps", "lr_schedule", "max_length", "eval_every",
-                  "margin_score", "select_on", "data_dir", "seed", "train_args")
+#: Step 4's run_pretrain.py flags: TRAIN_FLAGS are what OUT/model was made with (gpl.json), RUN_FLAGS
+#: where and how it runs (given again when it continues).
+TRAIN_FLAGS = ("steps", "batch_size", "lr", "warmup_steps", "lr_schedule", "max_length", "eval_every", "margin_score",
+               "select_on", "data_dir", "seed")
+RUN_FLAGS = ("progress", "device", "precision")
+TRAIN_SETTINGS = ("encoder", *TRAIN_FLAGS, "train_args")
 
 
 @dataclass
@@ -60,7 +65,7 @@ class Step:
     output: Path
     settings: dict
     make: Callable[[], dict]
-    done: Callable[[], bool] = field(default=None)
+    done: Callable[[], bool] | None = None
 
     def is_done(self) -> bool:
         return self.done() if self.done is not None else self.output.exists()
@@ -90,7 +95,7 @@ class Pipeline:
         for i, retriever in enumerate(self.retrievers(), start=1):
             steps.append(Step(f"negatives-{i}", out / f"negatives-{i}.tsv",
                               pick(c, NEGATIVE_SETTINGS) | {"retriever": retriever},
-                              lambda i=i, r=retriever: self.mine(r, out / f"negatives-{i}.tsv")))
+                              lambda i=i, r=retriever: self.mine(r, out / f"negatives-{i}.tsv", i)))
         steps.append(Step("margins", out / "margins.tsv", pick(c, MARGIN_SETTINGS) | {"retrievers": self.retrievers()},
                           self.label))
         steps.append(Step("model", out / "model", pick(c, TRAIN_SETTINGS), self.train,
@@ -155,11 +160,12 @@ class Pipeline:
             self._pairs = queries, positives, corpus
         return self._pairs
 
-    def mine(self, retriever: str, path: Path) -> dict:
-        """2: one retriever's negatives for every (query, positive) pair."""
+    def mine(self, retriever: str, path: Path, number: int) -> dict:
+        """2: the ``number``-th retriever's negatives for every (query, positive) pair, drawn with a
+        seed of its own (GPL's retrievers draw independently)."""
         encoder = SentenceEncoder.from_pretrained(retriever).to(self.device).eval()
-        made = mine_and_write(path, encoder, *self.pairs(), self.config.mining(), self.config.encode_batch_size,
-                              self.show)
+        mining = dataclasses.replace(self.config.mining(), seed=self.config.seed + number - 1)
+        made = mine_and_write(path, encoder, *self.pairs(), mining, self.config.encode_batch_size, self.show)
         return {"what": f"{made['rows']} (query, positive, negative) rows for {made['pairs']} pairs by {retriever}",
                 "rows": made["rows"]}
 
@@ -185,18 +191,20 @@ def train_argv(config: GPLConfig, out: Path) -> list[str]:
     """run_pretrain.py's argv for step 4: --resume where OUT/model has a checkpoint to continue from."""
     model_dir, margins = out / "model", out / "margins.tsv"
     if (model_dir / "last" / runs.STATE_FILE).is_file():
-        return ["--resume", "--out-dir", str(model_dir)]
+        return ["--resume", "--out-dir", str(model_dir)] + flags(config, RUN_FLAGS)
     if (model_dir / "last").exists() or (model_dir / "metrics.jsonl").exists():
         raise UsageError(f"{model_dir} holds a run that stopped before its first checkpoint: remove it and run the "
                          f"command again")
     argv = ["--stage", "supervised", "--method", "margin-mse", "--train-file", str(margins), "--out-dir",
             str(model_dir), "--model", config.encoder]
-    for name in ("steps", "batch_size", "lr", "warmup_steps", "lr_schedule", "max_length", "eval_every",
-                 "margin_score", "select_on", "data_dir", "seed", "progress", "device", "precision"):
-        value = getattr(config, name)
-        if value is not None:
-            argv += [f"--{name.replace('_', '-')}", repr(value) if isinstance(value, float) else str(value)]
-    return argv + list(config.train_args)
+    return argv + flags(config, TRAIN_FLAGS + RUN_FLAGS) + list(config.train_args)
+
+
+def flags(config: GPLConfig, names) -> list[str]:
+    """run_pretrain.py's flags for the settings ``names`` of ``config`` that are set."""
+    values = {name: getattr(config, name) for name in names}
+    return [part for name, value in values.items() if value is not None
+            for part in (f"--{name.replace('_', '-')}", repr(value) if isinstance(value, float) else str(value))]
 
 
 def read_record(path: Path) -> dict:

@@ -82,6 +82,10 @@ def test_resume_from_a_damaged_config_is_one_line(tmp_path, capsys):
     assert cli.run_main(pretrain.run, ["--resume", "--out-dir", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and f"--resume: {tmp_path / 'config.json'} is not valid JSON" in err
+    (tmp_path / "config.json").write_text("[1]")  # JSON, but no settings
+    assert cli.run_main(pretrain.run, ["--resume", "--out-dir", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "holds no settings (a JSON object)" in err
 
 
 COMMANDS = ("config.pretrain", "config.multitask", "config.evaluate", "commands.bench", "commands.encode")

@@ -109,6 +109,13 @@ def test_query_with_an_onnx_export_of_the_same_model_is_accepted(model, corpus_f
     hits = [[h["id"] for h in json.loads((tmp_path / f"{n}.json").read_text())["results"][0]["hits"]]
             for n in ("onnx", "torch")]
     assert hits[0] == hits[1]
+    # an export of a checkpoint that asks for dot products builds a dot-product index, as the checkpoint does
+    shutil.copytree(model, tmp_path / "dot")
+    (tmp_path / "dot" / "config_sentence_transformers.json").write_text('{"similarity_fn_name": "dot"}')
+    assert run_main(export.run, ["onnx", str(tmp_path / "dot"), "--out", str(tmp_path / "dot-onnx")]) == 0
+    for encoder in ("dot", "dot-onnx"):
+        assert build(tmp_path / encoder, corpus_file, tmp_path / f"index-{encoder}", "--index", "exact") == 0
+        assert json.loads((tmp_path / f"index-{encoder}" / "index.json").read_text())["score"] == "dot"
 
 
 def test_a_beir_corpus_keeps_its_ids_and_a_csv_column_its_rows(model, tmp_path):

@@ -117,6 +117,22 @@ def test_the_command_writes_triplets_supervised_simcse_reads(tmp_path, tiny_bert
     assert [list(c) for c in examples.columns] == [list(c) for c in zip(*rows)]
 
 
+def test_a_beir_set_is_mined_on_its_train_judgements(tmp_path, tiny_bert_dir, capsys):
+    """--beir reads qrels/train.tsv (--split train, the default): never a test judgement as training data."""
+    from bertcf.data import beir
+    corpus = {f"d{i}": f"a man plays music number {i}" for i in range(10)}
+    queries = {f"q{i}": f"who plays music {i}" for i in range(4)}
+    beir.write(tmp_path / "set", corpus, queries, {"q0": {"d0": 1}, "q1": {"d1": 1}}, split="train")
+    argv = ["mine-negatives", "--encoder", str(tiny_bert_dir), "--beir", str(tmp_path / "set"), "--num-negatives",
+            "1", "--device", "cpu", "--no-progress"]
+    assert data_main(argv + ["--out", str(tmp_path / "mined.tsv")]) == 0
+    rows = negatives.read_triplets(tmp_path / "mined.tsv")
+    assert [(q, p) for q, p, _ in rows] == [(queries["q0"], corpus["d0"]), (queries["q1"], corpus["d1"])]
+    capsys.readouterr()
+    assert data_main(argv + ["--split", "test", "--out", str(tmp_path / "test.tsv")]) == 2  # it has no test qrels
+    assert "test" in capsys.readouterr().err and not (tmp_path / "test.tsv").exists()
+
+
 @pytest.mark.parametrize("content, message", [
     ("", "holds no (query, positive) pairs"),
     ("only one column\n", "line 1: expected query<TAB>positive"),

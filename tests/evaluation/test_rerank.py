@@ -100,20 +100,22 @@ def test_a_hub_name_reranks_from_the_cache(models, tmp_path, monkeypatch, capsys
     assert "+ rerank@100" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["not_retrieval", "unknown_name"])
-def test_bad_rerank_is_one_line(case, models, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("case", ["not_retrieval", "unknown_name", "no_cross_encoder", "three_classes"])
+def test_bad_rerank_is_one_line(case, models, tmp_path, monkeypatch, capsys, tiny_bert_dir):
     encoder_dir = tmp_path / "encoder"
     models[0].save_pretrained(encoder_dir)
     data = question_set()
     beir.write(tmp_path / "set", data.corpus, data.queries, data.qrels)
     offline_hub_cache(monkeypatch, tmp_path, "bertcf-test/other", models[2])
-    args = {"not_retrieval": ["--tasks", "sts", "--rerank", str(models[2])],
-            "unknown_name": ["--tasks", "retrieval", "--retrieval-dir", str(tmp_path / "set"),
-                             "--rerank", "cross-encoder/ms-marco-MiniLM-L-6-v2"]}[case]
+    CrossEncoder.from_pretrained(tiny_bert_dir, num_labels=3).save_pretrained(tmp_path / "nli")
+    retrieval = ["--tasks", "retrieval", "--retrieval-dir", str(tmp_path / "set")]
+    args, message = {"not_retrieval": (["--tasks", "sts", "--rerank", str(models[2])], "retrieval"),
+                     "unknown_name": (retrieval + ["--rerank", "cross-encoder/ms-marco-MiniLM-L-6-v2"], "offline"),
+                     "no_cross_encoder": (retrieval + ["--rerank", str(tiny_bert_dir)], "is not a cross-encoder"),
+                     "three_classes": (retrieval + ["--rerank", str(tmp_path / "nli")], "of 3 classes")}[case]
     assert cli(["--encoder", str(encoder_dir), "--device", "cpu", *args]) == 2
     captured = capsys.readouterr()
     err = captured.err.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in captured.err, err
-    assert ("retrieval" in err[0]) if case == "not_retrieval" else ("ms-marco-MiniLM-L-6-v2" in err[0]
-                                                                    and "offline" in err[0])
+    assert message in err[0]
     assert captured.out == ""  # stopped before anything was encoded or scored

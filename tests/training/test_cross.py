@@ -223,7 +223,7 @@ def test_evaluate_a_bi_encoder_by_hand(tiny_bert_dir, data_dir):
 
 @pytest.mark.parametrize("case", ["missing_train_file", "sts_classification", "nli_regression", "no_subcommand",
                                   "bad_subcommand", "bad_flag", "bad_model", "missing_dev", "evaluate_bad_set",
-                                  "evaluate_bad_model"])
+                                  "evaluate_bad_model", "nli_selected_on_sts"])
 def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     nli = tmp_path / "nli.tsv"
@@ -239,6 +239,8 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
         "missing_dev": argv(tiny_bert_dir, data_dir, out, sts_dev=tmp_path / "absent.csv"),
         "evaluate_bad_set": ["evaluate", "--model", str(tiny_bert_dir), "--data-dir", str(data_dir), "--sets", "mrpc"],
         "evaluate_bad_model": ["evaluate", "--model", str(tmp_path / "absent"), "--data-dir", str(data_dir)],
+        "nli_selected_on_sts": argv(tiny_bert_dir, data_dir, out, train_file=[nli], head="classification",
+                                    select_on="sts-dev"),
     }[case]
     try:
         status = run_main(command.run, args)

@@ -212,7 +212,7 @@ def test_a_second_call_skips_every_step(gpl_out, tiny_bert_dir, data_dir, genera
 
 
 def test_changed_settings_and_missing_inputs_are_refused(gpl_out, tiny_bert_dir, data_dir, generator_dir, passages,
-                                                         cross_encoder_dir, tmp_path):
+                                                         cross_encoder_dir, tmp_path, capsys):
     import shutil
 
     flags = ["--corpus", str(passages), "--generator", str(generator_dir), "--query-max-length", "8"]
@@ -225,6 +225,12 @@ def test_changed_settings_and_missing_inputs_are_refused(gpl_out, tiny_bert_dir,
         gpl_command.run(gpl_argv(copy, tiny_bert_dir, data_dir, *flags, "--cross-encoder", str(cross_encoder_dir)))
     with pytest.raises(UsageError, match="belong to the GPL command itself"):
         gpl_command.run(gpl_argv(copy, tiny_bert_dir, data_dir, *flags, "--", "--method", "simcse"))
+    with pytest.raises(UsageError, match="--out-dir belong to the GPL command itself"):  # an abbreviation of it
+        gpl_command.run(gpl_argv(copy, tiny_bert_dir, data_dir, *flags, "--", "--out-d", "x"))
+    # a flag run_pretrain.py does not know is refused before step 1, in one line
+    with pytest.raises(SystemExit) as stopped:
+        gpl_command.run(gpl_argv(copy, tiny_bert_dir, data_dir, *flags, "--", "--stepz", "3"))
+    assert stopped.value.code == 2 and "unrecognized arguments: --stepz 3" in capsys.readouterr().err
 
 
 def test_an_interrupted_training_continues_to_the_uninterrupted_weights(tiny_bert_dir, data_dir, cross_encoder_dir,
@@ -276,11 +282,19 @@ def test_a_model_that_cannot_be_loaded_is_one_line_and_exit_status_2(tiny_bert_d
     assert_one_error_line(capsys, f"--cross-encoder {tmp_path / 'no-ce'} cannot be loaded (not found")
 
 
-def test_a_hub_name_offline_is_one_line_and_exit_status_2(tmp_path, tiny_bert_dir, passages):
-    env = {k: v for k, v in os.environ.items()} | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    proc = subprocess.run([sys.executable, "-m", "bertcf.gpl", "--encoder", str(tiny_bert_dir), "--out",
-                           str(tmp_path / "out"), "--corpus", str(passages), "--device", "cpu"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+def test_a_hub_name_offline_is_one_line_and_exit_status_2(tmp_path, tiny_bert_dir, passages, data_dir):
+    env = {k: v for k, v in os.environ.items()} | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
+                                                    "BERTCF_OFFLINE": "1"}
+    argv = [sys.executable, "-m", "bertcf.gpl", "--encoder", str(tiny_bert_dir), "--out", str(tmp_path / "out"),
+            "--corpus", str(passages), "--device", "cpu"]
+    # the training step's evaluation file is missing: refused before step 1, not after it
+    proc = subprocess.run(argv + ["--data-dir", str(tmp_path / "nodata")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "nodata/sts-dev.csv not found" in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "out" / "queries").exists()
+    proc = subprocess.run(argv + ["--data-dir", str(data_dir)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: --generator BeIR/query-gen-msmarco-t5-base-v1 cannot be loaded (offline: not in the local Hugging Face "

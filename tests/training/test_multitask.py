@@ -306,6 +306,8 @@ def test_predict_only_reproduces_the_files(straight_run, tmp_path):
     run_quiet(["--predict-only", "--checkpoint", str(copy / "best"), "--device", "cpu"])
     for name in PREDICTION_FILES:
         assert (copy / "predictions" / name).read_bytes() == (straight_run / "predictions" / name).read_bytes()
+    (copy / "config.json").write_text('{"sst_train": ')  # damaged: one line naming it, no traceback
+    assert run_main(command.run, ["--predict-only", "--checkpoint", str(copy), "--device", "cpu"]) == 2
 
 
 def test_missing_test_file_is_skipped_and_frozen_encoder_stays(tiny_bert_dir, data_dir, tmp_path, caplog):

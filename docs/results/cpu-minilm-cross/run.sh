@@ -58,7 +58,8 @@ queries=$out/quora-train-queries
 for who in minilm base; do
   model=$([[ $who == minilm ]] && echo "$minilm" || echo "$base")
   done_ "$out/gpl-$who/model/best/model.safetensors" || timed "gpl-$who" python -m bertcf.gpl --encoder "$model" \
-    --out "$out/gpl-$who" --queries "$queries" --cross-encoder "$out/ce-qqp/best" --device cpu --progress lines \
+    --out "$out/gpl-$who" --queries "$queries" --cross-encoder "$out/ce-qqp/best" --data-dir "$data" --device cpu \
+    --progress lines \
     -- --steps 1000 --warmup-steps 100 --max-length 64 --log-every 100
   done_ "$out/quora-$who.json" || python -m bertcf.evaluate --encoder "$model" --tasks retrieval \
     --retrieval-dir "$quora" --device cpu --no-progress --json "$out/quora-$who.json"
