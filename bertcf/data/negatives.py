@@ -229,22 +229,29 @@ def write_triplets(path, rows: list[tuple[str, str, str]]) -> None:
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
-def read_triplets(path: str | os.PathLike) -> list[tuple[str, str, str]]:
-    """The (anchor, positive, negative) rows of a file ``write_triplets`` wrote."""
+def read_tsv(path, header: tuple[str, ...], what: str) -> list[tuple[int, list[str]]]:
+    """(line number, fields) of each non-blank line after ``header`` in the TSV ``path``; a missing
+    or undecodable file, or another header, is one DataError line naming ``what`` it should be."""
     path = Path(path)
-    with open_text(path, "triplets file", newline="") as handle:
+    with open_text(path, what, newline="") as handle:
         try:
             rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
         except UnicodeDecodeError as error:
-            raise not_text(path, error, "triplets file") from None
-    if not rows or tuple(rows[0]) != TRIPLET_HEADER:
-        raise DataError(f"{path} line 1: expected the header anchor<TAB>positive<TAB>negative")
-    for number, row in enumerate(rows[1:], start=2):
+            raise not_text(path, error, what) from None
+    if not rows or tuple(rows[0]) != header:
+        raise DataError(f"{path} line 1: expected the header {'<TAB>'.join(header)}")
+    return [(number, row) for number, row in enumerate(rows[1:], start=2) if row]
+
+
+def read_triplets(path: str | os.PathLike) -> list[tuple[str, str, str]]:
+    """The (anchor, positive, negative) rows of a file ``write_triplets`` wrote."""
+    rows = read_tsv(path, TRIPLET_HEADER, "triplets file")
+    for number, row in rows:
         if len(row) != 3 or not all(f.strip() for f in row):
             raise DataError(f"{path} line {number}: expected anchor<TAB>positive<TAB>negative")
-    if len(rows) == 1:
+    if not rows:
         raise DataError(f"{path} holds no triplets")
-    return [tuple(r) for r in rows[1:]]
+    return [tuple(row) for _, row in rows]
 
 
 # ---- the margins files (GPL) ------------------------------------------------------------------------
@@ -261,18 +268,8 @@ def write_margins(path, rows: list[tuple[str, str, str, float]]) -> None:
 def read_margins(path: str | os.PathLike) -> list[tuple[str, str, str, float]]:
     """The (query, positive, negative, margin) rows of a file ``write_margins`` wrote (or any TSV
     with that header): the margin a finite number, the texts not blank."""
-    path = Path(path)
-    with open_text(path, "margins file", newline="") as handle:
-        try:
-            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-        except UnicodeDecodeError as error:
-            raise not_text(path, error, "margins file") from None
-    if not rows or tuple(rows[0]) != MARGIN_HEADER:
-        raise DataError(f"{path} line 1: expected the header query<TAB>positive<TAB>negative<TAB>margin")
     out = []
-    for number, row in enumerate(rows[1:], start=2):
-        if not row:
-            continue
+    for number, row in read_tsv(path, MARGIN_HEADER, "margins file"):
         try:
             margin = float(row[3]) if len(row) == 4 else math.nan
         except ValueError:
