@@ -63,7 +63,7 @@ class TransformersEncoder:
     def encode(self, sentences, batch_size: int = 64):
         from minbert import pad_batch
 
-        ids = self.encoder.tokenizer(list(sentences), truncation=True, max_length=self.encoder._max_length())["input_ids"]
+        ids = self.encoder.token_ids(sentences)
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         out = torch.empty(len(ids), self.encoder.output_dim)
         for start in range(0, len(order), batch_size):

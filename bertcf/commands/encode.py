@@ -162,8 +162,7 @@ class Backend:
     def tokenize(self, sentences: list[str]) -> list[list[int]]:
         if self.onnx is not None:
             return self.onnx.tokenize(sentences, self.max_length)
-        encoder = self.torch
-        return encoder.tokenizer(sentences, truncation=True, max_length=encoder._max_length(self.max_length))["input_ids"]
+        return self.torch.token_ids(sentences, self.max_length)
 
     def run(self, id_lists) -> np.ndarray:
         if self.onnx is not None:

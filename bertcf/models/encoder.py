@@ -143,6 +143,11 @@ class SentenceEncoder(nn.Module):
     def tokenize(self, sentences, max_length: int | None = None):
         return tokenize(self.tokenizer, sentences, self._max_length(max_length))
 
+    def token_ids(self, sentences, max_length: int | None = None) -> list[list[int]]:
+        """Each sentence's token ids, [CLS] and [SEP] included, cut to ``max_length`` (default the
+        encoder's; never beyond its position embeddings): what ``encode_ids`` takes."""
+        return self.tokenizer(list(sentences), truncation=True, max_length=self._max_length(max_length))["input_ids"]
+
     def encode(self, sentences, batch_size: int = 64, show_progress_bar: bool = False,
                normalize: bool | None = None, max_length: int | None = None,
                truncate_dim: int | None = None, embedding_precision: str = "float32",
@@ -163,8 +168,8 @@ class SentenceEncoder(nn.Module):
         sentences = [sentences] if single else list(sentences)
         vectors = torch.empty(0, self.output_dim)
         if sentences:
-            token_ids = self.tokenizer(sentences, truncation=True, max_length=self._max_length(max_length))["input_ids"]
-            vectors = self.encode_ids(token_ids, batch_size, show_progress_bar=show_progress_bar)
+            vectors = self.encode_ids(self.token_ids(sentences, max_length), batch_size,
+                                      show_progress_bar=show_progress_bar)
         if normalize is None and self.normalize:  # the model's Normalize module: before the cut, as in the model
             vectors = torch.nn.functional.normalize(vectors, dim=-1)
         vectors = self.truncated(vectors, truncate_dim)
