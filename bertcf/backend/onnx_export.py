@@ -135,9 +135,18 @@ def quantize(source: Path, target: Path, **options) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    model = onnx.load(str(source))
+    # The exporter writes a value_info for each initializer (its shape, which the initializer has
+    # anyway). ONNX Runtime before 1.32 turns a Gemm into a MatMul by transposing its weight in place
+    # and leaves that value_info stale, so its shape inference refuses the graph ("Inferred shape and
+    # existing shape differ"): drop them.
+    weights = {initializer.name for initializer in model.graph.initializer}
+    kept = [info for info in model.graph.value_info if info.name not in weights]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
     logging.disable(logging.WARNING)  # its advice to pre-process, meant for static quantisation
     try:  # the fused operators' outputs have no type for shape inference: they are float
-        quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8,
+        quantize_dynamic(model, str(target), weight_type=QuantType.QInt8,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}, **options)
     finally:
         logging.disable(logging.NOTSET)
