@@ -148,9 +148,11 @@ def test_a_run_records_its_environment_and_a_resume_on_another_warns(tiny_bert_d
 
     # The run "was" on another torch and CPU: the resume says so in one line, and keeps both records.
     # The faked values differ from this machine's whatever it is (its instruction set, its torch).
-    now = torch.backends.cpu.get_cpu_capability()
+    # torch's version as recorded: its distribution's, which a CUDA build may give without the
+    # "+cu130" that torch.__version__ has.
+    now, torch_now = torch.backends.cpu.get_cpu_capability(), first["packages"]["torch"]
     other_capability = "AVX2" if now != "AVX2" else "AVX512"
-    other_torch = "2.4.0" if torch.__version__ != "2.4.0" else "2.5.0"
+    other_torch = "2.4.0" if torch_now != "2.4.0" else "2.5.0"
     faked = first | {"packages": first["packages"] | {"torch": other_torch}, "cpu_capability": other_capability,
                      "command": "python elsewhere"}
     (out / runs.ENVIRONMENT_FILE).write_text(json.dumps({"sessions": [faked]}))
@@ -159,7 +161,7 @@ def test_a_run_records_its_environment_and_a_resume_on_another_warns(tiny_bert_d
     warnings = [l for l in err if l.startswith("warning:")]
     assert len(warnings) == 1, err
     assert warnings[0] == (f"warning: {out} ran with another environment until now: cpu_capability "
-                           f"{other_capability} -> {now}, packages.torch {other_torch} -> {torch.__version__} "
+                           f"{other_capability} -> {now}, packages.torch {other_torch} -> {torch_now} "
                            f"(both in environment.json)")
     sessions = json.loads((out / runs.ENVIRONMENT_FILE).read_text())["sessions"]
     assert [s["session"] for s in sessions] == ["start", "resume"] and sessions[0] == faked

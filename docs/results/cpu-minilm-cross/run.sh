@@ -4,10 +4,10 @@
 #    lr 2e-5, 1,500 steps = 4 epochs) and on QQP train (the same, 1,016 steps = 1 epoch), against
 #    MiniLM as a bi-encoder fine-tuned on the same pairs (SBERT's cosine regression, the same
 #    steps): CS224N STS dev, QQP dev and STS-B test, all scored by `python -m bertcf.cross evaluate`;
-# 2. stage 3 from MiniLM, bi-encoder against --pair-encoding cross, 200 steps, max length 64;
+# 2. stage 3 from MiniLM, bi-encoder against --pair-encoding cross, 100 steps, max length 64;
 # 3. the Quora set in BEIR's layout: MiniLM alone against MiniLM + the QQP cross-encoder (top 100);
 # 4. GPL with the QQP train questions as the queries (no generator here), negatives mined by the
-#    encoder being adapted, the QQP cross-encoder's margins, 1,000 steps of batch 32 at length 64;
+#    encoder being adapted, the QQP cross-encoder's margins, 500 steps of batch 32 at length 64;
 #    MiniLM and the MLM base before and after, on the Quora set.
 # Usage: run.sh MINILM_DIR CS224N_DIR SENTEVAL_DIR MLM_BASE OUT
 set -euo pipefail
@@ -39,7 +39,7 @@ done_ "$out/pairs-minilm.json" || python -m bertcf.cross evaluate --model "$mini
 # 2. Stage 3, the pairs apart and together.
 for enc in bi cross; do
   done_ "$out/mt-$enc/metrics.json" || timed "mt-$enc" python run_multitask.py --model "$minilm" --data-dir "$data" \
-    --pair-encoding "$enc" --steps 200 --eval-every 100 --max-length 64 "${common[@]}" --out-dir "$out/mt-$enc"
+    --pair-encoding "$enc" --steps 100 --eval-every 50 --max-length 64 "${common[@]}" --out-dir "$out/mt-$enc"
 done
 
 # 3. Reranking the Quora set.
@@ -60,7 +60,7 @@ for who in minilm base; do
   done_ "$out/gpl-$who/model/best/model.safetensors" || timed "gpl-$who" python -m bertcf.gpl --encoder "$model" \
     --out "$out/gpl-$who" --queries "$queries" --cross-encoder "$out/ce-qqp/best" --data-dir "$data" --device cpu \
     --progress lines \
-    -- --steps 1000 --warmup-steps 100 --max-length 64 --log-every 100
+    -- --steps 500 --warmup-steps 50 --max-length 64 --log-every 100
   done_ "$out/quora-$who.json" || python -m bertcf.evaluate --encoder "$model" --tasks retrieval \
     --retrieval-dir "$quora" --device cpu --no-progress --json "$out/quora-$who.json"
   for score in dot cos; do
