@@ -50,6 +50,10 @@ CONFIG_FILE = "onnx_encoder.json"  # onnx_runtime.py reads it (its own copy of t
 GRAPH_FILE = "encoder.onnx"
 ST_GRAPH_FILE = "model.onnx"  # sentence-transformers' name in a checkpoint's onnx/ folder
 QUANTIZED_SUFFIX = {"int8": "_qint8"}
+#: The int8 graphs' quantisation: every MatMul with a weight, but each layer's fused Attention operator
+#: (its Q/K/V projection and the scores) stays in float, which keeps the vectors closer to fp32 at
+#: most of the speed (the variants side by side: docs/BENCHMARKS.md, `bench --onnx`).
+INT8_OPTIONS = {"op_types_to_quantize": ["MatMul"]}
 RUNTIME_FILE = "bertcf_onnx.py"  # the copy of onnx_runtime.py
 QUANTIZATION_FILE = "bertcf_quantization.py"  # the copy of search/quantization.py, which bertcf_onnx.py imports
 DEFAULT_OPSET = 18
@@ -185,9 +189,10 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
     if quantize_to:
         suffix = QUANTIZED_SUFFIX[quantize_to]
         graphs[quantize_to] = GRAPH_FILE.replace(".onnx", f"{suffix}.onnx")
-        quantize(directory / GRAPH_FILE, directory / graphs[quantize_to])
+        quantize(directory / GRAPH_FILE, directory / graphs[quantize_to], **INT8_OPTIONS)
         if sentence_transformers:
-            quantize(directory / ST_GRAPH_FILE, directory / ST_GRAPH_FILE.replace(".onnx", f"{suffix}.onnx"))
+            quantize(directory / ST_GRAPH_FILE, directory / ST_GRAPH_FILE.replace(".onnx", f"{suffix}.onnx"),
+                     **INT8_OPTIONS)
     with torch.inference_mode():
         reference = encoder.encode(CHECK_SENTENCES)
     checked = {name: parity(encoder, directory / file, reference) for name, file in graphs.items()}

@@ -8,7 +8,8 @@ Runtime on these graphs, each written into a scratch copy of the export:
     minBERT plain        ``scaled_dot_product_attention`` as the exporter writes it (standard operators)
     minBERT fused        each layer's attention as the ``Attention`` contrib operator (the export's default)
     ... int8             ONNX Runtime's dynamic quantisation (int8 weights, activations per batch):
-                         per tensor; per channel; or the attention left in float (MatMul only)
+                         per tensor; per channel; or the attention left in float (MatMul only: what
+                         ``bertcf-export onnx --quantize int8`` writes)
     transformers export  the TorchScript export of transformers' BertModel with the same pooling
                          (and Normalize), as a user would write it; then its int8 form, and ONNX
                          Runtime's transformer optimizer on it (its BERT fusions)
@@ -24,6 +25,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..backend.onnx_export import INT8_OPTIONS
+
 #: name -> (attention, quantisation keywords, or None for the float graph)
 MINBERT_VARIANTS = {
     "minBERT plain fp32": ("plain", None),
@@ -31,7 +34,7 @@ MINBERT_VARIANTS = {
     "minBERT fused fp32": ("fused", None),
     "minBERT fused int8": ("fused", {}),
     "minBERT fused int8 per-channel": ("fused", {"per_channel": True}),
-    "minBERT fused int8 (attention in fp32)": ("fused", {"op_types_to_quantize": ["MatMul"]}),
+    "minBERT fused int8 (attention in fp32)": ("fused", INT8_OPTIONS),  # the export's int8 graph
 }
 
 

@@ -140,20 +140,21 @@ def test_the_tokenizer_file_tokenises_as_the_checkpoint_tokenizer(flow_checkpoin
     assert OnnxEncoder(flow_checkpoint).tokenize(SENTENCES) == expected
 
 
-def test_int8_quantises_every_weight_matrix(flow_checkpoint):
-    """Each layer's attention is ONNX Runtime's fused Attention operator (QAttention in the int8
-    graph), and no MatMul with a weight initializer is left in float (the flow's LU product is
-    folded into an initializer at export, so it is quantised too)."""
+def test_int8_quantises_every_weight_matrix_but_attention(flow_checkpoint):
+    """Each layer's attention is ONNX Runtime's fused Attention operator, left in float in the int8
+    graph (export.INT8_OPTIONS); every other MatMul with a weight initializer is quantised (the flow's
+    LU product is folded into an initializer at export, so it is too)."""
     layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
     fp32 = onnx.load(str(flow_checkpoint / "onnx" / "encoder.onnx"))
     assert sum(n.op_type == "Attention" and n.domain == "com.microsoft" for n in fp32.graph.node) == layers
     model = onnx.load(str(flow_checkpoint / "onnx" / "encoder_qint8.onnx"))
     weights = {i.name for i in model.graph.initializer}
-    float_weight_matmuls = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm", "Attention")
+    float_weight_matmuls = [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm")
                             and any(x in weights for x in n.input)]
     assert float_weight_matmuls == []
     flow_matrices = 2 * (1 + 3)  # 2 blocks: the 1x1 map and the coupling net's 3 layers
-    assert sum(n.op_type == "QAttention" for n in model.graph.node) == layers
+    assert sum(n.op_type == "Attention" for n in model.graph.node) == layers
+    assert not any(n.op_type == "QAttention" for n in model.graph.node)
     assert sum(n.op_type == "MatMulInteger" for n in model.graph.node) == 3 * layers + flow_matrices + 1  # + Dense
     fp32 = OnnxEncoder(flow_checkpoint).encode(SENTENCES)
     int8 = OnnxEncoder(flow_checkpoint, quantized=True).encode(SENTENCES)
@@ -371,8 +372,9 @@ def test_minilm_with_normalize_equals_encode(real_bert_dir, minilm_export):
 
 
 @pytest.mark.slow
-def test_minilm_int8_keeps_stsb_within_half_a_point(minilm_export, shared_dir):
-    """SentEval's STS-B test: Spearman x 100 of the int8 graph within 0.5 of the fp32 graph's."""
+def test_minilm_int8_keeps_stsb_within_a_fifth_of_a_point(minilm_export, shared_dir):
+    """SentEval's STS-B test: Spearman x 100 of the int8 graph within 0.2 of the fp32 graph's (issue
+    50's goal; the attention left in float is what keeps it there)."""
     from bertcf.data.senteval import read_stsb
     from bertcf.evaluation.metrics import spearman
 
@@ -388,7 +390,7 @@ def test_minilm_int8_keeps_stsb_within_half_a_point(minilm_export, shared_dir):
         cosines = (u * v).sum(1) / np.linalg.norm(u, axis=1) / np.linalg.norm(v, axis=1)
         scores[quantized] = 100 * spearman(torch.from_numpy(cosines), [p.label for p in pairs])
     assert scores[False] > 80  # the model is all-MiniLM-L6-v2
-    assert abs(scores[True] - scores[False]) < 0.5, scores
+    assert abs(scores[True] - scores[False]) < 0.2, scores
 
 
 @pytest.mark.slow
