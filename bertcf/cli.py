@@ -99,21 +99,28 @@ def parse_args(parser: argparse.ArgumentParser, argv=None, upgrade=None) -> argp
     if args.resume:
         if not args.out_dir:
             raise UsageError("--resume needs --out-dir (the run directory to continue)")
-        config = Path(args.out_dir) / "config.json"
-        if not config.is_file():
-            raise UsageError(f"--resume: {config} not found")
-        try:
-            saved = json.loads(config.read_text())
-        except (ValueError, UnicodeDecodeError) as e:
-            raise UsageError(f"--resume: {config} is not valid JSON ({e}); it is the run's settings, which "
-                             f"--resume needs: restore it or start a new run") from None
-        if not isinstance(saved, dict):
-            raise UsageError(f"--resume: {config} holds no settings (a JSON object); restore it or start a new run")
+        saved = saved_settings(args.out_dir)
         saved = upgrade(saved) if upgrade else saved
         known = {a.dest for a in parser._actions}
         parser.set_defaults(**{k: v for k, v in saved.items() if k in known})
         args = parser.parse_args(argv)
     return args
+
+
+def saved_settings(out_dir) -> dict:
+    """The settings a run in ``out_dir`` was started with (its config.json), which --resume
+    continues with; a missing or unreadable file is one line."""
+    config = Path(out_dir) / "config.json"
+    if not config.is_file():
+        raise UsageError(f"--resume: {config} not found")
+    try:
+        saved = json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"--resume: {config} is not valid JSON ({e}); it is the run's settings, which "
+                         f"--resume needs: restore it or start a new run") from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"--resume: {config} holds no settings (a JSON object); restore it or start a new run")
+    return saved
 
 
 def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
@@ -129,6 +136,14 @@ def given_flags(parser: argparse.ArgumentParser, argv=None) -> set[str]:
     finally:
         parser.set_defaults(**defaults)
     return {d for d in dests if getattr(parsed, d, not_given) is not not_given}
+
+
+def given_values(parser: argparse.ArgumentParser, argv) -> dict:
+    """The settings ``argv`` gives (``given_flags``) with their values, parsed once by ``parser``:
+    how a command that runs another's stage takes flags given to it as words (GPL's after ``--``,
+    the experiments' ``--pretrain-args``) into the typed config it builds."""
+    parsed = parser.parse_args(argv)
+    return {name: getattr(parsed, name) for name in sorted(given_flags(parser, argv))}
 
 
 def command_line(script: str, argv=None) -> str:

@@ -196,14 +196,19 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids, token_type_ids, packing: Packing | None = None):
-        """[b, t] ids -> [b, t, D]; with ``packing``, the real tokens only: [T, D]."""
+    def forward(self, input_ids, token_type_ids, packing: Packing | None = None, inputs_embeds=None):
+        """[b, t] ids -> [b, t, D]; with ``packing``, the real tokens only: [T, D].
+        ``inputs_embeds`` [b, t, D]: the word embeddings to use instead of looking ``input_ids``
+        up (transformers' argument; SMART perturbs them); the ids still give the shape."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         if packing is not None:
             input_ids = input_ids.flatten()[packing.indices]
             token_type_ids = token_type_ids.flatten()[packing.indices]
             positions = packing.indices % positions.shape[0]  # a token's column is its position
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+            if inputs_embeds is not None:
+                inputs_embeds = inputs_embeds.flatten(0, 1)[packing.indices]
+        words = self.word_embeddings(input_ids) if inputs_embeds is None else inputs_embeds
+        x = words + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
 
 
@@ -361,8 +366,11 @@ class BertModel(nn.Module):
             nn.init.zeros_(module.bias)
 
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, output_hidden_states=False,
-                num_tokens: int | None = None, unpad: bool = True, output_first_layer: bool = False):
-        """input_ids, attention_mask, token_type_ids: [b, t] (mask 1 = real token, 0 = padding).
+                num_tokens: int | None = None, unpad: bool = True, output_first_layer: bool = False,
+                inputs_embeds=None):
+        """input_ids, attention_mask, token_type_ids: [b, t] (mask 1 = real token, 0 = padding);
+        ``inputs_embeds`` [b, t, D], when given, replaces the word embeddings of ``input_ids``
+        (:class:`BertEmbeddings`).
 
         Returns {'last_hidden_state': [b, t, D], 'pooler_output': [b, D]} and, when
         ``output_hidden_states``, 'hidden_states': the embeddings' output and every layer's; when
@@ -389,7 +397,7 @@ class BertModel(nn.Module):
             attn = None  # every token attends to every token
         else:  # [b, 1, 1, t] boolean: every query may attend to the real tokens of its sentence
             attn = attention_mask.bool()[:, None, None, :]
-        x = self.embeddings(input_ids, token_type_ids, packing)
+        x = self.embeddings(input_ids, token_type_ids, packing, inputs_embeds)
         hidden_states, first = [x], None
         for i, layer in enumerate(self.encoder.layer):
             x = layer(x, attn)

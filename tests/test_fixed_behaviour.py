@@ -52,7 +52,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import TINY_BERT_CONFIG, synthetic_vocab
+from helpers import TINY_BERT_CONFIG, synthetic_vocab
 from safetensors.torch import load_file, save_file
 
 from bertcf.commands import pretrain

@@ -5,7 +5,7 @@
     vectors = encoder.encode(["A man plays a guitar.", "Someone plays music."])  # np.ndarray [2, D], float32
 
 This file imports onnxruntime, numpy and tokenizers only (and tqdm, when a progress bar is asked
-for), and of BERT-CF only the numpy module of quantised vectors, ``bertcf/search/quantization.py``:
+for and stderr is a terminal), and of BERT-CF only the numpy module of quantised vectors, ``bertcf/search/quantization.py``:
 every export carries a copy of this file as ``bertcf_onnx.py`` and one of that module as
 ``bertcf_quantization.py`` beside it, so the export directory serves where neither PyTorch nor
 BERT-CF is installed (``pip install onnxruntime tokenizers numpy``).
@@ -16,6 +16,7 @@ BERT-CF is installed (``pip install onnxruntime tokenizers numpy``).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -142,7 +143,7 @@ class OnnxEncoder:
         out = np.empty((len(token_ids), self.dim), dtype=np.float32)
         order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))  # longest first
         starts = range(0, len(order), batch_size)
-        if show_progress_bar:
+        if show_progress_bar and sys.stderr.isatty():  # a bar on a terminal only: never redrawn into a log
             from tqdm.auto import tqdm
             starts = tqdm(starts, desc="encode", unit="batch")
         for start in starts:

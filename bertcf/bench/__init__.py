@@ -17,7 +17,7 @@ Workloads (the report's settings):
              pooling, InfoNCE, backward, AdamW step at the stage's lr.
   joint      bertcf.objectives.Joint: the encoder frozen (no_grad, dropout on as in the stage),
              a 3-block Glow on both views, 0.3 * InfoNCE(F(x)) + L_flow, AdamW on the flow.
-  multitask  bertcf.training.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
+  multitask  bertcf.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
              pass, the heads (SST dropout 0.3 + linear D x 5; QQP linear D x 768; STS dropout
              0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step.
   encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
@@ -33,6 +33,10 @@ to torch fp32, each engine's STS-B test Spearman and its max abs difference from
 HNSW float32, int8 HNSW and binary, rescored or not) on the vectors of a .npy or on random unit
 vectors: each one's build time, size in bytes, queries per second and recall@k against exact
 search (:mod:`.search`).
+Every mode measures what other processes took of the CPUs (:mod:`.load`): in an idle check before
+anything is loaded (``--load-check`` seconds) and over the run; above 0.10 of a core either way it
+refuses, in one line with exit status 2, before the run or before its table and JSON, unless
+``--allow-busy``. The JSON keeps it in ``info.load``.
 Inputs are random token ids with realistic variable lengths (a log-normal around each task's
 typical length, clipped to its max length), [CLS] ... [SEP] and dynamic padding, fixed seed.
 minBERT runs unpadded (the real tokens only; ``--no-unpad`` turns that off), transformers
@@ -45,7 +49,8 @@ real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus 
 
 The modules: :mod:`.models` (the two implementations, same config and weights), :mod:`.batches`
 (the random inputs), :mod:`.workloads` (the four workloads), :mod:`.timing` (alternating steps,
-FLOPs, MFU, the profiler), :mod:`.onnx_encode` (``--onnx``), :mod:`.search` (``--search``); the command line is
-:mod:`bertcf.commands.bench` (``python -m bertcf.bench`` runs it). Importing this package imports
+FLOPs, MFU, the profiler), :mod:`.onnx_encode` (``--onnx``), :mod:`.search` (``--search``),
+:mod:`.load` (the load beside a run); the command line is :mod:`bertcf.commands.bench`
+(``python -m bertcf.bench`` runs it). Importing this package imports
 nothing else (no torch).
 """

@@ -57,7 +57,7 @@ def load_models(model: str | None, tiny: bool = False, seed: int = 11711):
 class Encoder(nn.Module):
     """Either implementation behind minBERT's call, ``(input_ids, attention_mask,
     token_type_ids=None, num_tokens=None) -> {'last_hidden_state': [b, t, D]}``, so that every
-    workload (and :class:`bertcf.models.multitask.MultitaskModel`) runs the same code on both.
+    workload (and :class:`bertcf.multitask.model.MultitaskModel`) runs the same code on both.
 
     ``compile_``: minBERT compiles layer by layer (:meth:`minbert.BertModel.compile`),
     transformers as a whole model, both with ``dynamic=True`` (the batch shapes change from
@@ -71,8 +71,16 @@ class Encoder(nn.Module):
             model.compile_layers()
         self.call = torch.compile(model, dynamic=True) if compile_ and not self.is_minbert else model
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens=None):
+    @property
+    def embeddings(self):
+        """The word, position and token-type embeddings (both name them alike): SMART perturbs the words'."""
+        return getattr(self.call, "_orig_mod", self.call).embeddings  # under torch.compile too
+
+    def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens=None, inputs_embeds=None):
         if self.is_minbert:
-            return self.call(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens, unpad=self.unpad)
-        out = self.call(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+            return self.call(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens, unpad=self.unpad,
+                             inputs_embeds=inputs_embeds)
+        ids = None if inputs_embeds is not None else input_ids  # transformers takes one or the other
+        out = self.call(input_ids=ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                        inputs_embeds=inputs_embeds)
         return {"last_hidden_state": out.last_hidden_state}

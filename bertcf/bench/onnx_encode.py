@@ -24,6 +24,14 @@ def stsb_test_sentences(senteval_dir) -> tuple[list[str], list]:
     return [s for p in pairs for s in (p.sentence1, p.sentence2)], pairs
 
 
+def padding(lengths: list[int], batch_size: int = 64) -> int:
+    """The tokens of length-sorted batches of ``batch_size``, each padded to its longest (as every
+    engine's ``encode`` batches): what a padded engine computes, where unpadded minBERT computes
+    ``sum(lengths)``."""
+    ordered = sorted(lengths, reverse=True)
+    return sum(ordered[i] * len(ordered[i:i + batch_size]) for i in range(0, len(ordered), batch_size))
+
+
 def onnx_engines(export_dir, threads: int | None, scratch: Path) -> tuple[dict, dict]:
     """(name -> engine, name -> the fused operators its graph holds): minBERT in torch fp32 (the
     exported checkpoint, on the CPU; the baseline), transformers' BertModel in torch, and ONNX
@@ -83,7 +91,8 @@ def time_onnx_encode(engines: dict, sentences: list[str], pairs: list, steps: in
 
 
 def run_onnx(args) -> dict:
-    """``--onnx DIR``: the encode comparison of every engine (``onnx_engines``), in one run."""
+    """``--onnx DIR``: the encode comparison of every engine (``onnx_engines``), in one run; its
+    table (``print_onnx``) and JSON come from the command, once the run's load was judged."""
     import tempfile
 
     import onnxruntime
@@ -95,22 +104,26 @@ def run_onnx(args) -> dict:
                 "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
                 "threads": args.threads, "sentences": len(sentences), "batch_size": 64, "steps": args.steps,
                 "warmup": args.warmup}
-        print(f"bench --onnx: the export {info['export']}; STS-B test, {len(sentences)} sentences, length-sorted "
-              f"batches of 64; median of {args.steps} rounds after {args.warmup}, engines alternating")
+        # The tokens with and without padding: transformers' torch engine computes the padding, minBERT's skips
+        # it, so their ratio bounds what unpadding can gain here (little: the sentences are many and sorted).
+        lengths = [len(ids) for ids in engines["torch fp32 (minBERT)"].token_ids(sentences)]
+        info["tokens"], info["padded_tokens"] = sum(lengths), padding(lengths, info["batch_size"])
+        print(f"bench --onnx: the export {info['export']}; STS-B test, {len(sentences)} sentences ({info['tokens']:,} "
+              f"tokens, {info['padded_tokens']:,} padded), length-sorted batches of 64; median of {args.steps} rounds "
+              f"after {args.warmup}, engines alternating")
         print(f"device: {info['device']} ({info['cpu_capability']}); torch {torch.__version__}, onnxruntime "
               f"{onnxruntime.__version__}", flush=True)
         results = time_onnx_encode(engines, sentences, pairs, args.steps, args.warmup)
     for name, ops in operators.items():
         results[name]["operators"] = ops
+    return {"info": info, "results": {"onnx_encode": results}}
+
+
+def print_onnx(out: dict) -> None:
+    """``--onnx``'s table, once the run's load was judged (``bertcf.commands.bench.run``)."""
     print("\n| engine | sentences/s | x torch fp32 | STS-B test Spearman x100 | max abs diff vs torch | fused operators |")
     print("|---|---|---|---|---|---|")
-    for name, r in results.items():
+    for name, r in out["results"]["onnx_encode"].items():
         ops = ", ".join(f"{k} {v}" for k, v in r.get("operators", {}).items())
         print(f"| {name} | {r['sentences_per_s']:,.0f} | {r['vs_torch_fp32']:.2f}x | {r['stsb_test_spearman']:.2f} | "
               f"{r['max_abs_diff_vs_torch']:.1e} | {ops} |")
-    out = {"info": info, "results": {"onnx_encode": results}}
-    if args.json:
-        from ..utils.files import write_json_atomic
-        write_json_atomic(args.json, out)
-        print(f"results written to {args.json}")
-    return out

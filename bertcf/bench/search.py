@@ -82,7 +82,7 @@ def true_neighbours(corpus: np.ndarray, queries: np.ndarray, k: int) -> np.ndarr
     the truth every index's recall is measured against, the exact index's included."""
     import torch
 
-    from ..data.negatives import nearest
+    from ..utils.topk import nearest
     return nearest(torch.from_numpy(queries), torch.from_numpy(corpus), k, 8192)[1].numpy()  # [Q, 8192] at once
 
 
@@ -113,7 +113,8 @@ def measure(variants, corpus, queries, k: int, settings, rounds: int) -> dict:
 
 
 def run_search(args, settings) -> dict:
-    """``--search``: the table of every index of ``--search-indexes``; ``settings``: an IndexConfig."""
+    """``--search``: every index of ``--search-indexes`` measured; ``settings``: an IndexConfig. Its
+    table (``print_search``) and JSON come from the command, once the run's load was judged."""
     from ..errors import UsageError
     from ..search.index import import_faiss, set_threads
 
@@ -134,14 +135,14 @@ def run_search(args, settings) -> dict:
     print(f"bench --search: {described}; {len(queries)} queries, k {args.search_k}; faiss {faiss.__version__}, "
           f"{info['threads']} threads; median of {args.search_rounds} rounds after one", flush=True)
     results = measure(variants, corpus, queries, args.search_k, settings, args.search_rounds)
-    print(f"\n| index | build s | index MB | bytes/vector | queries/s | recall@{args.search_k} |")
+    return {"info": info, "results": {"search": results}}
+
+
+def print_search(out: dict) -> None:
+    """``--search``'s table, once the run's load was judged (``bertcf.commands.bench.run``)."""
+    k = out["info"]["k"]
+    print(f"\n| index | build s | index MB | bytes/vector | queries/s | recall@{k} |")
     print("|---|---|---|---|---|---|")
-    for name, r in results.items():
+    for name, r in out["results"]["search"].items():
         print(f"| {name} | {r['build_s']:.2f} | {r['index_bytes'] / 1e6:,.1f} | {r['bytes_per_vector']:.1f} | "
               f"{r['queries_per_s']:,.0f} | {r['recall_at_k']:.4f} |")
-    out = {"info": info, "results": {"search": results}}
-    if args.json:
-        from ..utils.files import write_json_atomic
-        write_json_atomic(args.json, out)
-        print(f"results written to {args.json}")
-    return out

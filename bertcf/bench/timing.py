@@ -84,6 +84,7 @@ def time_workload(workload, encoders: dict, steps: int, warmup: int, profile: in
     timed_inputs = [pool[i % len(pool)] for i in range(warmup, warmup + steps)]
     per_step = {"sentences": statistics.mean(workload.sentences(x) for x in timed_inputs),
                 "tokens": statistics.mean(workload.real_tokens(x) for x in timed_inputs),
+                "padded_tokens": statistics.mean(workload.padded_tokens(x) for x in timed_inputs),
                 "flops": statistics.mean(workload.flops(x) for x in timed_inputs)}
     peak = peak_flops(device, workload.precision)
     result = {"per_step": per_step}

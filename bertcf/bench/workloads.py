@@ -7,7 +7,23 @@ import torch
 from .batches import LENGTHS, make_batch, sample_lengths, special_ids
 from .timing import encoder_flops
 
-WORKLOADS = ("mirror", "joint", "multitask", "encode")
+#: Stage 3's step with a multitask setting changed (bertcf.multitask.config's names): how tasks share
+#: the steps, the gradient-conflict logging at every step, and the multitask methods.
+MULTITASK_VARIANTS = {
+    "multitask-round-robin": {"task_sampling": "round-robin"},
+    "multitask-proportional": {"task_sampling": "proportional"},
+    "multitask-temperature": {"task_sampling": "temperature"},
+    "multitask-annealed": {"task_sampling": "annealed"},
+    "multitask-conflict": {"conflict_every": 1},
+    "multitask-pcgrad": {"aggregator": "pcgrad"},
+    "multitask-upgrad": {"aggregator": "upgrad"},
+    "multitask-mgda": {"aggregator": "mgda"},
+    "multitask-uncertainty": {"task_weighting": "uncertainty"},
+    "multitask-dwa": {"task_weighting": "dwa"},
+    "multitask-smart": {"smart_weight": 1.0},
+}
+DEFAULT_WORKLOADS = ("mirror", "joint", "multitask", "encode")
+WORKLOADS = (*DEFAULT_WORKLOADS, *MULTITASK_VARIANTS)
 
 
 class Workload:
@@ -49,6 +65,11 @@ class Workload:
 
     def real_tokens(self, inputs) -> int:
         return sum(b.tokens for b in inputs)
+
+    def padded_tokens(self, inputs) -> int:
+        """The tokens of the padded batches: what transformers computes, where unpadded minBERT
+        computes ``real_tokens`` (their ratio bounds what unpadding can gain)."""
+        return sum(b.mask.numel() for b in inputs)
 
     def flops(self, inputs) -> float:
         return sum(encoder_flops(self.config, b.lengths, self.training) for b in inputs)
@@ -95,6 +116,9 @@ class Mirror(Workload):
     def real_tokens(self, inputs) -> int:
         return 2 * super().real_tokens(inputs)
 
+    def padded_tokens(self, inputs) -> int:
+        return 2 * super().padded_tokens(inputs)
+
     def flops(self, inputs):
         return sum(encoder_flops(self.config, b.lengths * 2, self.training) for b in inputs)
 
@@ -112,7 +136,7 @@ class Joint(Mirror):
 
 
 class Multitask(Workload):
-    """bertcf.training.multitask's training step itself: MultitaskModel (one encoder pass over all 288
+    """bertcf.multitask's training step itself: MultitaskModel (one encoder pass over all 288
     sentences, the heads) and MultitaskLoss, around either implementation."""
 
     sizes = {"sst": 32, "qqp": 96, "sts": 32}
@@ -130,29 +154,105 @@ class Multitask(Workload):
 
     def build(self, bert):
         from ..models.encoder import SentenceEncoder
-        from ..models.multitask import MultitaskLoss, MultitaskModel
+        from ..multitask.losses import build_loss
+        from ..multitask.model import MultitaskModel
+        from ..multitask.tasks import builtin_tasks
 
         torch.manual_seed(0)  # the same initial heads for both implementations
-        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), proj_dim=768, sst_dropout=0.3,
-                               qqp_dropout=0.0, sts_dropout=0.1).to(self.device)
+        tasks = builtin_tasks()
+        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), list(tasks.values()), proj_dim=768).to(self.device)
         model.requires_grad_(True)
         model.train()
         g = torch.Generator(device=self.device).manual_seed(0)
         labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
                   "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
                   "sts": torch.rand(32, generator=g, device=self.device) * 5}
-        multitask_loss = MultitaskLoss({"sst": 5.0, "qqp": 20.0, "sts": 1.0}, qqp_margin=0.7, sts_margin=0.0)
+        losses = {name: build_loss(task) for name, task in tasks.items()}
 
         def loss(inputs):
             (b,) = inputs
             out = model(b.ids, b.mask, self.sizes, num_tokens=b.tokens)
-            return multitask_loss(out, labels)[0]
+            parts = {t: losses[t](*(y if isinstance(y, tuple) else (y,)), labels[t]) for t, y in out.items()}
+            return sum(tasks[t].weight * parts[t] for t in parts)
         return self.training_step(model.parameters(), 1e-5, loss)
 
     def flops(self, inputs):
         d = self.config.hidden_size
         heads = 6 * d * (5 * self.sizes["sst"] + 768 * 2 * (self.sizes["qqp"] + self.sizes["sts"]))
         return super().flops(inputs) + heads
+
+
+class MultitaskVariant(Multitask):
+    """Stage 3's step as ``bertcf.multitask.trainer.Step`` takes it, with one of
+    :data:`MULTITASK_VARIANTS`' settings: the tasks a step draws (``TaskSampler``, over the CS224N
+    training sets' sizes), their losses combined by ``StepMethods`` (weighting, SMART, the
+    aggregated backward), and with ``conflict_every`` the gradient cosines of every step. Its
+    ``multitask`` baseline is the same step with the defaults."""
+
+    TRAIN_SIZES = {"sst": 8544, "qqp": 141506, "sts": 6040}
+
+    def __init__(self, name, *args, **kwargs):
+        self.settings = MULTITASK_VARIANTS[name]
+        super().__init__(name, *args, **kwargs)
+
+    def make_inputs(self, n):
+        from ..multitask.sampling import TaskSampler
+
+        sampler = TaskSampler(self.settings.get("task_sampling", "all"), self.TRAIN_SIZES, n, seed=0)
+        out = []
+        for step in range(n):
+            chosen = {t: self.sizes[t] for t in sampler.tasks_at(step)}
+            lengths = []
+            for task, size in chosen.items():
+                median, max_len = LENGTHS[task]
+                rows = size * (1 if task == "sst" else 2)
+                lengths += sample_lengths(rows, median, min(max_len, self.config.max_position_embeddings), self.g)
+            b = make_batch(lengths, self.config.vocab_size, self.g, self.device, (self.cls, self.sep))
+            b.sizes = chosen
+            out.append([b])
+        return out
+
+    def build(self, bert):
+        from ..models.encoder import SentenceEncoder
+        from ..multitask import monitor
+        from ..multitask.config import MultitaskConfig
+        from ..multitask.losses import build_loss
+        from ..multitask.methods import StepMethods
+        from ..multitask.model import MultitaskModel
+        from ..multitask.tasks import builtin_tasks
+        from ..training.optim import make_optimizer, update
+
+        torch.manual_seed(0)  # the same initial heads for both implementations
+        tasks = builtin_tasks()
+        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), list(tasks.values()), proj_dim=768).to(self.device)
+        model.requires_grad_(True)
+        model.train()
+        config = MultitaskConfig(precision=self.precision, **self.settings)
+        methods = StepMethods(config, model)
+        losses = {name: build_loss(task) for name, task in tasks.items()}
+        g = torch.Generator(device=self.device).manual_seed(0)
+        labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
+                  "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
+                  "sts": torch.rand(32, generator=g, device=self.device) * 5}
+        opt = make_optimizer([*model.parameters(), *methods.parameters()], 1e-5, 0.01, self.device)
+        scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
+        backward = methods.backward if methods.custom_backward else None
+
+        def compute(b):
+            inputs = {"input_ids": b.ids, "attention_mask": b.mask, "sizes": b.sizes, "num_tokens": b.tokens}
+            out, features = model(**inputs, return_features=True)
+            parts = {t: losses[t](*(y if isinstance(y, tuple) else (y,)), labels[t]) for t, y in out.items()}
+            if config.conflict_every and len(parts) > 1:
+                monitor.gradient_cosines(parts, monitor.shared_parameters(model))
+            return methods.combine(parts, features, inputs, out)
+
+        def step(inputs):
+            (b,) = inputs
+            return update(opt, scaler, lambda: compute(b), self.device, self.precision, backward=backward)[0]
+        return step
+
+    def flops(self, inputs):
+        return Workload.flops(self, inputs)  # the encoder's; the methods' extra passes are what is timed
 
 
 class Encode(Workload):
@@ -188,4 +288,5 @@ class Encode(Workload):
         return step
 
 
-WORKLOAD_CLASSES = {"mirror": Mirror, "joint": Joint, "multitask": Multitask, "encode": Encode}
+WORKLOAD_CLASSES = {"mirror": Mirror, "joint": Joint, "multitask": Multitask, "encode": Encode,
+                    **dict.fromkeys(MULTITASK_VARIANTS, MultitaskVariant)}

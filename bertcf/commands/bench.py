@@ -9,14 +9,15 @@ import time
 import torch
 
 from .. import bench
+from ..bench.load import DEFAULT_CHECK_S, LIMIT_CORES, LoadMonitor
 from ..bench.models import Encoder, load_models
-from ..bench.onnx_encode import run_onnx
+from ..bench.onnx_encode import print_onnx, run_onnx
 from ..bench.timing import device_name, time_workload
-from ..bench.workloads import WORKLOAD_CLASSES, WORKLOADS
+from ..bench.workloads import DEFAULT_WORKLOADS, MULTITASK_VARIANTS, WORKLOAD_CLASSES, WORKLOADS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..cli import AT_LEAST_0, AT_LEAST_1, ArgumentParser
+    from ..cli import AT_LEAST_0, AT_LEAST_1, NON_NEGATIVE, ArgumentParser
 
     p = ArgumentParser(prog="python -m bertcf.bench", description=bench.__doc__.split("\n\n")[0])
     p.add_argument("--model", default="bert-base-uncased",
@@ -28,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=AT_LEAST_1, default=20,
                    help="timed steps per model and workload")
     p.add_argument("--warmup", type=AT_LEAST_0, default=3, help="untimed steps first")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="the workloads to time, comma-separated")
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS),
+                   help=f"the workloads to time, comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--encode-sentences", type=AT_LEAST_1, default=256,
                    help="sentences per encode step")
     p.add_argument("--compile", action="store_true",
@@ -47,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "directory written by bertcf-export onnx in torch (minBERT, transformers) and by ONNX Runtime "
                         "on fp32 and int8 graphs of it (python -m bertcf.bench --help's epilogue: docs/benchmark.md)")
     p.add_argument("--senteval-dir", default="data/SentEval", help="--onnx: SentEval's data, for STS-B test")
+    p.add_argument("--allow-busy", action="store_true",
+                   help=f"run and report even when other processes take more than {LIMIT_CORES} of a core, before "
+                        f"or during the run (a one-line warning; the JSON's info.load says busy); without it the "
+                        f"bench refuses")
+    p.add_argument("--load-check", type=NON_NEGATIVE, default=DEFAULT_CHECK_S, metavar="SECONDS",
+                   help="the idle check before the run: how long to measure what other processes take (0: none; "
+                        "the run itself is measured all the same)")
     add_search_flags(p)
     return p
 
@@ -76,9 +85,12 @@ def fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def run(argv=None) -> dict:
+def run(argv=None, monitor: LoadMonitor | None = None) -> dict:
     """The benchmark: the workloads against transformers, or with ``--onnx`` the ONNX encode
-    comparison; prints the results and returns them (``{"info": ..., "results": ...}``)."""
+    comparison, or with ``--search`` the search indexes; prints the results and returns them
+    (``{"info": ..., "results": ...}``). Every mode runs inside the one ``monitor`` (default: the
+    machine's own counters, ``bench.load``): an idle check before anything is loaded, the load over
+    the run, both judged before the mode's table and JSON are written, and kept in ``info.load``."""
     from ..errors import UsageError
 
     args = build_parser().parse_args(argv)
@@ -89,16 +101,29 @@ def run(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.search:
-        from ..bench.search import run_search
+        from ..bench.search import print_search, run_search
         from ..config.search import IndexConfig
-        return run_search(args, IndexConfig(**IndexConfig.pick(args)))
-    if args.onnx:
-        return run_onnx(args)
-    return run_workloads(args, workloads)
+        measure, report = (lambda: run_search(args, IndexConfig(**IndexConfig.pick(args)))), print_search
+    elif args.onnx:
+        measure, report = (lambda: run_onnx(args)), print_onnx
+    else:
+        measure, report = (lambda: run_workloads(args, workloads)), print_workloads_report
+    monitor = monitor or LoadMonitor()
+    monitor.begin(args.load_check, args.allow_busy)
+    out = measure()
+    monitor.end()  # refuses (BusyMachine) before any table or JSON, unless --allow-busy
+    out["info"]["load"] = monitor.record()
+    report(out)
+    if args.json:
+        from ..utils.files import write_json_atomic
+        write_json_atomic(args.json, out)
+        print(f"results written to {args.json}")
+    return out
 
 
 def run_workloads(args, workloads: list[str]) -> dict:
-    """minBERT against transformers on each of ``workloads``, steps alternating."""
+    """minBERT against transformers on each of ``workloads``, steps alternating; a line per
+    workload as it finishes (progress), the table from :func:`run` (``print_workloads_report``)."""
     import transformers
 
     from ..utils.precision import resolve_device, resolve_precision
@@ -127,20 +152,22 @@ def run_workloads(args, workloads: list[str]) -> dict:
     n_batches = max(1, min(args.steps + args.warmup, 8))
     for i, name in enumerate(workloads):
         kwargs = {"sentences": args.encode_sentences} if name == "encode" else {}
-        workload = WORKLOAD_CLASSES[name](name, config, device, precision, n_batches, args.seed + i, **kwargs)
+        # A workload's inputs come from its own seed; stage 3's variants share the multitask step's, so
+        # each is timed on the very batches its baseline is.
+        seed = args.seed + WORKLOADS.index("multitask" if name in MULTITASK_VARIANTS else name)
+        workload = WORKLOAD_CLASSES[name](name, config, device, precision, n_batches, seed, **kwargs)
         start = time.perf_counter()
         results[name] = r = time_workload(workload, encoders, args.steps, args.warmup, args.profile)
         r["wall_s"] = time.perf_counter() - start
         print_workload(name, r, args.profile)
     info["wall_s"] = time.perf_counter() - wall
-    print_table(results)
-    print(f"\nwall time {info['wall_s']:.1f} s")
-    out = {"info": info, "results": results}
-    if args.json:
-        from ..utils.files import write_json_atomic
-        write_json_atomic(args.json, out)
-        print(f"results written to {args.json}")
-    return out
+    return {"info": info, "results": results}
+
+
+def print_workloads_report(out: dict) -> None:
+    """The workloads' table and wall time, once the run's load was judged (:func:`run`)."""
+    print_table(out["results"])
+    print(f"\nwall time {out['info']['wall_s']:.1f} s")
 
 
 def print_workload(name: str, r: dict, profile: int) -> None:
@@ -169,7 +196,8 @@ def print_table(results: dict) -> None:
     print("|" + "---|" * (head.count("|") - 1))
     for name, r in results.items():
         ps = r["per_step"]
-        row = (f"| {name} | {ps['sentences']:.0f} sent, {ps['tokens']:.0f} tok | {r['minbert']['ms_per_step']:.2f} | "
+        row = (f"| {name} | {ps['sentences']:.0f} sent, {ps['tokens']:.0f} tok, padded {ps['padded_tokens']:.0f} | "
+               f"{r['minbert']['ms_per_step']:.2f} | "
                f"{r['transformers']['ms_per_step']:.2f} | {r['minbert']['tokens_per_s']:,.0f} | "
                f"{r['transformers']['tokens_per_s']:,.0f} | {r['speedup']:.3f}x |")
         if mfu_cols:

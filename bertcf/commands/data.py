@@ -53,7 +53,8 @@ def add_download(commands) -> None:
     get.add_argument("--timeout", type=float, default=60.0, help="network timeout in seconds for each connect/read")
     get.add_argument("--base-url", default=download.data_url(),
                      help=f"fetch every file from BASE_URL/<name> (a mirror; ${download.DATA_URL_ENV} sets it)")
-    get.add_argument("--no-progress", action="store_true", help="no progress bars")
+    get.add_argument("--no-progress", action="store_true", help="no progress (else a bar on a terminal, plain lines in "
+                                                                   "a log file)")
     get.set_defaults(run=run_download)
 
 
@@ -140,7 +141,8 @@ def add_mine_negatives(commands) -> None:
     p.add_argument("--out", required=True, help="the triplets file to write (anchor, positive, negative)")
     MiningSettings.add_arguments(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_true", help="no progress (else a bar on a terminal, plain lines in a "
+                                                                 "log file)")
     p.set_defaults(run=run_mine_negatives)
 
 
@@ -186,7 +188,8 @@ def add_genq(commands) -> None:
     p.add_argument("--out", required=True, help="the directory to write (replaced as a whole)")
     GenQSettings.add_arguments(p)
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda when available)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress (else a bar on a terminal, plain lines in a "
+                                                                 "log file)")
     p.set_defaults(run=run_genq)
 
 

@@ -16,6 +16,7 @@ documents. faiss is an optional extra: without it, one line says what to install
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ..config.search import IndexConfig
 from ..data import beir
 from ..errors import DataError, UsageError
 from ..evaluation.retrieval import SCORES, model_score
+from ..search import directory as index_directory
 from ..search import index as search_index
 from ..search import store
 from ..utils import progress
@@ -98,23 +100,25 @@ def run_build(args) -> dict:
     settings = IndexConfig(**IndexConfig.pick(args))
     if args.calibration is not None and settings.index != "int8":
         raise UsageError("--calibration sets int8's ranges: give --index int8")
-    store.check_target(args.out)
-    ids, texts = corpus(args)
-    search_index.set_threads(args.threads)
-    backend = Backend(args.encoder, args.backend, args.quantized, args.threads, args.device, args.max_length,
-                      args.truncate_dim)
-    # an export's similarity is its checkpoint's (the export records where it came from)
-    score = args.score or model_score(args.encoder if backend.onnx is None
-                                      else backend.onnx.config.get("source") or args.encoder)
-    calibration = calibration_vectors(backend, args.calibration, args.batch_size)
-    model = {"name": args.encoder, "path": str(Path(args.encoder).resolve()) if Path(args.encoder).exists() else None,
-             "backend": backend.name, "max_length": args.max_length, "truncate_dim": args.truncate_dim}
-    shown = progress.Progress(args.progress, "build: encode", total=max(1, -(-len(texts) // args.chunk)))
-    start = time.perf_counter()
-    meta = store.build(args.out, lambda batch: encode_texts(backend, batch, args.batch_size), ids, texts,
-                       settings.index, score, model, calibration, args.chunk,
-                       progress=lambda done: shown.step(-(-done // args.chunk)), **settings.graph())
-    shown.close()
+    with index_directory.hold(args.out):  # from before the model loads: a second build is refused at once
+        index_directory.prepare(args.out)
+        ids, texts = corpus(args)
+        search_index.set_threads(args.threads)
+        backend = Backend(args.encoder, args.backend, args.quantized, args.threads, args.device, args.max_length,
+                          args.truncate_dim)
+        # an export's similarity is its checkpoint's (the export records where it came from)
+        score = args.score or model_score(args.encoder if backend.onnx is None
+                                          else backend.onnx.config.get("source") or args.encoder)
+        calibration = calibration_vectors(backend, args.calibration, args.batch_size)
+        model = {"name": args.encoder,
+                 "path": str(Path(args.encoder).resolve()) if Path(args.encoder).exists() else None,
+                 "backend": backend.name, "max_length": args.max_length, "truncate_dim": args.truncate_dim}
+        shown = progress.Progress(args.progress, "build: encode", total=max(1, -(-len(texts) // args.chunk)))
+        start = time.perf_counter()
+        meta = store.build(args.out, lambda batch: encode_texts(backend, batch, args.batch_size), ids, texts,
+                           settings.index, score, model, calibration, args.chunk,
+                           progress=lambda done: shown.step(-(-done // args.chunk)), **settings.graph())
+        shown.close()
     meta["seconds"] = time.perf_counter() - start
     print(f"{args.out}: {meta['kind']} index ({meta['precision']}) of {meta['documents']} documents, "
           f"{meta['dim']} dimensions, {meta['score']}; {meta['index_bytes'] / 1e6:,.2f} MB; "
@@ -147,11 +151,15 @@ def run_query(args) -> dict:
     start = time.perf_counter()
     scores, found = index.search(vectors, args.k, rescore_multiplier=settings.multiplier())
     seconds = time.perf_counter() - start
-    ids, texts = store.read_documents(args.index, meta["documents"])
+    ids, texts = store.read_documents(args.index, meta["documents"], meta)
     measure = "hamming" if meta["kind"] == "binary" and not settings.multiplier() else "score"
     results = [{"query": q, "hits": [{"id": ids[i], measure: float(s), "text": texts[i]}
                                      for s, i in zip(row_s, row_i) if i >= 0]}
                for q, row_s, row_i in zip(queries, scores.tolist(), found.tolist())]
+    short = [len(r["hits"]) for r in results if len(r["hits"]) < args.k]
+    if short:  # faiss pads the missing ranks with -1, dropped above: say so rather than print fewer silently
+        print(f"note: fewer than -k {args.k} documents found for {len(short)} of {len(results)} queries (the fewest "
+              f"{min(short)}): {short_reason(meta, args.k, min(short))}", file=sys.stderr)
     for result in results:
         print(f"query: {result['query']}")
         for rank, hit in enumerate(result["hits"], start=1):
@@ -162,6 +170,16 @@ def run_query(args) -> dict:
     if args.json:
         write_json_atomic(args.json, out)
     return out
+
+
+def short_reason(meta: dict, k: int, fewest: int) -> str:
+    """Why a search found fewer than k documents: an index of fewer, or a graph search that did not
+    reach them all."""
+    reasons = [f"the index holds {meta['documents']} documents"] if meta["documents"] < k else []
+    if meta["kind"] in ("hnsw", "int8") and fewest < min(k, meta["documents"]):
+        reasons.append("an HNSW search finds only the documents its graph leads it to (a larger --ef-search "
+                       "finds more)")
+    return "; ".join(reasons) or "the search found no more"
 
 
 def run(argv=None) -> dict:

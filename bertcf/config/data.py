@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cli import AT_LEAST_2
-from .fields import Settings, option
+from ..settings import Settings, option
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The settings of the training data a model makes: GenQ's queries (``GenQSettings``, for
 ``data.genq.Generation``) and mined hard negatives (``MiningSettings``, for
 ``data.negatives.Mining``); ``python -m bertcf.data genq`` and ``mine-negatives`` take them, and
-``python -m bertcf.gpl``'s steps 1 and 2 (``config.gpl``, under GPL's defaults). The field names are
+``python -m bertcf.gpl``'s steps 1 and 2 (``bertcf.gpl.config``, under GPL's defaults). The field names are
 GPL's (its gpl.json records them); the data commands' flag for a batch is --batch-size. This module
 imports no torch: ``python -m bertcf.data download`` builds these flags on a fresh machine."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from .. import cli
 from ..data.genq import DEFAULT_GENERATOR, Generation
 from ..data.negatives import Mining
-from .fields import Settings, option
+from ..settings import Settings, option
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from ..evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
 from ..evaluation.probe import usable_cores
 from ..evaluation.retrieval import SCORES
 from ..evaluation.senteval import MODES, PROBES
-from .fields import option, redefault
+from ..settings import option, redefault
 from .model import ModelConfig
 from .search import IndexConfig
 from .train import TrainConfig
@@ -67,7 +67,8 @@ class EvaluateConfig(IndexConfig):
     precision: str | None = redefault(TrainConfig, "precision", group=None)
     json: str | None = option(None, "write the results to this JSON file (with \"environment\": versions, device, "
                                     "CPU, command)")
-    no_progress: bool = option(False, "no progress bars (there are none either when stderr is not a terminal)",
+    no_progress: bool = option(False, "no progress (by default a bar on a terminal, plain lines with the time left in a "
+                                      "log file)",
                                switch=True)
 
 

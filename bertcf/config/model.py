@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from ..cli import PROBABILITY
 from ..models.encoder import POOLINGS
-from .fields import Settings, option
+from ..settings import Settings, option
 
 
 @dataclass(frozen=True)

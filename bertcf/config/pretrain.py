@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .. import cli, runs
 from ..errors import UsageError
 from ..models.encoder import POOLINGS
 from ..objectives import METHODS as OBJECTIVE_METHODS
-from ..objectives import MATRYOSHKA_METHODS, MINI_BATCH_METHODS, SUPERVISED, objective_class
+from ..objectives import FAMILIES as OBJECTIVE_FAMILIES
+from ..objectives import MINI_BATCH_METHODS, SIMCSE_VIEWS, SUPERVISED, methods_taking, objective_class
 from ..objectives.presets import PRESETS
 from ..objectives.settings import (
     BSLSettings,
@@ -34,16 +35,25 @@ from ..objectives.settings import (
     SpanSettings,
     TSDAESettings,
 )
-from ..training.sampler import MIX_SAMPLINGS
-from ..training.whiten import METHOD as WHITEN_METHOD
-from ..training.whiten import WHITEN_ON
+from ..settings import Settings, derived, option, redefault
 from ..utils.distributed import launch_world_size
 from ..data.corpus import CORPUS_SETTINGS
 from .data import CorpusConfig, DataConfig, TrainFilesConfig
-from .fields import Settings, derived, option, redefault
 from .model import ModelConfig
 from .train import TrainConfig
 
+WHITEN_METHOD = "whitening"  # --stage whiten's one method
+#: --whiten-on -> what the whitening is fitted on (``training.whiten`` reads the sets).
+WHITEN_ON = {
+    "corpus": "the pretraining corpus (--corpus, --corpus-from-tasks or DATA_DIR/wiki1m_for_simcse.txt; "
+              "--max-sentences caps it)",
+    "sts-dev": "the CS224N STS dev sentences, both of every pair: the paper's target variant for the report's metric",
+    "stsb": "SentEval's STS-B train, dev and test sentences: the paper's target set for STS-B",
+    "stsb-test": "SentEval's STS-B test sentences",
+    "senteval-sts": "the sentences of every SentEval STS test set present (STS12-16, STS-B, SICK-R)",
+}
+#: --mix-sampling: which part of a mixture each step trains (``training.sampler.DatasetChooser`` draws it).
+MIX_SAMPLINGS = ("proportional", "round-robin")
 STAGES = tuple(OBJECTIVE_METHODS) + ("whiten", "mix")
 METHODS = OBJECTIVE_METHODS | {"whiten": (WHITEN_METHOD,), "mix": ("mix",)}
 STAGE_LR = {"mirror": 1e-4, "joint": 3e-4, "flow": 3e-4, "supervised": 2e-5, "mix": 1e-4}  # whiten: no optimiser
@@ -177,14 +187,32 @@ def build_parser() -> cli.ArgumentParser:
 def parse(argv=None) -> PretrainConfig:
     """The run of ``argv``, resolved (see the module's docstring)."""
     parser = build_parser()
-    config = PretrainConfig(**vars(cli.parse_args(parser, argv, upgrade=upgrade_saved))).on_device()
-    given = cli.given_flags(parser, argv)
+    config = PretrainConfig(**vars(cli.parse_args(parser, argv, upgrade=upgrade_saved)))
+    return resolve(config, cli.given_flags(parser, argv), cli.command_line("run_pretrain.py", argv))
+
+
+def resolve(config: PretrainConfig, given: set[str], command: str | None = None) -> PretrainConfig:
+    """``config`` (its fields as a caller set them; ``given``: the names it set, which a preset or an
+    --init run does not override) resolved as ``parse`` resolves a command line: what another
+    command that runs a pretraining stage (GPL's training step) calls with the config it builds.
+    ``command``: the command line config.json records."""
     config = config.replace(**(saved_preset(config) if config.resume else preset_values(config, given)))
-    config = config.replace(**data_from_init(config, given, parser), command=cli.command_line("run_pretrain.py", argv))
+    config = config.replace(**data_from_init(config, given), command=command)
     check_world(config)
-    config = config.replace(**stage_defaults(config))
+    config = config.replace(**stage_defaults(config, given | set(config.preset_values)))
     check(config)
-    return config.replace(out_dir=config.out_dir or runs.default_out_dir(config.stage, config.method))
+    classes = run_objectives(config)
+    return config.resolved((config.stage, config.method), classes[0].no_duplicates if len(classes) == 1 else None)
+
+
+def resumed(run_dir, command: str | None = None, /, **changes) -> PretrainConfig:
+    """--resume from Python, as ``run_pretrain.py --resume --out-dir RUN_DIR`` resolves it: the run
+    in ``run_dir`` with the settings it was started with (its config.json's flags), ``changes``
+    (where and how it runs now: device, progress, ...) over them."""
+    flags = {f.name for f in fields(PretrainConfig) if f.metadata.get("cli")}
+    saved = {k: v for k, v in upgrade_saved(cli.saved_settings(run_dir)).items() if k in flags}
+    config = PretrainConfig(**saved | changes | {"out_dir": str(run_dir), "resume": True})
+    return resolve(config, set(changes) | {"out_dir", "resume"}, command)
 
 
 def upgrade_saved(saved: dict) -> dict:
@@ -213,7 +241,7 @@ def preset_values(config: PretrainConfig, given: set[str]) -> dict:
                      "preset_warmup": preset.warmup if "warmup_steps" not in given else None}
 
 
-def data_from_init(config: PretrainConfig, given: set[str], parser) -> dict:
+def data_from_init(config: PretrainConfig, given: set[str]) -> dict:
     """With --init RUN (a run directory or its best/ checkpoint), RUN's data settings (RUN_DATA, from
     its config.json) where the command line gives none, so the README's stage-2 command needs none;
     --corpus or --corpus-from-tasks keeps both of RUN's out. Says on stderr what it took."""
@@ -225,7 +253,7 @@ def data_from_init(config: PretrainConfig, given: set[str], parser) -> dict:
     if not {"corpus", "corpus_from_tasks"} <= missing or config.corpus_words or config.corpus_words_file:
         missing -= {"corpus", "corpus_from_tasks"}
     taken = {k: settings[k] for k in RUN_DATA
-             if k in missing and k in settings and settings[k] != parser.get_default(k)}
+             if k in missing and k in settings and settings[k] != default(k)}
     if taken:
         flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in taken.items())
         print(f"note: --init {run_dir}: its data, as no flag here gives them: {flags}", file=sys.stderr)
@@ -239,20 +267,52 @@ def check_world(config: PretrainConfig) -> None:
                          f"processes")
 
 
-def stage_defaults(config: PretrainConfig) -> dict:
-    """The stage's defaults: its first method, its learning rate; simcse's view has no span; the
-    whitening stage has no optimiser step (config.json says what ran)."""
+def stage_defaults(config: PretrainConfig, given: set[str]) -> dict:
+    """The stage's defaults: its first method, its learning rate; simcse's views have no span (a
+    span given for it is refused: ``given``, the settings the caller set); the whitening stage has
+    no optimiser step (config.json says what ran)."""
     methods = METHODS[config.stage]
     method = config.method or methods[0]
     if method not in methods:
         raise UsageError(f"--method {method!r} is not a method of --stage {config.stage} "
                          f"(choose from {', '.join(methods)})")
     changes = {"method": method, "lr": STAGE_LR.get(config.stage) if config.lr is None else config.lr}
-    if config.stage not in ("whiten", "mix") and config.batch_sampler is None:  # a mixture's parts: each its own
-        changes["batch_sampler"] = "no-duplicates" if objective_class(config.stage, method).no_duplicates else "random"
-    if method == "simcse":
-        changes["span_cap"] = 0
+    if method == "simcse":  # --stage mirror's SimCSE objective and --stage joint's SimCSE-joint alike
+        for name, value in SIMCSE_VIEWS.items():
+            if name in given and getattr(config, name) != value:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(config, name)}: --method simcse's two views "
+                                 f"differ by dropout alone (--span-cap 0, token views); --method mirror masks a span")
+        changes |= SIMCSE_VIEWS
     return changes
+
+
+def default(name: str):
+    """The value of setting ``name`` when nothing sets it."""
+    return PretrainConfig.__dataclass_fields__[name].default
+
+
+def run_objectives(config: PretrainConfig) -> list:
+    """The objective classes the run trains: its method's, each --mix part's, none for --stage whiten."""
+    if config.stage == "whiten":
+        return []
+    if config.stage == "mix":
+        return [objective_class(stage, method) for _, stage, method, _ in config.mix_parts()]
+    return [objective_class(config.stage, config.method)]
+
+
+def check_families(config: PretrainConfig) -> None:
+    """A setting of a family (``objectives.settings``) that no objective of the run takes, set
+    anyway (a flag, a preset, a value from Python), is refused: the run would go on without it."""
+    classes = run_objectives(config)
+    taken = {family for cls in classes for family in cls.SETTINGS}
+    for family in OBJECTIVE_FAMILIES:
+        given = [name for name in family.names() if family not in taken and getattr(config, name) != default(name)]
+        if given:
+            this = (f"--stage {config.stage}" if config.stage in ("whiten", "joint", "flow") else
+                    f"--stage mix's parts ({', '.join(p[2] for p in config.mix_parts())})" if config.stage == "mix"
+                    else config.method)
+            raise UsageError(f"--{given[0].replace('_', '-')} is a setting of {', '.join(methods_taking(family))}, "
+                             f"not of {this}")
 
 
 def check(config: PretrainConfig) -> None:
@@ -268,18 +328,9 @@ def check(config: PretrainConfig) -> None:
             raise UsageError("--select-on last is for training stages: --stage whiten has one evaluation")
         if config.mini_batch_size:
             raise UsageError("--mini-batch-size is for the training stages: --stage whiten has no batches")
-    if config.stage != "joint" and config.unfreeze_encoder:
-        raise UsageError("--unfreeze-encoder is for --stage joint")
     check_mix(config)
+    check_families(config)
     cls = objective_class(config.stage, config.method) if config.stage not in ("whiten", "mix") else None
-    if config.matryoshka_dims and config.stage != "mix" and MatryoshkaSettings not in getattr(cls, "SETTINGS", ()):
-        raise UsageError(f"--matryoshka-dims is for the objectives that compare pairs of vectors "
-                         f"({MATRYOSHKA_METHODS}), not --stage {config.stage} "
-                         f"--method {config.method}")
-    if config.scale != CoSENTSettings.scale and CoSENTSettings not in getattr(cls, "SETTINGS", ()):
-        raise UsageError("--scale is for --stage supervised --method cosent|angle")
-    if config.margin_score != MarginMSESettings.margin_score and MarginMSESettings not in getattr(cls, "SETTINGS", ()):
-        raise UsageError("--margin-score is for --stage supervised --method margin-mse")
     if config.mini_batch_size and cls is not None and not cls.mini_batches:
         raise UsageError(f"--mini-batch-size is for the objectives that compare a batch's sentence vectors "
                          f"({MINI_BATCH_METHODS}); --method {config.method}'s loss is a sum over each sentence's "

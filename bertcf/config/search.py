@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .. import cli
 from ..search.index import EF_CONSTRUCTION, EF_SEARCH, HNSW_M, KINDS, RESCORE_MULTIPLIER
-from .fields import Settings, option
+from ..settings import Settings, option
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .. import runs
 from ..cli import AT_LEAST_0, AT_LEAST_1, NON_NEGATIVE, POSITIVE
+from ..settings import Settings, option
 from ..utils.precision import resolve_device, resolve_precision
 from ..utils.progress import MODES as PROGRESS_MODES
-from .fields import Settings, option
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 BATCH_SAMPLERS = ("random", "no-duplicates")
@@ -59,3 +60,25 @@ class TrainConfig(Settings):
         that supports it, else fp32): what config.json records and the run uses."""
         device = str(resolve_device(self.device))
         return self.replace(device=device, precision=resolve_precision(self.precision, device))
+
+    def resolved(self, run_name: tuple[str, str], no_duplicates: bool | None):
+        """This config with every default that depends on the machine or the objective filled in:
+        the device and precision (``on_device``), ``out_dir`` (runs/<stage>-<method>-<time>, from
+        ``run_name``), and ``batch_sampler`` (``default_batch_sampler`` of the objective's
+        ``no_duplicates``; None: a mixture, whose parts each keep their own). The one place these
+        defaults are taken: a command resolves its config with it once, and the ``Trainer`` gets
+        that config back unchanged (every field already set), or resolves a Python user's here."""
+        on_device = self.on_device()  # it checks a given device, and fills in what is not given
+        config = self if on_device == self else on_device
+        changes = {}
+        if config.out_dir is None:
+            changes["out_dir"] = runs.default_out_dir(*run_name)
+        if config.batch_sampler is None and no_duplicates is not None:
+            changes["batch_sampler"] = default_batch_sampler(no_duplicates)
+        return config.replace(**changes) if changes else config
+
+
+def default_batch_sampler(no_duplicates: bool) -> str:
+    """The data order an objective gets when none is asked for: no-duplicates for one whose in-batch
+    negatives a repeated text would make false (``Objective.no_duplicates``), else random."""
+    return "no-duplicates" if no_duplicates else "random"

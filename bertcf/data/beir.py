@@ -132,6 +132,9 @@ def load(directory, split: str = "test") -> RetrievalSet:
     if not directory.is_dir():
         raise DataError(f"{directory}: no such directory (BEIR's layout: {CORPUS}, {QUERIES}, {qrels_file(split)})")
     qrels_path = directory / qrels_file(split)
+    for path in (qrels_path, directory / QUERIES, directory / CORPUS):  # the readers' own hint names qrels/test.tsv
+        if not path.exists():
+            raise DataError(f"{path} not found (BEIR's layout: {CORPUS}, {QUERIES}, {qrels_file(split)})")
     qrels = read_qrels(qrels_path)
     queries = read_queries(directory / QUERIES)
     unknown = [q for q in qrels if q not in queries]

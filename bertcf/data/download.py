@@ -165,16 +165,15 @@ def verify_file(path: str | os.PathLike, source: Source,
 
 def _fetch(url: str, target: Path, timeout: float, progress: bool) -> None:
     """Stream ``url`` into ``target``.  Raises HTTPError, NetworkError, OSError."""
-    from tqdm import tqdm
+    from ..utils.progress import Progress, mode_of
 
     request = urllib.request.Request(url, headers={"User-Agent": "bertcf-data/1.0"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             size = response.headers.get("Content-Length")
-            with open(target, "wb") as out, tqdm(
-                total=int(size) if size and size.isdigit() else None, unit="B",
-                unit_scale=True, unit_divisor=1024, desc=target.name.removesuffix(".part"),
-                leave=False, disable=not progress,
+            with open(target, "wb") as out, Progress(
+                mode_of(progress), target.name.removesuffix(".part"),
+                int(size) if size and size.isdigit() else None, unit="B",
             ) as bar:
                 received = 0
                 while chunk := response.read(_CHUNK):

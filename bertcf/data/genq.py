@@ -79,21 +79,23 @@ def load_generator(name: str, device=None):
 
 
 def generate(passages: dict[str, str], model, tokenizer, settings: Generation = Generation(),
-             show_progress_bar: bool = True) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+             show_progress_bar=True) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """(queries {genQn: text}, qrels {genQn: {passage id: 1}}) for ``passages`` {id: text}, in the
     passages' order, each passage's distinct non-blank queries in the order drawn. The global RNG
-    is seeded with ``settings.seed`` for the draws and restored afterwards."""
+    is seeded with ``settings.seed`` for the draws and restored afterwards. ``show_progress_bar``:
+    True or a mode of ``utils.progress`` (True: a bar on a terminal, plain lines in a log)."""
     import torch
-    from tqdm.auto import tqdm
+
+    from ..utils.progress import Progress, mode_of
 
     ids, texts = list(passages), [t.strip() for t in passages.values()]
     queries, qrels = {}, {}
     n = settings.queries_per_passage
     devices = [model.device] if model.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad():
+    shown = Progress(mode_of(show_progress_bar), "genq", len(texts), unit="passage")
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), shown:
         torch.manual_seed(settings.seed)
-        for start in tqdm(range(0, len(texts), settings.batch_size), desc="genq", unit="batch",
-                          disable=not show_progress_bar):
+        for start in range(0, len(texts), settings.batch_size):
             batch = tokenizer(texts[start:start + settings.batch_size], padding=True, truncation=True,
                               return_tensors="pt").to(model.device)
             out = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], do_sample=True,
@@ -105,6 +107,7 @@ def generate(passages: dict[str, str], model, tokenizer, settings: Generation = 
                     if query:
                         key = f"{QUERY_PREFIX}{len(queries) + 1}"
                         queries[key], qrels[key] = query, {passage: 1}
+            shown.advance(len(ids[start:start + settings.batch_size]))
     if not queries:
         raise DataError("the generator wrote no query that is not blank")
     return queries, qrels

@@ -109,33 +109,6 @@ def beir_pairs(directory, split: str) -> tuple[list[str], list[str], list[str]]:
 
 
 # ---- the search -------------------------------------------------------------------------------------
-def nearest(queries: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` highest scores of each query row against the corpus rows (dot products: unit vectors
-    give cosines) and their corpus indices, [q, k] each, best first; computed ``chunk`` queries
-    against ``chunk`` corpus rows at a time, the running best kept, so memory stays O(chunk^2 + q k).
-    A corpus of fewer than k rows pads with -inf and index -1."""
-    import torch
-
-    scores_out, indices_out = [], []
-    for q0 in range(0, len(queries), chunk):
-        q = queries[q0:q0 + chunk]
-        best_s = q.new_full((len(q), 0), float("-inf"))
-        best_i = torch.empty(len(q), 0, dtype=torch.long)
-        for c0 in range(0, len(corpus), chunk):
-            s = q @ corpus[c0:c0 + chunk].T
-            both_s = torch.cat([best_s, s], dim=1)
-            both_i = torch.cat([best_i, torch.arange(c0, c0 + s.shape[1]).expand(len(q), -1)], dim=1)
-            best_s, pos = torch.topk(both_s, min(k, both_s.shape[1]), dim=1)
-            best_i = both_i.gather(1, pos)
-        if best_s.shape[1] < k:
-            pad = k - best_s.shape[1]
-            best_s = torch.cat([best_s, best_s.new_full((len(q), pad), float("-inf"))], dim=1)
-            best_i = torch.cat([best_i, best_i.new_full((len(q), pad), -1)], dim=1)
-        scores_out.append(best_s)
-        indices_out.append(best_i)
-    return torch.cat(scores_out), torch.cat(indices_out)
-
-
 def mine(queries: list[str], positives: list[str], corpus: list[str] | None, embed,
          settings: Mining = Mining()) -> list[tuple[str, str, str]]:
     """(anchor, positive, negative) rows: for each (query, positive) pair (a query with several
@@ -144,6 +117,8 @@ def mine(queries: list[str], positives: list[str], corpus: list[str] | None, emb
     ``corpus``: the candidates besides the positives (None: the positives alone). ``embed(texts)``:
     their unit vectors [n, D]. A query whose candidates the filters exhaust gets fewer rows."""
     import torch
+
+    from ..utils.topk import nearest
 
     corpus = list(dict.fromkeys((corpus or []) + positives))
     where = {text: i for i, text in enumerate(corpus)}

@@ -54,14 +54,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
-
 from ..runs import resolve_encoder_path
 from ..search.index import KINDS, RESCORE_MULTIPLIER
-from .cross import pair_relevance
+from ..utils.progress import Progress, mode_of
+from ..utils.topk import TopK
 
 SCORES = ("cos", "dot")
 ENCODE_SLICE = 4096  # texts encoded at once (each call sorts its texts by length), between progress updates
+RERANK_PAIRS = 1024  # (query, document) pairs a reranking scores at once, at least a query's (between progress updates)
 
 
 def model_score(path) -> str:
@@ -74,40 +74,6 @@ def model_score(path) -> str:
     except (ValueError, OSError, AttributeError):
         name = None
     return {"dot": "dot", "dot_product": "dot"}.get(name, "cos")
-
-
-class TopK:
-    """Each query's best ``k`` documents so far, ranked by score, then by position (the corpus is
-    searched in id order, so a lower position is a lower id). ``values``/``indices``: [queries, k];
-    unfilled places hold -inf and -1."""
-
-    def __init__(self, queries: int, k: int):
-        self.k = k
-        self.values = torch.full((queries, k), -math.inf)
-        self.indices = torch.full((queries, k), -1, dtype=torch.long)
-
-    def _chunk_best(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k best of each row of ``scores`` [q, c], ties at the k-th score resolved toward lower
-        columns (torch.topk picks among them arbitrarily)."""
-        k = min(self.k, scores.shape[1])
-        values, indices = torch.topk(scores, k, dim=1)
-        tied = (scores >= values[:, -1:]).sum(1) > k
-        if tied.any():
-            exact_values, exact = torch.sort(scores[tied], dim=1, descending=True, stable=True)
-            values[tied], indices[tied] = exact_values[:, :k], exact[:, :k]
-        return values, indices
-
-    def update(self, first: int, scores: torch.Tensor, offset: int) -> None:
-        """Merge the scores [q, c] of queries ``first``.. against the documents at ``offset``.."""
-        values, indices = self._chunk_best(scores)
-        rows = slice(first, first + scores.shape[0])
-        values = torch.cat([self.values[rows], values], dim=1)
-        indices = torch.cat([self.indices[rows], indices + offset], dim=1)
-        # by position first, then stably by score: equal scores keep the lower position first
-        by_position = torch.argsort(torch.where(indices < 0, torch.iinfo(torch.long).max, indices), dim=1, stable=True)
-        values, indices = values.gather(1, by_position), indices.gather(1, by_position)
-        by_score = torch.argsort(values, dim=1, descending=True, stable=True)[:, :self.k]
-        self.values[rows], self.indices[rows] = values.gather(1, by_score), indices.gather(1, by_score)
 
 
 def ranking_metrics(ranked: list[list[str]], qrels: list[dict[str, int]], ndcg_at=(10,), mrr_at=(10,),
@@ -188,8 +154,8 @@ class RetrievalEvaluator:
         position = {d: i for i, d in enumerate(self.corpus_ids)} if self.ignore_identical_ids else {}
         own = torch.tensor([position.get(q, -1) for q in self.query_ids], dtype=torch.long)
         top = TopK(len(self.queries), k)
-        bar = tqdm(total=len(self.queries) + len(self.corpus), desc=f"{self.name}: queries + corpus encoded",
-                   unit="text", disable=not show_progress_bar)
+        bar = Progress(mode_of(show_progress_bar), f"{self.name}: queries + corpus encoded",
+                       len(self.queries) + len(self.corpus), unit="text")
         started, index = time.perf_counter(), 0.0
         with bar:
             queries = self._vectors(encode, self.queries, bar)
@@ -217,8 +183,8 @@ class RetrievalEvaluator:
         k = depth or self.depth()
         settings = dict(self.index_settings)
         multiplier = settings.pop("rescore_multiplier", RESCORE_MULTIPLIER)
-        bar = tqdm(total=len(self.queries) + len(self.corpus), desc=f"{self.name}: queries + corpus encoded",
-                   unit="text", disable=not show_progress_bar)
+        bar = Progress(mode_of(show_progress_bar), f"{self.name}: queries + corpus encoded",
+                       len(self.queries) + len(self.corpus), unit="text")
         started = time.perf_counter()
         with bar, tempfile.TemporaryDirectory(prefix="bertcf-retrieval-") as tmp:
             queries = self._vectors(encode, self.queries, bar).numpy()
@@ -246,15 +212,25 @@ class RetrievalEvaluator:
         """Each query's ranked document ids after reranking its first ``depth`` of ``positions``
         (see the module's docstring): ``score_pairs(list of (query, document) texts) -> [n]``
         scores, a block of queries at a time."""
-        ranked = []
-        for first in tqdm(range(0, len(self.queries), self.query_block), desc=f"{self.name}: queries reranked",
-                          unit="block", disable=not show_progress_bar):
-            heads = positions[first:first + self.query_block]
-            pairs = [(self.queries[first + q], self.corpus[i]) for q, head in enumerate(heads) for i in head[:depth]]
-            scores = score_pairs(pairs) if pairs else torch.empty(0)
-            for head, part in zip(heads, scores.split([len(h[:depth]) for h in heads])):
-                order = torch.argsort(part, descending=True, stable=True).tolist()
-                ranked.append([self.corpus_ids[head[j]] for j in order] + [self.corpus_ids[i] for i in head[depth:]])
+        ranked, blocks, first = [], [], 0
+        while first < len(self.queries):  # whole queries, about RERANK_PAIRS pairs a block
+            last, pairs = first, 0
+            while last < len(self.queries) and (last == first or pairs + len(positions[last][:depth]) <= RERANK_PAIRS):
+                pairs, last = pairs + len(positions[last][:depth]), last + 1
+            blocks.append((first, last, pairs))
+            first = last
+        with Progress(mode_of(show_progress_bar), f"{self.name}: rerank", sum(b[2] for b in blocks),
+                      unit="pair") as shown:
+            for first, last, _ in blocks:
+                heads = positions[first:last]
+                pairs = [(self.queries[first + q], self.corpus[i]) for q, head in enumerate(heads)
+                         for i in head[:depth]]
+                scores = score_pairs(pairs) if pairs else torch.empty(0)
+                for head, part in zip(heads, scores.split([len(h[:depth]) for h in heads])):
+                    order = torch.argsort(part, descending=True, stable=True).tolist()
+                    ranked.append([self.corpus_ids[head[j]] for j in order] +
+                                  [self.corpus_ids[i] for i in head[depth:]])
+                shown.advance(len(pairs))
         return ranked
 
     def __call__(self, encode, show_progress_bar: bool = False, rerank=None, rerank_top: int = 100) -> dict:
@@ -291,9 +267,9 @@ def evaluate_retrieval(encoder, data, name: str, score: str, batch_size: int = 6
     ``normalized`` (whether the encoder returns unit vectors: then cos and dot are the same).
     ``settings``: RetrievalEvaluator's (``index``, ``index_settings``, the cut-offs, ...);
     ``reranker``: a cross-encoder that reranks each query's ``rerank_top`` (its relevance, as
-    ``evaluation.cross.pair_relevance``, ``batch_size`` pairs at a time)."""
+    ``CrossEncoder.relevance``, ``batch_size`` pairs at a time)."""
     evaluator = RetrievalEvaluator(name, data, score=score, **settings)
-    rerank = None if reranker is None else lambda pairs: pair_relevance(reranker, pairs, batch_size)
+    rerank = None if reranker is None else lambda pairs: reranker.relevance(pairs, batch_size)
     result = evaluator(lambda texts: encoder.encode(texts, batch_size=batch_size), show_progress_bar, rerank,
                        rerank_top)
     return {"dir": name} | result | {"normalized": bool(encoder.normalize)}

@@ -13,7 +13,7 @@ from ..backend import is_onnx_export, load_onnx
 from ..cli import check_truncate_dim
 from ..data import beir
 from ..errors import UsageError
-from ..models.cross_encoder import CrossEncoder, is_cross_encoder
+from ..models.cross_encoder import load_cross_encoder
 from ..models.encoder import SentenceEncoder
 from ..search.index import import_faiss, set_threads
 from ..utils import environment, progress
@@ -67,14 +67,7 @@ def run(config) -> dict:
     encoder.truncate_dim = config.truncate_dim  # every task encodes through encode(): scored at that width
     reranker = None
     if config.rerank:  # loaded before any encoding: a name that cannot be loaded stops the run at once
-        if not is_cross_encoder(config.rerank):  # a plain BERT would load with an untrained classifier
-            raise UsageError(f"--rerank {config.rerank} is not a cross-encoder (a ...ForSequenceClassification "
-                             f"checkpoint, as python -m bertcf.cross train writes)")
-        reranker = CrossEncoder.from_pretrained(config.rerank).to(device)
-        reranker.precision = encoder.precision
-        if reranker.num_labels > 2:
-            raise UsageError(f"--rerank {config.rerank}: a cross-encoder of {reranker.num_labels} classes gives no "
-                             f"relevance score (one label, or two with label 1 the relevant pairs', does)")
+        reranker = load_cross_encoder(config.rerank, "--rerank", device, precision=encoder.precision)
     show = _show_progress(config)
     result = evaluate(encoder, config.senteval_dir, tasks, config.mode, config.batch_size, config.max_length,
                       show_progress_bar=show, mrpc_features=config.mrpc_features, probe=config.probe,
@@ -111,8 +104,10 @@ def _finish(config, result: dict, device, precision) -> dict:
     return result
 
 
-def _show_progress(config) -> bool:
-    return not config.no_progress and progress.resolve("auto") == "bar"
+def _show_progress(config) -> str:
+    """The progress mode of every long step: a bar on a terminal, plain lines in a log, none with
+    --no-progress."""
+    return "none" if config.no_progress else "auto"
 
 
 def _onnx_encoder(config):
@@ -157,4 +152,5 @@ def _run_mteb(config, encoder, tasks) -> dict:
     model = MtebModel(encoder, f"bertcf/{Path(str(config.encoder)).name}", score,
                       max_lengths={"STS": config.max_length or positions}, truncate_dim=config.truncate_dim,
                       framework="ONNX" if onnx else "PyTorch")
-    return {"mteb": evaluate_mteb(model, tasks, config.batch_size, _show_progress(config))}
+    bars = _show_progress(config) != "none" and progress.resolve("auto") == "bar"  # mteb's own bars: a terminal's
+    return {"mteb": evaluate_mteb(model, tasks, config.batch_size, bars)}

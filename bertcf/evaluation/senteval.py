@@ -23,10 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ..data import senteval as se
 from ..errors import DataError, UsageError
+from ..utils.progress import track
 from .bootstrap import percentile_interval
 from .evaluators import (
     INNER_KFOLD_GRID,
@@ -214,7 +214,7 @@ def evaluate(encoder, senteval_dir, tasks="sts", mode: str = "test", batch_size:
 def _score(evaluators, embed, result: dict, pair_scores: bool, show_progress_bar: bool) -> None:
     """Run the evaluators on the cached vectors (``embed``) and fill ``result`` in."""
     replicates = []
-    for evaluator in tqdm(evaluators, desc="tasks", disable=not show_progress_bar, unit="task"):
+    for evaluator in track(evaluators, "tasks", show_progress_bar, unit="task"):
         started = time.perf_counter()
         scores = evaluator(embed)
         result["seconds"][evaluator.name] = time.perf_counter() - started

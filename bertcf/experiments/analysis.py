@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from ..data.tasks import read_qqp, read_sst, read_sts, task_file
-from ..evaluation.multitask import prediction_file
+from ..multitask.evaluation import prediction_file
 from ..utils.files import atomic_path, save_dir_atomic
 from .published import REPORT_ANALYSIS
 from .results import read_predictions

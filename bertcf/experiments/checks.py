@@ -13,7 +13,7 @@ from ..data.words import word_similarity_files
 from ..errors import DataError, UsageError
 from ..runs import ENVIRONMENT_FILE, STATE_FILE
 from ..utils.files import recover_dir
-from .planned import MARKER, PlannedRun, read_json
+from .planned import MARKER, PlannedRun, pretraining_config, read_json
 
 #: What a run directory of this command may hold (anything else: files it did not write).
 RUN_ENTRIES = {"config.json", ENVIRONMENT_FILE, "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json",
@@ -110,15 +110,16 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
 
 
 def validate_flags(task: PlannedRun) -> None:
-    """Parse a run's command line with its own parser (a pretraining's settings resolved and checked
-    as its command does, its notes not shown)."""
-    from ..config import multitask, pretrain
+    """A pretraining's config built and resolved now as it will be run (``planned.pretraining_config``:
+    its settings checked as its command checks them, its notes not shown); a fine-tuning's command
+    line parsed with its own parser."""
+    from ..multitask import config as multitask
 
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
             if task.kind == "pretraining":
-                pretrain.parse(task.argv)
+                pretraining_config(task)
             else:
                 multitask.build_parser().parse_args(task.argv)
     except SystemExit:

@@ -53,11 +53,10 @@ def run_one(plan: Plan, task: PlannedRun) -> None:
               "started": task.marker.get("started", now()) if task.state == "resume" else now(),
               "wall_s": task.marker.get("wall_s", 0.0) if task.state == "resume" else 0.0}
     write_json_atomic(task.dir / MARKER, marker)
-    argv = task.argv + (["--resume"] if task.state == "resume" else [])
     what = f"{task.label} ({plan.rel(task.dir)})"
     tick = time.perf_counter()
     try:
-        result = run_planned(task.kind, argv)
+        result = run_planned(task)
     except SystemExit as e:
         if e.code not in (0, None):
             raise UsageError(f"{what}: the run stopped with exit status {e.code}") from None

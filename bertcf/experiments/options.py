@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, ArgumentParser, add_renamed_flags
@@ -125,12 +126,58 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
-def parse_args(argv=None):
-    """Parse flags; the settings of SUITE_KEYS not given default to OUT/suite.json's."""
+@dataclass(frozen=True)
+class Options:
+    """The command's settings, resolved once by ``parse_args`` (its flags; the ones not given from
+    OUT/suite.json) and then only read, by the plan, the runs and the report: one field per flag,
+    and what the flags give once parsed."""
+
+    command: str
+    model: str            # with mlm-base, distill (and supervised --config): the MLM base's best/
+    data_dir: str
+    out_dir: str
+    corpus: str | None
+    corpus_from_tasks: bool
+    max_sentences: int | None
+    steps_scale: float
+    finetune_steps_scale: float | None
+    eval_every: int | None
+    max_train_examples: int | None
+    max_length: int
+    eval_max_length: int | None
+    seed: int
+    seeds: list | None
+    device: str | None
+    pretrain_args: str
+    finetune_args: str
+    rows: str | None
+    preset: str
+    no_finetune: bool
+    max_analysis_pairs: int
+    qualitative_pairs: int
+    dry_run: bool
+    config: str | None
+    mlm_steps: int
+    mlm_args: str
+    lexical_dir: str | None
+    nli: str | None
+    teacher: str | None
+    senteval_dir: str | None
+    transfer: bool
+    saved_settings: dict | None = None  # OUT/suite.json's settings, when OUT has them
+    nli_list: list = field(default_factory=list)  # --nli's files
+    pretrain_args_list: list = field(default_factory=list)  # --pretrain-args, --finetune-args, --mlm-args as words
+    finetune_args_list: list = field(default_factory=list)
+    mlm_args_list: list = field(default_factory=list)
+
+
+def parse_args(argv=None) -> Options:
+    """The command's ``Options``: its flags; the settings of SUITE_KEYS not given default to
+    OUT/suite.json's."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    saved = None
     suite = Path(args.out_dir) / SUITE_FILE
-    args.saved_settings = None
     if suite.is_file():
         try:
             saved = json.loads(suite.read_text())["settings"]
@@ -139,7 +186,6 @@ def parse_args(argv=None):
             raise UsageError(f"{suite} is not a settings file written by this command") from None
         parser.set_defaults(**{k: v for k, v in saved.items() if k in SUITE_KEYS})
         args = parser.parse_args(argv)
-        args.saved_settings = saved
     if args.corpus and args.corpus_from_tasks:
         raise UsageError("give either --corpus or --corpus-from-tasks, not both")
     if args.command == "lexical" and not args.lexical_dir:
@@ -148,15 +194,17 @@ def parse_args(argv=None):
         raise UsageError(f"{args.command} needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
     if args.command == "distill" and not args.teacher:
         raise UsageError("distill needs --teacher DIR|NAME (the encoder the student learns from)")
-    if starts_from_base(args):  # every row starts from the MLM base (an absolute path: the same before and after it exists)
-        args.model = str((Path(args.out_dir) / "stages" / MLM_BASE.name / "best").resolve())
-    args.nli_list = [f.strip() for f in (args.nli or "").split(",") if f.strip()]
+    words = {}
     for name in ("pretrain_args", "finetune_args", "mlm_args"):
         try:
-            setattr(args, name + "_list", shlex.split(getattr(args, name)))
+            words[name + "_list"] = shlex.split(getattr(args, name))
         except ValueError as e:
             raise UsageError(f"--{name.replace('_', '-')}: {e}") from None
-    return args
+    # every row starts from the MLM base (an absolute path: the same before and after it exists)
+    model = str((Path(args.out_dir) / "stages" / MLM_BASE.name / "best").resolve()) if starts_from_base(args) \
+        else args.model
+    return Options(**vars(args) | words | {"model": model, "saved_settings": saved,
+                                           "nli_list": [f.strip() for f in (args.nli or "").split(",") if f.strip()]})
 
 
 def starts_from_base(args) -> bool:

@@ -32,6 +32,12 @@ from .rows import (
     steps_for,
 )
 
+def flag_words(values: dict) -> list[str]:
+    """``values`` as a command's flags, for the command line a run shows and records."""
+    return [word for name, value in values.items()
+            for word in ([f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)]))]
+
+
 class Plan:
     """What one command trains: its rows, every pretraining and fine-tuning run (``pretraining_runs``,
     ``finetune_runs``, each inspected on disk) and their checks, before anything runs."""
@@ -145,28 +151,10 @@ class Plan:
         else:
             steps = steps_for(spec.stage, a.steps_scale)
         flags = mlm_base_flags(steps) + a.mlm_args_list if is_base else list(spec.flags) + self.data_flags(spec, steps)
-        argv = ["--stage", spec.stage, "--method", spec.method]
-        if spec.init:
-            argv += ["--init", str(self.pretraining_dir(spec.init, seed) / "best")]
         out = self.pretraining_dir(spec.name, seed)
-        argv += self._common(model, seed) + ["--out-dir", str(out)]
-        if spec.preset:  # the preset sets the length (its epochs of the data) and the max length
-            argv += ["--preset", spec.preset]
-            steps = None
-        elif spec.stage == "whiten":  # a closed-form fit: no steps, no training length
-            pass
-        else:
-            argv += ["--steps", str(steps), "--max-length", str(a.max_length)]
+        values = self.pretraining_values(spec, seed, model, steps, out)
+        words = flags + a.pretrain_args_list  # the row's flags and the user's: words, which run_pretrain.py parses
         corpus = spec.reads_corpus  # not a lexical encoder's word list, nor labelled pairs (--train-file)
-        if a.corpus and corpus:
-            argv += ["--corpus", a.corpus]
-        if a.corpus_from_tasks and corpus:
-            argv += ["--corpus-from-tasks"]
-        if a.max_sentences and corpus:
-            argv += ["--max-sentences", str(a.max_sentences)]
-        if a.eval_max_length:
-            argv += ["--eval-max-length", str(a.eval_max_length)]
-        argv += flags + a.pretrain_args_list
         settings = {"stage": spec.stage, "method": spec.method, "init": spec.init or "--model",
                     "model": abs_if_path(model), "data_dir": abs_if_path(a.data_dir), "steps": steps,
                     "eval_every": a.eval_every, "seed": seed,
@@ -186,7 +174,26 @@ class Plan:
                   else f"--preset {spec.preset} ({epochs:g} epoch{'s' if epochs != 1 else ''})" if spec.preset
                   else "closed form, no steps" if spec.stage == "whiten" else f"{steps} steps")
         description = f"{spec.stage} stage{method}{shown} from {start} -> {self.rel(out)}, {length} ({spec.what})"
-        return PlannedRun("pretraining", label, out, argv, settings, description, seed=seed, spec=spec)
+        return PlannedRun("pretraining", label, out, flag_words(values) + words, settings, description, seed=seed,
+                          spec=spec, values=values, words=words)
+
+    def pretraining_values(self, spec: Pretraining, seed: int, model: str, steps: int | None, out: Path) -> dict:
+        """The settings the plan gives a pretraining (``PretrainConfig``'s fields, typed), in the order
+        its command line shows them: the run is built from them (``planned.pretraining_config``)."""
+        a = self.args
+        values = {"stage": spec.stage, "method": spec.method}
+        if spec.init:
+            values["init"] = str(self.pretraining_dir(spec.init, seed) / "best")
+        values |= {"model": model, "data_dir": str(a.data_dir), "seed": seed}
+        values |= {k: v for k, v in (("eval_every", a.eval_every), ("device", a.device)) if v} | {"out_dir": str(out)}
+        if spec.preset:  # the preset sets the length (its epochs of the data) and the max length
+            values["preset"] = spec.preset
+        elif spec.stage != "whiten":  # a closed-form fit: no steps, no training length
+            values |= {"steps": steps, "max_length": a.max_length}
+        corpus = ("corpus", a.corpus), ("corpus_from_tasks", a.corpus_from_tasks), ("max_sentences", a.max_sentences)
+        values |= {k: v for k, v in corpus if v and spec.reads_corpus}
+        values |= {"eval_max_length": a.eval_max_length} if a.eval_max_length else {}
+        return values
 
     def data_flags(self, spec: Pretraining, steps: int | None) -> list[str]:
         """A supervised pretraining's data and teacher: --train-file of the NLI files (sbert-nli,
@@ -204,18 +211,19 @@ class Plan:
         a = self.args
         steps = steps_for("multitask", self.ft_scale)
         out = self.finetune_dir(row, seed)
-        argv = ["--encoder", self.encoder_of(row, seed)] + self._common(self.args.model, seed)[2:] + [
-            "--out-dir", str(out), "--steps", str(steps)]
-        if a.max_train_examples:
-            argv += ["--max-train-examples", str(a.max_train_examples)]
-        argv += a.finetune_args_list
+        values = {"encoder": self.encoder_of(row, seed), "data_dir": str(a.data_dir), "seed": seed}
+        values |= {k: v for k, v in (("eval_every", a.eval_every), ("device", a.device)) if v}
+        values |= {"out_dir": str(out), "steps": steps}
+        values |= {"max_train_examples": a.max_train_examples} if a.max_train_examples else {}
+        words = list(a.finetune_args_list)  # the user's: words, which run_multitask.py parses
+        argv = flag_words(values) + words
         settings = {"encoder": row.pretraining or "--model", "model": abs_if_path(a.model),
                     "data_dir": abs_if_path(a.data_dir), "steps": steps, "eval_every": a.eval_every,
                     "seed": seed, "max_train_examples": a.max_train_examples, "extra_args": a.finetune_args_list}
         source = self.rel(self.pretraining_dir(row.pretraining, seed)) if row.pretraining else "--model"
         description = f"multitask fine-tuning of {source} -> {self.rel(out)}, {steps} steps"
         return PlannedRun("finetune", self.labelled(row.name, seed), out, argv, settings, description, seed=seed,
-                          row=row, depends=self.source_run(row, seed))
+                          row=row, depends=self.source_run(row, seed), values=values, words=words)
 
     def runs(self) -> list[PlannedRun]:
         """Every pretraining and fine-tuning run of every seed as a PlannedRun (inspected on disk);

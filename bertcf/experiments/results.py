@@ -13,8 +13,8 @@ from ..data.tasks import read_qqp, read_sst, read_sts, task_file
 from ..data.words import word_similarity_files
 from ..evaluation import bootstrap
 from ..evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
-from ..models.multitask import renamed_from_para
-from ..evaluation.multitask import prediction_file
+from ..multitask.evaluation import prediction_file
+from ..multitask.model import renamed_from_para
 from ..utils.files import write_json_atomic
 from .plan import Plan
 from .planned import abs_if_path, read_json
@@ -22,8 +22,8 @@ from .rows import Row
 
 PROBE = "senteval"  # the transfer tasks' probe (bertcf.evaluate's default): SentEval's own
 
-#: Our key -> its name in run_multitask.py's metrics.json (evaluation.multitask.METRICS and
-#: evaluation.multitask.SELECTION_METRIC).
+#: Our key -> its name in run_multitask.py's metrics.json (each task's ``Task.metric_key`` and
+#: multitask.evaluation.SELECTION_METRIC).
 FINETUNE_METRICS = {"sst_accuracy": "sst_acc", "qqp_accuracy": "qqp_acc", "sts_pearson": "sts_pearson",
                     "mean_dev": "mean_dev"}
 

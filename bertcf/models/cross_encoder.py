@@ -26,11 +26,22 @@ import torch.nn as nn
 from minbert import BertConfig, BertModel, CheckpointError, load_tokenizer, pad_batch
 from minbert.model import load_state_dict_file, resolve_checkpoint
 
-from ..data.multitask import tokenize_pairs  # the tokenizer's pair encoding, as sentence-transformers calls it
 from ..errors import UsageError
 from ..runs import resolve_encoder_path
 from ..utils.files import save_tensors_atomic, write_json_atomic
+from ..utils.hub import load_failure
 from ..utils.precision import autocast
+from ..utils.progress import Progress, mode_of
+
+
+def tokenize_pairs(tokenizer, first, second, max_length: int) -> tuple[list[list[int]], list[list[int]]]:
+    """``[CLS] a [SEP] b [SEP]`` ids and token types (0 for a, 1 for b), the longer text cut first:
+    the tokenizer's pair encoding, as sentence-transformers' CrossEncoder calls it (stage 3's
+    jointly encoded pairs use it too)."""
+    encoded = tokenizer(list(first), list(second), truncation="longest_first", max_length=max_length,
+                        return_token_type_ids=True, return_attention_mask=False)
+    return encoded["input_ids"], encoded["token_type_ids"]
+
 
 logger = logging.getLogger("bertcf.cross")
 
@@ -120,9 +131,11 @@ class CrossEncoder(nn.Module):
         pairs, _ = as_pairs(pairs)
         return tokenize_pairs(self.tokenizer, [p[0] for p in pairs], [p[1] for p in pairs], self.max_length)
 
-    def logits(self, pairs, batch_size: int = 32, precision: str | None = None) -> torch.Tensor:
+    def logits(self, pairs, batch_size: int = 32, precision: str | None = None, show_progress_bar=False,
+               name: str = "score") -> torch.Tensor:
         """The logits [n, num_labels] of ``pairs`` (two-text tuples), float32 on the CPU, in input
-        order; in eval mode, pairs of similar length batched together."""
+        order; in eval mode, pairs of similar length batched together. ``show_progress_bar`` (True or
+        a mode of ``utils.progress``): the pairs scored so far and the time left, as ``name``."""
         pairs, _ = as_pairs(pairs)
         if not pairs:
             return torch.empty(0, self.num_labels)
@@ -131,7 +144,7 @@ class CrossEncoder(nn.Module):
         was_training, device, chunks = self.training, self.device, []
         self.eval()
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), Progress(mode_of(show_progress_bar), name, len(order), unit="pair") as shown:
                 for start in range(0, len(order), batch_size):
                     rows = order[start:start + batch_size]
                     input_ids, token_types, mask = pad_pairs([ids[i] for i in rows], [types[i] for i in rows],
@@ -140,6 +153,7 @@ class CrossEncoder(nn.Module):
                         out = self(input_ids.to(device), mask.to(device), token_types.to(device),
                                    num_tokens=int(mask.sum()))
                     chunks.append(out.float().cpu())
+                    shown.advance(len(rows))
         finally:
             self.train(was_training)
         logits = torch.empty(len(ids), self.num_labels)  # outside inference mode: an ordinary tensor
@@ -161,6 +175,27 @@ class CrossEncoder(nn.Module):
         elif apply_softmax:
             scores = torch.softmax(scores, dim=1)
         return scores[0] if single else scores
+
+    def relevance(self, pairs, batch_size: int = 32, show_progress_bar=False, name: str = "score") -> torch.Tensor:
+        """The log-odds [n] float32 that each pair (two-text tuples) is similar, relevant or a
+        duplicate: the one logit, or of two the logit of label 1 less label 0's. Monotone in the
+        probability (its sigmoid), but never saturated (a sigmoid rounds every logit above 17 to 1 in
+        float32): what reranking sorts by, and CE in GPL's margins CE(q, pos) - CE(q, neg). A
+        classifier of more than two labels gives none: a UsageError."""
+        if self.num_labels > 2:
+            raise UsageError(f"a cross-encoder of {self.num_labels} classes gives no similarity score (one label, "
+                             f"or two with label 1 the similar pairs', does)")
+        logits = self.logits(pairs, batch_size, show_progress_bar=show_progress_bar, name=name)
+        return logits[:, 0] if self.num_labels == 1 else logits[:, 1] - logits[:, 0]
+
+    def margins(self, rows, batch_size: int = 32, show_progress_bar=False) -> list[tuple[str, str, str, float]]:
+        """(query, positive, negative, CE(query, positive) - CE(query, negative)) of each row of ``rows``
+        (query, positive, negative), in order, CE the :meth:`relevance` (GPL's pseudo labels, Wang et al.
+        2022, section 3); each distinct (query, passage) pair is scored once."""
+        pairs = list(dict.fromkeys([(q, p) for q, p, _ in rows] + [(q, n) for q, _, n in rows]))
+        scores = self.relevance(pairs, batch_size, show_progress_bar, name="margins").tolist()
+        score = dict(zip(pairs, scores))
+        return [(q, p, n, score[q, p] - score[q, n]) for q, p, n in rows]
 
     # ---- checkpoints -------------------------------------------------------------------
     def save_pretrained(self, directory) -> None:
@@ -214,6 +249,26 @@ class CrossEncoder(nn.Module):
                 why = " ".join(str(e).split())[:160]
                 raise CheckpointError(f"{name_or_path}: its classifier does not fit ({why})") from None
         return model
+
+
+def load_cross_encoder(name_or_path, flag: str, device=None, max_length: int | None = None,
+                       precision: str | None = None) -> CrossEncoder:
+    """The cross-encoder of ``flag`` (``--rerank``, ``--cross-encoder``) that scores relevance: a
+    sequence classifier of one or two labels, on ``device``. A plain BERT or sentence encoder (it would
+    load with an untrained classifier), a classifier of more labels, or what cannot be loaded is a
+    UsageError or CheckpointError in one line naming it."""
+    try:
+        if not is_cross_encoder(name_or_path):
+            raise UsageError(f"{flag} {name_or_path} is not a cross-encoder (a ...ForSequenceClassification "
+                             f"checkpoint, as python -m bertcf.cross train writes)")
+        model = CrossEncoder.from_pretrained(name_or_path, max_length=max_length)
+    except CheckpointError as error:
+        raise load_failure(flag, name_or_path, error) from None
+    if model.num_labels > 2:
+        raise UsageError(f"{flag} {name_or_path}: a cross-encoder of {model.num_labels} classes gives no relevance "
+                         f"score (one label, or two: not relevant, relevant)")
+    model.precision = precision
+    return model.to(device) if device is not None else model
 
 
 def is_cross_encoder(name_or_path) -> bool:

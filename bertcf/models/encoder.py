@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from tqdm.auto import tqdm
 
 from minbert import BertModel, CheckpointError, load_tokenizer, pad_batch, tokenize
 
@@ -22,6 +21,7 @@ from ..errors import UsageError
 from ..runs import resolve_encoder_path
 from ..utils.files import atomic_path, write_json_atomic
 from ..utils.precision import autocast
+from ..utils.progress import Progress, mode_of
 from . import st_format
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
@@ -57,11 +57,14 @@ def pool(last_hidden_state, attention_mask, pooling: str = "mean", first_hidden_
 
 
 def pooled(bert, input_ids, attention_mask, pooling: str = "mean", token_type_ids=None,
-           num_tokens: int | None = None) -> torch.Tensor:
+           num_tokens: int | None = None, inputs_embeds=None) -> torch.Tensor:
     """``bert`` (a minbert.BertModel) run on a batch and pooled: [b, D] float32. first-last-avg asks
     it for its first layer's output as well (only then: other callers of this shape, such as the
-    bench's transformers wrapper, need not know the flag)."""
+    bench's transformers wrapper, need not know the flag); ``inputs_embeds`` [b, t, D], the word
+    embeddings to use instead of the ids' (SMART's perturbed ones), likewise only when given."""
     extra = {"output_first_layer": True} if pooling == FIRST_LAST_AVG else {}
+    if inputs_embeds is not None:
+        extra["inputs_embeds"] = inputs_embeds
     out = bert(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens, **extra)
     return pool(out["last_hidden_state"], attention_mask, pooling, out.get("first_layer_hidden_state"))
 
@@ -114,15 +117,19 @@ class SentenceEncoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.bert.parameters()).device
 
-    def embed(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
+    def embed(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None,
+              inputs_embeds=None):
         """f(x): the pooled encoder output [b, D], float32, before any flow. ``num_tokens``:
-        the mask's sum, when known on the host (it spares the unpadded encoder a GPU sync)."""
-        return pooled(self.bert, input_ids, attention_mask, self.pooling, token_type_ids, num_tokens)
+        the mask's sum, when known on the host (it spares the unpadded encoder a GPU sync).
+        ``inputs_embeds`` [b, t, D]: word embeddings to use instead of the ids' (minBERT's)."""
+        return pooled(self.bert, input_ids, attention_mask, self.pooling, token_type_ids, num_tokens,
+                      inputs_embeds)
 
-    def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None):
+    def forward(self, input_ids, attention_mask, token_type_ids=None, num_tokens: int | None = None,
+                inputs_embeds=None):
         """The sentence vector [b, output_dim]: f(x), then the flow's F(x) when there is one, then the
         linear head when there is one."""
-        return self.transform(self.embed(input_ids, attention_mask, token_type_ids, num_tokens))
+        return self.transform(self.embed(input_ids, attention_mask, token_type_ids, num_tokens, inputs_embeds))
 
     def transform(self, u: torch.Tensor) -> torch.Tensor:
         """What follows the pooling: f(x) [b, D] -> the flow's F(x) when there is one, then the linear
@@ -190,7 +197,9 @@ class SentenceEncoder(nn.Module):
     def encode_ids(self, token_ids, batch_size: int = 64, precision: str | None = None,
                    show_progress_bar: bool = False) -> torch.Tensor:
         """:meth:`encode` for sentences tokenised already (lists of ids): [n, D] float32 on the
-        CPU, in input order. ``precision``: the autocast precision (default: the encoder's)."""
+        CPU, in input order. ``precision``: the autocast precision (default: the encoder's);
+        ``show_progress_bar``: True (a bar on a terminal, plain lines in a log) or a mode of
+        ``utils.progress``."""
         if not token_ids:
             return torch.empty(0, self.output_dim)
         order = sorted(range(len(token_ids)), key=lambda i: -len(token_ids[i]))  # longest first
@@ -199,14 +208,15 @@ class SentenceEncoder(nn.Module):
         device = self.device
         chunks = []
         try:
-            with torch.inference_mode():
-                for start in tqdm(range(0, len(order), batch_size), desc="encode", disable=not show_progress_bar,
-                                  unit="batch"):
+            with torch.inference_mode(), Progress(mode_of(show_progress_bar), "encode", len(order),
+                                                  unit="sentence") as shown:
+                for start in range(0, len(order), batch_size):
                     ids, mask = pad_batch([token_ids[i] for i in order[start:start + batch_size]],
                                           self.tokenizer.pad_token_id)
                     with autocast(device, precision or self.precision):
                         vectors = self(ids.to(device), mask.to(device), num_tokens=int(mask.sum()))
                     chunks.append(vectors.float().cpu())
+                    shown.advance(len(ids))
         finally:
             self.train(was_training)
         # Outside inference mode, so that the result is a normal tensor.

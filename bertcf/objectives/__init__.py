@@ -24,13 +24,25 @@ from .ct import ContrastiveTension
 from .distill import Distill
 from .joint import FlowOnly, Joint
 from .margin_mse import MarginMSE
-from .mirror import Mirror, SimCSE
+from .mirror import SIMCSE_VIEWS, Mirror, SimCSE
 from .mixture import Mixture
 from .mlm import MaskedLM
 from .sbert_cosine import SBERTCosine
 from .sbert_softmax import SBERTSoftmax
 from .simcse_sup import SupervisedSimCSE
-from .settings import MatryoshkaSettings
+from .settings import (
+    BSLSettings,
+    CoSENTSettings,
+    CTSettings,
+    FlowSettings,
+    InfoNCESettings,
+    JointLossSettings,
+    MarginMSESettings,
+    MatryoshkaSettings,
+    MLMSettings,
+    SpanSettings,
+    TSDAESettings,
+)
 from .tsdae import TSDAE
 
 #: ``--method`` of ``--stage mirror`` -> its objective.
@@ -45,8 +57,12 @@ METHODS = {"mirror": tuple(OBJECTIVES), "joint": ("mirror", "simcse"), "flow": (
 #: What --mini-batch-size applies to (``Objective.mini_batches``), in words.
 MINI_BATCH_METHODS = ", ".join([m for m, cls in (OBJECTIVES | SUPERVISED).items() if cls.mini_batches]
                                + ["--stage joint, flow"])
-#: What --matryoshka-dims applies to (``MatryoshkaSettings`` among an objective's settings), in words.
-MATRYOSHKA_METHODS = ", ".join(m for m, cls in (OBJECTIVES | SUPERVISED).items() if MatryoshkaSettings in cls.SETTINGS)
+
+
+#: The families of settings that objectives take (``Objective.SETTINGS``); --mini-batch-size's
+#: ``MemorySettings`` is the run's, which an objective allows or not (``Objective.mini_batches``).
+FAMILIES = (SpanSettings, InfoNCESettings, FlowSettings, JointLossSettings, BSLSettings, CTSettings, TSDAESettings,
+            MLMSettings, CoSENTSettings, MarginMSESettings, MatryoshkaSettings)
 
 
 def objective_class(stage: str, method: str) -> type[Objective]:
@@ -54,6 +70,19 @@ def objective_class(stage: str, method: str) -> type[Objective]:
     return {"joint": Joint, "flow": FlowOnly}.get(stage) or (SUPERVISED if stage == "supervised" else OBJECTIVES)[method]
 
 
-__all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "MINI_BATCH_METHODS", "Examples", "Objective", "objective_class",
+def methods_taking(family) -> list[str]:
+    """The methods whose objective takes the settings ``family``, by --method (--stage joint and
+    flow by their stage), in ``METHODS``' order."""
+    found = []
+    for stage, methods in METHODS.items():
+        for method in methods:
+            name = method if stage in ("mirror", "supervised") else f"--stage {stage}"
+            if family in objective_class(stage, method).SETTINGS and name not in found:
+                found.append(name)
+    return found
+
+
+__all__ = ["OBJECTIVES", "SUPERVISED", "METHODS", "MINI_BATCH_METHODS", "FAMILIES", "SIMCSE_VIEWS", "Examples",
+           "Objective", "objective_class", "methods_taking",
            "Mirror", "SimCSE", "Joint", "FlowOnly", "BSL", "ContrastiveTension", "TSDAE", "MaskedLM", "SBERTSoftmax",
            "SBERTCosine", "SupervisedSimCSE", "Distill", "CoSENT", "AnglE", "MarginMSE", "Mixture"]

@@ -2,17 +2,15 @@
 settings) and the helpers several of them use."""
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..config.fields import Settings
 from ..errors import UsageError
 from ..models.encoder import SentenceEncoder
-from ..utils.distributed import is_main_process
+from ..settings import Settings
 from .cache import embed_in_chunks
 
 IGNORE_INDEX = -100  # label of the positions a token cross-entropy skips
@@ -40,7 +38,65 @@ def pair_scalars(a, b) -> dict:
     return {"pos_cosine": cos.diagonal().mean(), "neg_cosine": (cos.sum() - cos.diagonal().sum()) / (n * n - n)}
 
 
-class Objective(nn.Module):
+class BaseObjective(nn.Module):
+    """What a ``Trainer`` trains: a module that owns the encoder it trains (``encoder``) and gives
+    one step's loss. ``Objective`` (one method) and ``Mixture`` (several methods, each on its
+    dataset) both have this shape, and the Trainer reads nothing else:
+
+    - ``objective(ids, mask, special, rank, world, ...) -> (loss, scalars)``: one step's loss;
+    - ``parameter_groups()``: what the optimiser gets (groups may carry their own "lr");
+    - ``checkpoint_modules()``: name -> module whose state ``last/training_state.pt`` keeps;
+    - ``generators()``: name -> the torch.Generator whose state a checkpoint keeps;
+    - ``after_step()``: runs after every optimiser step (BSL's EMA update);
+    - ``heldout_metrics(ids, mask, special)``: its own metrics on held-out sentences (MLM's accuracy);
+    - ``evaluation_metrics()``: metrics of its own logged with every evaluation;
+    - ``description()``: what it is, with its settings (config.json from the Python API).
+
+    ``needs_text``: the step also takes the batch's raw sentences (``texts``); ``uses_flow``:
+    whether the encoder keeps its flow."""
+
+    encoder: SentenceEncoder
+    uses_flow = False
+    needs_text = False
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.device
+
+    @property
+    def encoder_frozen(self) -> bool:
+        """True when no encoder weight trains (the joint and flow stages): its weights never change."""
+        return not any(p.requires_grad for p in self.encoder.bert.parameters())
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def parameter_groups(self) -> list[dict]:
+        return [{"params": self.trainable_parameters()}]
+
+    def checkpoint_modules(self) -> dict[str, nn.Module]:
+        return {"objective": self}
+
+    def generators(self) -> dict[str, torch.Generator]:
+        raise NotImplementedError
+
+    def after_step(self) -> None:
+        """Called after every optimiser step."""
+
+    def heldout_metrics(self, ids, mask, special) -> dict:
+        """Its own metrics on a held-out batch (CPU [b, t], as for a step), logged with every
+        evaluation; none by default."""
+        return {}
+
+    def evaluation_metrics(self) -> dict:
+        """Metrics of its own logged with every evaluation (a mixture's per-dataset losses); none."""
+        return {}
+
+    def description(self) -> dict:
+        raise NotImplementedError
+
+
+class Objective(BaseObjective):
     """One pretraining method, as one ``nn.Module`` that owns the encoder it trains (``encoder``,
     the one that is kept and evaluated) and every extra module its method needs.
 
@@ -49,24 +105,27 @@ class Objective(nn.Module):
     checked as its flag is, and an objective's own keywords. ``generator``: the CPU torch.Generator
     of every random choice (views, pairs, deletions, masks); the Trainer seeds it with the run's
     seed and checkpoints its state, so a resumed run continues exactly. ``mini_batch_size``: the
-    gradient cache, where ``mini_batches`` allows it.
-
-    - ``objective(ids, mask, special, rank, world) -> (loss, scalars)``: one step's loss (``loss``);
-    - ``parameter_groups()``: what the optimiser gets (groups may carry their own "lr");
-    - ``checkpoint_modules()``: name -> module whose state ``last/training_state.pt`` keeps;
-    - ``after_step()``: runs after every optimiser step (BSL's EMA update);
-    - ``heldout_metrics(ids, mask, special)``: its own metrics on held-out sentences (MLM's accuracy).
+    gradient cache, where ``mini_batches`` allows it. Its step's loss is ``loss``; the rest of its
+    shape is ``BaseObjective``'s.
 
     ``needs_text``: the objective also takes the batch's raw sentences (``texts``: a list of b
     strings), for views made on the text itself (Mirror-BERT's character span).
 
-    ``uses_flow``: whether the encoder keeps its flow; the other objectives train the encoder
-    itself, so a flow that ``--init`` carries is dropped.
+    The encoder given is the encoder that trains: an objective changes none of its settings.
+    What a method needs of it is checked, and a mismatch refused in one line; the caller builds
+    the encoder to fit (``training.pretraining.load_encoder`` does for ``run_pretrain.py``):
 
-    ``uses_dense``: whether the encoder keeps its linear head (``SentenceEncoder.dense``, e.g. a
-    whitening map). Every objective here trains f(x) or a flow on it, which the head was fitted
-    to, so a head that ``--init`` carries is dropped (with a note): refit it on the new encoder
-    (``--stage whiten``). An objective that trains the head itself sets it.
+    ``uses_flow``: whether the method trains a flow on the encoder (the joint and flow stages,
+    which attach one when the encoder has none); the other objectives train the encoder itself
+    and refuse an encoder with a flow (``run_pretrain.py`` drops the one ``--init`` carries).
+
+    ``uses_dense``: whether the method trains the encoder's linear head (``SentenceEncoder.dense``,
+    e.g. a whitening map); the others train f(x), which the head was fitted to, and refuse an
+    encoder with one (``run_pretrain.py`` drops it, with a note: refit it on the new encoder,
+    ``--stage whiten``).
+
+    Matryoshka's widths (``matryoshka_dims``) are checked against the vectors' width; the
+    ``Trainer`` records them in the checkpoints it writes.
 
     ``mini_batches``: whether ``--mini-batch-size`` (``mini_batch_size``) applies: every sentence
     vector the loss reads comes from ``embed`` or ``embed_rows``, which then embed M rows at a
@@ -75,9 +134,7 @@ class Objective(nn.Module):
     encoders' forward passes through those two methods (its random choices drawn for the whole
     batch before them)."""
 
-    uses_flow = False
     uses_dense = False
-    needs_text = False
     mini_batches = False
     no_duplicates = False  # batches without a repeated text by default (``TrainConfig.batch_sampler``)
     SETTINGS: tuple[type[Settings], ...] = ()  # the families of settings this objective takes
@@ -89,13 +146,14 @@ class Objective(nn.Module):
                  mini_batch_size: int | None = None, **settings):
         super().__init__()
         self.settings = self.check_settings(settings)
-        if not self.uses_flow:
-            encoder.flow = None
-        if not self.uses_dense and encoder.dense is not None:
-            if is_main_process():
-                print(f"note: the encoder's linear head ({encoder.dim} -> {encoder.dense.out_features}, e.g. a "
-                      f"whitening map) is dropped: this stage changes the vectors it was fitted on", file=sys.stderr)
-            encoder.dense = None
+        name = type(self).__name__
+        if encoder.flow is not None and not self.uses_flow:
+            raise UsageError(f"{name} trains the encoder itself, not a flow on it: give it an encoder without a flow "
+                             f"(encoder.flow = None)")
+        if encoder.dense is not None and not self.uses_dense:
+            raise UsageError(f"{name} changes the vectors the encoder's linear head ({encoder.dim} -> "
+                             f"{encoder.dense.out_features}, e.g. a whitening map) was fitted on: give it an encoder "
+                             f"without one (encoder.dense = None) and refit the head afterwards (--stage whiten)")
         self.encoder = encoder
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         tokenizer = encoder.tokenizer
@@ -124,12 +182,12 @@ class Objective(nn.Module):
 
     def matryoshka_widths(self, width: int) -> None:
         """Check --matryoshka-dims (``matryoshka_dims``, when this objective takes them) against
-        ``width``, the vectors' width, and record them in the encoder (its checkpoint keeps them)."""
+        ``width``, the vectors' width. The encoder is not touched: the ``Trainer`` records the
+        widths in the checkpoints it writes (``training.trainer.trained_widths``)."""
         dims = getattr(self.settings, "matryoshka_dims", None)
         if dims and max(dims) > width:
             raise UsageError(f"--matryoshka-dims {max(dims)} is wider than the {width} dimensions of "
                              f"{type(self).__name__}'s vectors")
-        self.encoder.matryoshka_dims = tuple(dims) if dims else None
 
     def at_widths(self, loss_fn, vectors: list[torch.Tensor], labels=None) -> torch.Tensor:
         """``loss_fn(vectors, labels)``, or with --matryoshka-dims the weighted sum of it over the
@@ -147,24 +205,6 @@ class Objective(nn.Module):
     def description(self) -> dict:
         """What the objective is, with its settings (a run's config.json from the Python API)."""
         return {"objective": type(self).__name__, **vars(self.settings)}
-
-    @property
-    def device(self) -> torch.device:
-        return self.encoder.device
-
-    @property
-    def encoder_frozen(self) -> bool:
-        """True when no encoder weight trains (the joint and flow stages): its weights never change."""
-        return not any(p.requires_grad for p in self.encoder.bert.parameters())
-
-    def trainable_parameters(self) -> list[nn.Parameter]:
-        return [p for p in self.parameters() if p.requires_grad]
-
-    def parameter_groups(self) -> list[dict]:
-        return [{"params": self.trainable_parameters()}]
-
-    def checkpoint_modules(self) -> dict[str, nn.Module]:
-        return {"objective": self}
 
     def embed(self, ids, mask) -> torch.Tensor:
         """f(x) [b, D] of a host batch, on the encoder's device (``embed_rows``). No graph through
@@ -205,15 +245,3 @@ class Objective(nn.Module):
     def generators(self) -> dict[str, torch.Generator]:
         """The generators of its random choices, by the name a checkpoint keeps their state under."""
         return {"span": self.generator}
-
-    def evaluation_metrics(self) -> dict:
-        """Metrics of its own logged with every evaluation (a mixture's per-dataset losses); none."""
-        return {}
-
-    def heldout_metrics(self, ids, mask, special) -> dict:
-        """The objective's own metrics on a held-out batch (CPU [b, t], as for ``loss``), logged
-        with every evaluation; none by default."""
-        return {}
-
-    def after_step(self) -> None:
-        """Called after every optimiser step."""

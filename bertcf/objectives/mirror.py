@@ -6,18 +6,28 @@ import torch.nn as nn
 
 from minbert import pad_batch
 
+from ..errors import UsageError
 from ..utils.distributed import local_rows
 from .base import Objective, pair_scalars
 from .contrastive import InfoNCE, char_span_mask, span_mask
 from .settings import InfoNCESettings, MatryoshkaSettings, SpanSettings
 
+#: SimCSE's views (unsupervised SimCSE, and --stage joint --method simcse): no span, so the two
+#: views of a sentence differ by dropout alone.
+SIMCSE_VIEWS = {"span_cap": 0, "span_unit": "token"}
+
 
 def simcse_mlp(encoder, mlp: bool):
     """SimCSE's training head (``mlp``; ``--pooling cls-mlp``): a [D, D] linear layer and tanh over
-    [CLS] (BERT's pooler initialisation), the encoder switched to [CLS]; None without it."""
+    [CLS] (BERT's pooler initialisation); None without it. The head reads [CLS], and the encoder
+    evaluated and saved without it must give [CLS] too, so it must pool ``cls`` already: its
+    pooling is the caller's choice (``run_pretrain.py --pooling cls-mlp`` builds it so), not
+    changed here behind the caller's back."""
     if not mlp:
         return None
-    encoder.pooling = "cls"
+    if encoder.pooling != "cls":
+        raise UsageError(f"mlp=True (SimCSE's MLP over [CLS], --pooling cls-mlp) needs an encoder that pools cls, "
+                         f"not {encoder.pooling}: SentenceEncoder.from_pretrained(..., pooling=\"cls\")")
     d, std = encoder.dim, encoder.bert.config.initializer_range
     mlp = nn.Sequential(nn.Linear(d, d), nn.Tanh())
     nn.init.normal_(mlp[0].weight, std=std)
@@ -98,10 +108,16 @@ class Mirror(Objective):
 
 class SimCSE(Mirror):
     """Unsupervised SimCSE (Gao et al. 2021, "SimCSE: Simple Contrastive Learning of Sentence
-    Embeddings", EMNLP): Mirror-BERT without the span, so the two views differ by dropout only
-    (--span-cap 0). SimCSE's published loss and head are --negatives simcse --pooling cls-mlp
-    (``--preset simcse-unsup``)."""
+    Embeddings", EMNLP): Mirror-BERT without the span, so the two views differ by dropout only:
+    its ``span_cap`` is 0 and its ``span_unit`` token (``SIMCSE_VIEWS``, what its description
+    records), and another value is refused, not overridden. SimCSE's published loss and head are
+    --negatives simcse --pooling cls-mlp (``--preset simcse-unsup``)."""
 
-    def __init__(self, encoder, **settings):
-        super().__init__(encoder, **settings)
-        self.span_cap, self.span_unit = 0, "token"
+    @classmethod
+    def check_settings(cls, settings: dict):
+        settings = SIMCSE_VIEWS | settings
+        for name, value in SIMCSE_VIEWS.items():
+            if settings[name] != value:
+                raise UsageError(f"SimCSE's two views differ by dropout alone: {name} must be {value!r}, not "
+                                 f"{settings[name]!r} (Mirror masks a span)")
+        return super().check_settings(settings)

@@ -6,16 +6,16 @@ import torch
 import torch.nn as nn
 
 from ..errors import UsageError
-from .base import Objective
+from .base import BaseObjective, Objective
 
 
-class Mixture(nn.Module):
+class Mixture(BaseObjective):
     """``parts``: name -> objective, all on the same encoder (e.g. unsupervised SimCSE on a corpus
     and supervised SimCSE on NLI triples). Each step trains one part, on a batch of its own
     dataset (``Trainer``: the datasets, keyed alike, taken in turn or in proportion to their size);
     the encoder takes every part's updates, each part keeps its own heads.
 
-    It has an objective's shape: ``mixture(ids, mask, special, rank, world, dataset=name, ...)`` is
+    It has an objective's shape (``BaseObjective``): ``mixture(ids, mask, special, rank, world, dataset=name, ...)`` is
     the named part's loss, whose scalars come back under ``name/``, with the latest loss of every
     part (``loss_<name>``: what TensorBoard plots per dataset); ``evaluation_metrics()`` gives each
     part's mean training loss since the last evaluation (``train_loss_<name>`` in metrics.jsonl)."""
@@ -33,19 +33,9 @@ class Mixture(nn.Module):
         self._since: dict[str, list] = {}  # name -> [sum of losses, steps] since the last evaluation
         self._last = None
 
-    uses_flow = False
-
     @property
     def needs_text(self) -> bool:
         return any(part.needs_text for part in self.parts.values())
-
-    @property
-    def device(self) -> torch.device:
-        return self.encoder.device
-
-    @property
-    def encoder_frozen(self) -> bool:
-        return not any(p.requires_grad for p in self.encoder.bert.parameters())
 
     def generators(self) -> dict[str, torch.Generator]:
         return {name: part.generator for name, part in self.parts.items()}

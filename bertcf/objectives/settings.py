@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..cli import AT_LEAST_0, AT_LEAST_1, POSITIVE, PROBABILITY, checked, comma_list
-from ..config.fields import Settings, option
 from ..errors import UsageError
 from ..models.flow import FLOW_LOSS_UNITS, PERMUTATIONS
+from ..settings import Settings, option
 from .contrastive import NEGATIVES
 
 CONTRASTIVE = "contrastive (mirror, simcse, joint, bsl)"

@@ -2,7 +2,8 @@
 
     INDEX_DIR/index.json       what built it: the model and the width of its vectors, the score, the
                                index kind and its precision, HNSW's settings, the documents' count,
-                               faiss's version, and the model's vectors of three check sentences
+                               faiss's version, the model's vectors of three check sentences, and
+                               the checksum (sha256) of each file beside it
     INDEX_DIR/index.faiss      the faiss index (``index.VectorIndex``)
     INDEX_DIR/vectors.npy      the corpus's float32 vectors [documents, width], as the model gave them
     INDEX_DIR/ranges.npy       int8 only: each dimension's [min, max] [2, width], the codes' ranges
@@ -11,24 +12,29 @@
 The corpus is encoded a chunk at a time into ``vectors.npy`` (memory-mapped), then read back a
 chunk at a time for int8's ranges and for the index, so memory holds one chunk of vectors and the
 index, never the corpus's float vectors (unless the index is float32). With the cosine score the
-vectors are scaled to unit length before they are indexed. The directory is written whole and
-swapped into place (``utils.files.save_dir_atomic``).
+vectors are scaled to unit length before they are indexed.
+
+The directory is written by ``directory.replace``: held by one build at a time, written whole in
+a temporary directory of the build's own and swapped into place, never over anything a build did
+not write, recovered after a kill between the swap's two renames; readers check each file they
+read against its checksum in index.json (``directory.verify``).
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError, UsageError
-from ..utils.files import save_dir_atomic, write_json_atomic
+from ..utils.files import write_json_atomic
 from . import quantization
+from .directory import (CHECKSUM, DOCUMENTS_FILE, FORMAT, INDEX_FILE, META_FILE, RANGES_FILE, VECTORS_FILE, VERSION,
+                        file_checksum, recover, replace, verify)
 from .index import EF_CONSTRUCTION, EF_SEARCH, HNSW_M, KINDS, VectorIndex
 
-FORMAT, VERSION = "bertcf-search-index", 1
-META_FILE, INDEX_FILE, VECTORS_FILE = "index.json", "index.faiss", "vectors.npy"
-RANGES_FILE, DOCUMENTS_FILE = "ranges.npy", "documents.jsonl"
 #: Encoded at build time and again by the model a query comes with: the same model gives the same
 #: vectors (cosine at least PROBE_COSINE: room for another engine's last bits, such as ONNX Runtime's).
 PROBE_SENTENCES = ["A man is playing a guitar.", "The cat sleeps on the warm windowsill.",
@@ -101,7 +107,8 @@ def build(directory, encode, ids: list[str], texts: list[str], kind: str, score:
     """Encode ``texts`` (``encode(texts) -> [n, D]``) and write the index of ``kind`` into
     ``directory`` (see the module's docstring); returns index.json's content. ``model``: what
     index.json records of the model (its name, its path, ``truncate_dim``); ``calibration``:
-    float vectors [m, D] whose ranges int8 takes (default: the corpus's)."""
+    float vectors [m, D] whose ranges int8 takes (default: the corpus's). The directory is held
+    for the build (``hold``; the command holds it from before the model loads)."""
     if len(ids) != len(texts) or not texts:
         raise DataError("the corpus is empty" if not texts else "the corpus has more ids than texts")
     normalize = score == "cos"
@@ -119,9 +126,12 @@ def build(directory, encode, ids: list[str], texts: list[str], kind: str, score:
         write_documents(tmp / DOCUMENTS_FILE, ids, texts)
         probe = np.asarray(encode(PROBE_SENTENCES), dtype=np.float32)
         meta.update(describe(index, score, model, probe, calibration is not None, hnsw)
-                    | {"index_bytes": (tmp / INDEX_FILE).stat().st_size})  # not index.nbytes: no second copy
-        write_json_atomic(tmp / META_FILE, meta)
-    save_dir_atomic(directory, write)
+                    | {"index_bytes": (tmp / INDEX_FILE).stat().st_size,  # not index.nbytes: no second copy
+                       "checksums": {"algorithm": CHECKSUM,
+                                     "files": {p.name: file_checksum(p) for p in sorted(tmp.iterdir())}}})
+        write_json_atomic(tmp / META_FILE, meta)  # last: a directory with its index.json is whole
+
+    replace(directory, write)
     return meta
 
 
@@ -138,13 +148,6 @@ def describe(index: VectorIndex, score: str, model: dict, probe: np.ndarray, cal
             "probe": {"sentences": PROBE_SENTENCES, "vectors": probe.tolist()}}
 
 
-def check_target(directory) -> None:
-    """Refuse an ``--out`` that would overwrite something that is not an index."""
-    directory = Path(directory)
-    if directory.is_file() or (directory.is_dir() and any(directory.iterdir()) and not (directory / META_FILE).is_file()):
-        raise UsageError(f"--out {directory} exists and is not a search index; give a new or empty directory")
-
-
 def read_meta(directory) -> dict:
     """index.json of ``directory``, checked: one line for a directory that holds no index."""
     directory = Path(directory)
@@ -158,9 +161,19 @@ def read_meta(directory) -> dict:
         raise DataError(f"{path} is not a readable JSON file ({type(e).__name__}); build the index again") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("kind") not in KINDS \
             or not isinstance(meta.get("dim"), int) or not isinstance(meta.get("model"), dict) \
-            or not _probe_ok(meta.get("probe"), meta["dim"]):
+            or not _probe_ok(meta.get("probe"), meta["dim"]) or not _checksums_ok(meta.get("checksums", {})):
         raise DataError(f"{path} is not the description of a BERT-CF search index; build the index again")
     return meta
+
+
+def _checksums_ok(checksums) -> bool:
+    """index.json's checksums: a hashlib algorithm and a hex digest per file ({}: an index built before
+    they were recorded)."""
+    if not isinstance(checksums, dict):
+        return False
+    files = checksums.get("files")
+    return checksums == {} or (checksums.get("algorithm") in hashlib.algorithms_guaranteed and isinstance(files, dict)
+                               and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()))
 
 
 def _probe_ok(probe, dim: int) -> bool:
@@ -173,12 +186,19 @@ def _probe_ok(probe, dim: int) -> bool:
 
 
 def load(directory, ef_search: int | None = None) -> tuple[VectorIndex, dict]:
-    """The index in ``directory`` and its index.json; a missing or corrupt file, or an index that
-    is not what index.json says, is one DataError line."""
+    """The index in ``directory`` and its index.json; a missing or corrupt file, a file whose bytes
+    are not those its build recorded, or an index that is not what index.json says, is one
+    DataError line. An index a build was interrupted in replacing is recovered first (``recover``)."""
     directory = Path(directory)
+    recover(directory)
     meta = read_meta(directory)
+    if "checksums" not in meta:
+        print(f"note: {directory} has no checksums of its files (built before index.json recorded them), so they "
+              f"are not checked; build it again to have them checked", file=sys.stderr)
     ranges = None
     if meta["kind"] == "int8":
+        if (directory / RANGES_FILE).is_file():
+            verify(directory, RANGES_FILE, meta)
         try:
             ranges = np.load(directory / RANGES_FILE)
         except (OSError, ValueError) as e:
@@ -186,6 +206,7 @@ def load(directory, ef_search: int | None = None) -> tuple[VectorIndex, dict]:
                             f"({type(e).__name__}); build the index again") from None
     if not (directory / INDEX_FILE).is_file():
         raise DataError(f"{directory / INDEX_FILE} is missing; build the index again")
+    verify(directory, INDEX_FILE, meta)  # before faiss reads it: changed bytes can make faiss read nonsense
     hnsw = meta.get("hnsw") or {}
     index = VectorIndex.read(directory / INDEX_FILE, meta["kind"], meta["dim"], ranges,
                              ef_search=ef_search or hnsw.get("ef_search") or EF_SEARCH)
@@ -195,14 +216,17 @@ def load(directory, ef_search: int | None = None) -> tuple[VectorIndex, dict]:
     return index, meta
 
 
-def read_documents(directory, documents: int | None = None) -> tuple[list[str], list[str]]:
+def read_documents(directory, documents: int | None = None, meta: dict | None = None) -> tuple[list[str], list[str]]:
     """(ids, texts) of the index's documents, row order; ``documents``: how many index.json
-    says the index holds (a file with another count is refused)."""
+    says the index holds (a file with another count is refused); ``meta``: index.json's content,
+    whose checksum the file must match (``verify``; hashed as it is read)."""
     path = Path(directory) / DOCUMENTS_FILE
     ids, texts = [], []
+    digest = hashlib.new((meta or {}).get("checksums", {}).get("algorithm", CHECKSUM))
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, "rb") as handle:
             for line in handle:
+                digest.update(line)
                 row = json.loads(line)
                 ids.append(str(row["id"]))
                 texts.append(row["text"])
@@ -210,6 +234,8 @@ def read_documents(directory, documents: int | None = None) -> tuple[list[str], 
         raise DataError(f"{path} cannot be read ({type(e).__name__}); build the index again") from None
     if documents is not None and len(ids) != documents:
         raise DataError(f"{path} holds {len(ids)} documents, index.json says {documents}; build the index again")
+    if meta is not None:
+        verify(directory, DOCUMENTS_FILE, meta, digest.hexdigest())
     return ids, texts
 
 

@@ -30,6 +30,9 @@ from ..utils.files import recover_dir, save_dir_atomic
 from ..utils.progress import Progress
 from .optim import update
 
+#: The metric of a run without a score (no evaluator, ``--select-on last``): the step, so the latest
+#: evaluation is best/; the summary's first and best scores are then None.
+LAST_STEP = "last_step"
 #: A loss whose size passes this many times its first step's (or 1, when that is smaller) is
 #: diverging: the run stops as for a non-finite loss (e.g. a flow whose loss went from 0.1 to 3e26).
 DIVERGENCE_FACTOR = 10_000
@@ -182,11 +185,12 @@ class TrainingLoop:
             torch.distributed.barrier()
 
     # -- the loop ------------------------------------------------------------------------------------
-    def fit(self, step_fn, after_step=None) -> dict:
+    def fit(self, step_fn, after_step=None, backward=None) -> dict:
         """Run ``step_fn(step) -> (loss, scalars)`` until --steps, evaluating every
         --eval-every steps (and at step 0 and at the end) and writing last/ at each evaluation and
         every --save-every steps. ``after_step()``, when given, runs after every optimiser step
-        (e.g. an EMA update). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns
+        (e.g. an EMA update); ``backward``, when given, replaces the plain backward of the step's
+        loss (``optim.update``). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns
         a summary ("signal": the stopping signal's name, or None)."""
         config = self.config
         save_every = config.save_every or config.eval_every
@@ -204,7 +208,7 @@ class TrainingLoop:
                     m.train()
                 seed_dropout(config.seed, self.step)
                 loss, scalars = update(self.optimizer, self.scaler, lambda: step_fn(self.step), config.device,
-                                       config.precision, config.max_grad_norm)
+                                       config.precision, config.max_grad_norm, backward)
                 if after_step is not None:
                     after_step()
                 self.scheduler.step()
@@ -247,7 +251,9 @@ class TrainingLoop:
                 print(f"stopped by {self.stop_signal or 'a signal'} at step {self.step}; "
                       f"checkpoint in {last}; continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
         self.run.close()
-        return {"step": self.step, "first": self.first_score, "best": self.best, "best_step": self.best_step,
+        scored = self.metric != LAST_STEP  # without a score the latest evaluation is best/: no score to report
+        return {"step": self.step, "first": self.first_score if scored else None,
+                "best": self.best if scored else None, "best_step": self.best_step,
                 "interrupted": interrupted, "signal": self.stop_signal if interrupted else None,
                 "stopped_early": self.step < config.steps and not interrupted}
 

@@ -39,14 +39,19 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def update(optimizer, scaler, compute, device, precision: str, max_grad_norm: float = 0.0):
+def update(optimizer, scaler, compute, device, precision: str, max_grad_norm: float = 0.0, backward=None):
     """One optimiser step: ``compute() -> (loss, scalars)`` under autocast, the (scaled) backward,
     clipping to ``max_grad_norm`` (0: off), the step. Returns what ``compute`` returned. The
-    Trainer's loop and the bench both step through here."""
+    Trainer's loop and the bench both step through here. ``backward(loss, scaler)``, when given,
+    fills the gradients instead of ``scaler.scale(loss).backward()`` (stage 3's gradient
+    aggregation across tasks)."""
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, precision):
         loss, scalars = compute()
-    scaler.scale(loss).backward()
+    if backward is not None:
+        backward(loss, scaler)
+    else:
+        scaler.scale(loss).backward()
     if max_grad_norm > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], max_grad_norm)

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from .. import objectives, runs
-from ..config.pretrain import SELECTION, SELECTION_LABEL, PretrainConfig, reads_corpus
+from ..config.pretrain import SELECTION, SELECTION_LABEL, PretrainConfig, reads_corpus, run_objectives
+from ..config.train import default_batch_sampler
 from ..data.corpus import CORPUS_SETTINGS, load_corpus
 from ..data.download import WIKI1M_NAME, fetch_missing
 from ..data.examples import Examples
@@ -22,6 +23,7 @@ from ..models.encoder import SentenceEncoder
 from ..utils.distributed import dist_info, run_distributed
 from . import whiten
 from .loop import set_seed
+from .sampler import check_distinct
 from .trainer import Trainer
 
 
@@ -66,9 +68,11 @@ def fetch_files(data: Path, names: list[str], default_corpus: bool = False) -> N
 
 
 def part_config(config: PretrainConfig, stage: str, method: str, file: str) -> PretrainConfig:
-    """The settings of one part of --stage mix: its stage and method, its file as its data."""
+    """The settings of one part of --stage mix: its stage and method, its file as its data; a simcse
+    part's views without a span (``SIMCSE_VIEWS``: the span settings are a mirror part's)."""
     data = {"corpus": file} if stage == "mirror" else {"train_file": [file]}
-    return config.replace(stage=stage, method=method, mix=None, **data)
+    views = objectives.SIMCSE_VIEWS if method == "simcse" else {}
+    return config.replace(stage=stage, method=method, mix=None, **data, **views)
 
 
 def load_examples(config: PretrainConfig, rank: int = 0) -> tuple[Examples | dict, PretrainConfig]:
@@ -97,14 +101,25 @@ def load_examples(config: PretrainConfig, rank: int = 0) -> tuple[Examples | dic
 
 
 def load_encoder(config: PretrainConfig) -> tuple[SentenceEncoder, PretrainConfig]:
-    """The encoder to start from (--init, a run directory or checkpoint, or --model), evaluating
-    (and later encoding) whole sentences up to --eval-max-length in the run's precision; and the
-    config with that length resolved to the model's limit (``PretrainConfig.with_model``)."""
+    """The encoder to start from (--init, a run directory or checkpoint, or --model), built as the
+    run's objectives need it (they check it and change nothing of it): [CLS] pooling under
+    SimCSE's MLP, no flow unless the method trains one, no linear head unless the method trains it
+    (a note says it is dropped); evaluating (and later encoding) whole sentences up to
+    --eval-max-length in the run's precision. Also the config with that length resolved to the
+    model's limit (``PretrainConfig.with_model``)."""
     source = runs.resolve_encoder_path(config.init) if config.init else config.model
     pooling = "cls" if config.pooling == "cls-mlp" else config.pooling  # the MLP is the objective's (training only)
     encoder = SentenceEncoder.from_pretrained(source, pooling=pooling, vocab=config.vocab,
                                               hidden_dropout_prob=config.dropout,
                                               attention_probs_dropout_prob=config.dropout)
+    classes = run_objectives(config)  # none for --stage whiten, which fits the head itself
+    if classes and not all(cls.uses_flow for cls in classes):
+        encoder.flow = None
+    if classes and encoder.dense is not None and not all(cls.uses_dense for cls in classes):
+        if dist_info()[0] == 0:
+            print(f"note: the encoder's linear head ({encoder.dim} -> {encoder.dense.out_features}, e.g. a whitening "
+                  f"map) is dropped: this stage changes the vectors it was fitted on", file=sys.stderr)
+        encoder.dense = None
     config = config.with_model(encoder.bert.config.max_position_embeddings)
     encoder.max_length = config.eval_max_length
     encoder.precision = config.precision  # evaluation (encode) in the run's precision
@@ -144,6 +159,7 @@ def train(config: PretrainConfig, device) -> dict:
     rank, _ = dist_info()
     set_seed(config.seed)
     examples, config = load_examples(config, rank)
+    check_batches(config, examples)
     pairs = dev_pairs(config)
     encoder, config = load_encoder(config)
     objective = build_objective(config, encoder, examples)
@@ -157,6 +173,19 @@ def train(config: PretrainConfig, device) -> dict:
         print(final_line(summary, run_dir, SELECTION_LABEL[config.select_on]) if config.select_on != "last"
               else f"best checkpoint (the last evaluation, step {summary['best_step']}): {run_dir / 'best'}")
     return summary
+
+
+def check_batches(config: PretrainConfig, examples) -> None:
+    """Data that --batch-sampler no-duplicates (given, or the method's default: the Trainer's own
+    choice) cannot make a batch from is refused now, before the run writes anything: the sampler
+    would meet it at step 1, after the step-0 evaluation has written best/ and config.json, and the
+    corrected command would then find a run in --out-dir."""
+    parts = ({name: (objectives.objective_class(stage, method), examples[name], f"--mix part {name}")
+              for name, stage, method, _ in config.mix_parts()} if config.stage == "mix" else
+             {"corpus": (objectives.objective_class(config.stage, config.method), examples, "the data")})
+    for cls, data, what in parts.values():
+        if (config.batch_sampler or default_batch_sampler(cls.no_duplicates)) == "no-duplicates":
+            check_distinct(list(zip(*data.columns)), config.batch_size, what)
 
 
 def train_whiten(config: PretrainConfig, device) -> dict:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ..config.pretrain import MIX_SAMPLINGS
 from ..errors import UsageError
 
 
@@ -84,8 +85,7 @@ class NoDuplicatesSampler:
             self.epoch += 1
             self.remaining = self.remaining + self._take(self._permutation(self.epoch), k, batch, seen)
         if len(batch) < k:
-            raise UsageError(f"a batch of {k} examples without a repeated text cannot be made: the data has too few "
-                             f"distinct texts (give a smaller --batch-size, or --batch-sampler random)")
+            raise too_few_texts(k)
         return batch
 
     def state_dict(self) -> dict:
@@ -95,7 +95,24 @@ class NoDuplicatesSampler:
         self.epoch, self.remaining = state["epoch"], list(state["remaining"])
 
 
-MIX_SAMPLINGS = ("proportional", "round-robin")
+def too_few_texts(k: int, what: str = "the data", counts: str = "") -> UsageError:
+    return UsageError(f"a batch of {k} examples without a repeated text cannot be made: {what} has too few distinct "
+                      f"texts{counts} (give a smaller --batch-size, or --batch-sampler random)")
+
+
+def check_distinct(texts: list[tuple[str, ...]], k: int, what: str = "the data") -> None:
+    """Refuse examples (each a tuple of texts) from which ``NoDuplicatesSampler`` can make no batch of
+    k: the k examples of a batch need k disjoint sets of texts, so at least as many distinct texts as
+    the k smallest of those sets hold together. The training commands call this before they write
+    anything (the sampler itself meets the shortfall only at step 1, after the step-0 evaluation
+    wrote the run directory). Data that passes may still, rarely, leave the sampler's greedy fill
+    short later; that stops the run there, its checkpoints kept."""
+    sizes = sorted(len(set(example)) for example in texts)
+    needed = sum(sizes[:k]) if len(sizes) >= k else None
+    distinct = len(set().union(*map(set, texts))) if texts else 0
+    if needed is None or distinct < needed:
+        wanted = f"{k} examples" if needed is None else str(needed)
+        raise too_few_texts(k, what, f", {distinct} in {len(texts)} examples where a batch of {k} needs {wanted}")
 
 
 class DatasetChooser:

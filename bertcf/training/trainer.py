@@ -17,7 +17,7 @@ from minbert import pad_batch
 from minbert.model import load_state_dict_file
 
 from .. import runs
-from ..config.train import TrainConfig
+from ..config.train import TrainConfig, default_batch_sampler
 from ..data.examples import Examples
 from ..errors import UsageError
 from ..utils.distributed import dist_info, wrap_ddp
@@ -70,9 +70,10 @@ class Trainer:
         if self.mixture and set(self.datasets) != set(objective.parts):
             raise UsageError(f"the mixture's parts ({', '.join(objective.parts)}) and datasets "
                              f"({', '.join(self.datasets)}) must have the same names")
-        self.config = (config or TrainConfig()).on_device()
-        if self.config.out_dir is None:
-            self.config = self.config.replace(out_dir=runs.default_out_dir("train", type(objective).__name__.lower()))
+        # A command's config comes resolved (``TrainConfig.resolved``) and stays as it is; a Python
+        # user's gets the same defaults, in the same place, so config.json records what runs.
+        self.config = (config or TrainConfig()).resolved(
+            ("train", type(objective).__name__.lower()), None if self.mixture else objective.no_duplicates)
         self.evaluator = evaluator
         self.metric = metric or getattr(evaluator, "main_metric", None) or "last_step"
         self.heldout = heldout or []
@@ -101,11 +102,11 @@ class Trainer:
         return ids, mask, torch.isin(ids, torch.tensor(tokenizer.all_special_ids)) | (mask == 0)
 
     def _samplers(self) -> dict:
-        """Each dataset's data order (``config.batch_sampler``, by default its objective's
-        ``no_duplicates``), and a mixture's choice of dataset (``mixture``)."""
+        """Each dataset's data order (``config.batch_sampler``; a mixture's, when it asks for none,
+        each part's own default), and a mixture's choice of dataset (``mixture``)."""
         samplers = {}
         for i, (name, examples) in enumerate(self.datasets.items()):
-            kind = self.config.batch_sampler or ("no-duplicates" if self.part(name).no_duplicates else "random")
+            kind = self.config.batch_sampler or default_batch_sampler(self.part(name).no_duplicates)
             seed = self.config.seed + 7919 * i
             samplers[name] = (NoDuplicatesSampler(list(zip(*examples.columns)), seed) if kind == "no-duplicates"
                               else EpochSampler(len(examples), seed))
@@ -126,6 +127,7 @@ class Trainer:
                 generator.manual_seed(config.seed + 1009 * i)
         device = torch.device(device or config.device)
         objective.to(device)
+        self.encoder.matryoshka_dims = trained_widths(objective, self.encoder.matryoshka_dims)
         columns = {name: [self.encoder.tokenizer(c, truncation=True, max_length=config.max_length)["input_ids"]
                           for c in examples.columns] for name, examples in self.datasets.items()}
         samplers = self._samplers()
@@ -191,6 +193,18 @@ class Trainer:
             reuse = next((f for f in written if f.is_file()), None) if self.objective.encoder_frozen else None
             self.encoder.save_pretrained(directory, link_weights_from=reuse)
         return save_model
+
+
+def trained_widths(objective, before):
+    """The Matryoshka widths the encoder's checkpoints record (``SentenceEncoder.matryoshka_dims``):
+    those its objective (a mixture: any part) trains at, None when it takes widths but is given
+    none; ``before`` (the encoder's own) when no objective of the run takes them."""
+    parts = list(objective.parts.values()) if hasattr(objective, "parts") else [objective]
+    taken = [part.settings.matryoshka_dims for part in parts if hasattr(part.settings, "matryoshka_dims")]
+    if not taken:
+        return before
+    dims = next((d for d in taken if d), None)
+    return tuple(dims) if dims else None
 
 
 def as_examples(data) -> Examples:

@@ -33,23 +33,13 @@ from ..runs import Run
 from ..utils import progress
 from ..utils.files import save_dir_atomic, write_json_atomic
 
-METHOD = "whitening"
-#: --whiten-on -> what the whitening is fitted on.
-WHITEN_ON = {
-    "corpus": "the pretraining corpus (--corpus, --corpus-from-tasks or DATA_DIR/wiki1m_for_simcse.txt; "
-              "--max-sentences caps it)",
-    "sts-dev": "the CS224N STS dev sentences, both of every pair: the paper's target variant for the report's metric",
-    "stsb": "SentEval's STS-B train, dev and test sentences: the paper's target set for STS-B",
-    "stsb-test": "SentEval's STS-B test sentences",
-    "senteval-sts": "the sentences of every SentEval STS test set present (STS12-16, STS-B, SICK-R)",
-}
 ENCODE_BATCH = 64  # sentences encoded at once (as the evaluation; --batch-size is the training batch)
 
 
 def target_sentences(whiten_on: str, data_dir, senteval_dir) -> list[str]:
-    """Both sentences of every pair of the target set ``whiten_on`` (any key of WHITEN_ON but
-    corpus), in file order, duplicates kept: the paper's fit weighs a sentence by how often the
-    scored pairs hold it. DataError when the files are missing."""
+    """Both sentences of every pair of the target set ``whiten_on`` (any key of
+    ``config.pretrain.WHITEN_ON`` but corpus), in file order, duplicates kept: the paper's fit weighs
+    a sentence by how often the scored pairs hold it. DataError when the files are missing."""
     senteval_dir = Path(senteval_dir)
     if whiten_on == "sts-dev":
         pairs = read_sts(task_file(data_dir, "sts", "dev"))

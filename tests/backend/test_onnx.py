@@ -407,7 +407,7 @@ def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_bert
             for i, (a, b) in enumerate(zip(texts, texts[1:] + texts[:1]))]
     (sts / "sts-test.csv").write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "bench.json"
-    result = bench.run(["--onnx", str(flow_checkpoint / "onnx"), "--senteval-dir", str(tmp_path / "senteval"),
+    result = bench.run(["--allow-busy", "--load-check", "0", "--onnx", str(flow_checkpoint / "onnx"), "--senteval-dir", str(tmp_path / "senteval"),
                         "--steps", "2", "--warmup", "0", "--threads", "1", "--json", str(out)])
     engines = result["results"]["onnx_encode"]
     baseline = "torch fp32 (minBERT)"
@@ -426,7 +426,7 @@ def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_bert
     assert json.loads(out.read_text())["results"]["onnx_encode"].keys() == engines.keys()
     assert bench.main(["--onnx", str(tmp_path), "--senteval-dir", str(tmp_path / "senteval")]) == 2  # no export
     assert export([tiny_bert_dir, "--out", tmp_path / "tiny"]) == 0
-    result = bench.run(["--onnx", str(tmp_path / "tiny"), "--senteval-dir", str(tmp_path / "senteval"), "--steps", "1",
+    result = bench.run(["--allow-busy", "--load-check", "0", "--onnx", str(tmp_path / "tiny"), "--senteval-dir", str(tmp_path / "senteval"), "--steps", "1",
                         "--warmup", "0", "--threads", "1"])
     assert {"transformers torch fp32", "transformers export fp32", "transformers export + ORT optimizer int8"} <= set(
         result["results"]["onnx_encode"])

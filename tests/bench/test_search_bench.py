@@ -16,8 +16,12 @@ from bertcf.commands import bench
 faiss = pytest.importorskip("faiss", reason="the search indexes need faiss-cpu (pip install 'bertcf[search]')")
 
 
+#: The machine running the tests may be busy, and the load check has tests of its own (test_load.py).
+QUIET = ["--allow-busy", "--load-check", "0"]
+
+
 def run(*argv) -> int:
-    return run_main(bench.run, [str(a) for a in argv])
+    return run_main(bench.run, [*map(str, argv), *QUIET])
 
 
 def test_each_index_on_random_unit_vectors(tmp_path, capsys):
@@ -51,7 +55,7 @@ def test_given_vectors_hold_out_their_last_rows_as_queries(tmp_path):
     vectors = random_unit(300, 16, np.random.default_rng(0)) * 3  # not unit: scaled to it
     np.save(tmp_path / "v.npy", vectors)
     result = bench.run(["--search", str(tmp_path / "v.npy"), "--search-queries", "10", "--search-k", "3",
-                        "--search-rounds", "1", "--search-indexes", "exact,binary", "--threads", "1"])
+                        "--search-rounds", "1", "--search-indexes", "exact,binary", "--threads", "1", *QUIET])
     assert result["info"]["corpus"] == 290 and result["info"]["queries"] == 10
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
     truth = np.argsort(-(unit[290:] @ unit[:290].T), axis=1)[:, :3]

@@ -88,7 +88,7 @@ def test_resume_from_a_damaged_config_is_one_line(tmp_path, capsys):
     assert "\n" not in err and "holds no settings (a JSON object)" in err
 
 
-COMMANDS = ("config.pretrain", "config.multitask", "config.evaluate", "commands.bench", "commands.encode")
+COMMANDS = ("config.pretrain", "multitask.config", "config.evaluate", "commands.bench", "commands.encode")
 
 
 def flag_helps(module: str) -> dict:
@@ -113,7 +113,7 @@ def test_help_shows_every_default_once(module):
 
 def test_help_of_the_first_hour():
     """What issue 30 found missing or wrong in --help."""
-    pretrain, multitask = flag_helps("config.pretrain"), flag_helps("config.multitask")
+    pretrain, multitask = flag_helps("config.pretrain"), flag_helps("multitask.config")
     for flag, default in (("--steps", "10000"), ("--batch-size", "16"), ("--eval-every", "250"),
                           ("--dropout", "0.1"), ("--temperature", "0.05")):
         assert pretrain[flag][1].endswith(f"(default: {default})"), flag

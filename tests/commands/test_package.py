@@ -16,7 +16,7 @@ COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multi
             "bertcf-evaluate": "python -m bertcf.evaluate", "bertcf-experiments": "python -m bertcf.experiments",
             "bertcf-bench": "python -m bertcf.bench", "bertcf-export": "python -m bertcf.export",
             "bertcf-encode": "python -m bertcf.encode", "bertcf-search": "python -m bertcf.search",
-            "bertcf-cross": "python -m bertcf.cross"}
+            "bertcf-cross": "python -m bertcf.cross", "bertcf-gpl": "python -m bertcf.gpl"}
 
 
 def requirements() -> list[str]:
@@ -116,6 +116,7 @@ def test_every_documented_command_answers_help(name):
     assert proc.stdout.startswith("usage:"), proc.stdout[:200]
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_downloader_starts_without_torch():
     """``python -m bertcf.data download`` runs where torch is not installed yet (a fresh machine)."""
     code = ("import sys, runpy; sys.argv = ['bertcf.data', 'download', '--help']\n"

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 
 import numpy as np
 import pytest
-from conftest import make_hf_bert_dir
+from helpers import make_hf_bert_dir
 
 from bertcf import SentenceEncoder
 from bertcf.cli import run_main
@@ -172,7 +173,13 @@ def test_bad_indexes_and_inputs_are_one_line(model, corpus_file, tmp_path, capsy
     shutil.copytree(good, corrupt)
     (corrupt / "index.faiss").write_bytes((good / "index.faiss").read_bytes()[:300])
     assert run("query", "--index", corrupt, "--query", "x") == 2
-    one_line(capsys, "is not a readable faiss index")
+    one_line(capsys, "index.faiss does not match the checksum its index.json records")
+    meta = json.loads((good / "index.json").read_text())
+    (corrupt / "index.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "checksums"}))
+    assert run("query", "--index", corrupt, "--query", "x") == 2  # an index from before the checksums: faiss's check
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 2 and "no checksums" in captured.err, captured.err  # a note, then the error
+    assert "is not a readable faiss index" in captured.err.splitlines()[-1] and "Traceback" not in captured.err
     (corrupt / "index.json").write_text("{not json")
     assert run("query", "--index", corrupt, "--query", "x") == 2
     one_line(capsys, "is not a readable JSON file")
@@ -180,7 +187,6 @@ def test_bad_indexes_and_inputs_are_one_line(model, corpus_file, tmp_path, capsy
     one_line(capsys, "not a search index")
     edited = tmp_path / "edited"  # index.json without its check vectors; documents.jsonl cut short
     shutil.copytree(good, edited)
-    meta = json.loads((good / "index.json").read_text())
     (edited / "index.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "probe"}))
     assert run("query", "--index", edited, "--query", "x") == 2
     one_line(capsys, "is not the description of a BERT-CF search index")
@@ -193,7 +199,7 @@ def test_bad_indexes_and_inputs_are_one_line(model, corpus_file, tmp_path, capsy
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     assert build(model, corpus_file, mine) == 2
-    one_line(capsys, "exists and is not a search index")
+    one_line(capsys, "holds notes.txt, which a build did not write")
     assert (mine / "notes.txt").read_text() == "keep me"
     assert build(model, corpus_file, tmp_path / "x", "--index", "hnsw", "--calibration", corpus_file) == 2
     one_line(capsys, "--calibration sets int8's ranges")
@@ -205,3 +211,59 @@ def test_bad_indexes_and_inputs_are_one_line(model, corpus_file, tmp_path, capsy
     one_line(capsys, "pip install 'bertcf[search]'")
     assert run("query", "--index", good, "--query", "x") == 2
     one_line(capsys, "pip install 'bertcf[search]'")
+
+
+def test_a_build_never_replaces_a_users_file_beside_an_index(model, corpus_file, tmp_path, capsys):
+    """--out holds an index and a file of the user's: the build is refused (a build replaces the
+    directory whole), and both are kept as they were."""
+    out = tmp_path / "index"
+    assert build(model, corpus_file, out, "--index", "exact") == 0
+    (out / "my-notes.txt").write_text("keep me")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert build(model, corpus_file, out, "--index", "hnsw") == 2
+    one_line(capsys, f"--out {out} holds my-notes.txt, which a build did not write")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]
+
+
+def test_a_build_into_a_directory_another_build_holds_is_one_line(model, corpus_file, tmp_path, capsys):
+    out = tmp_path / "index"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from bertcf.search import directory; "
+                               "lock = directory.IndexLock(sys.argv[1]).acquire(); print('held', flush=True); "
+                               "sys.stdin.read()", str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert build(model, corpus_file, out) == 2
+        one_line(capsys, f"{out} is in use by another process (pid {holder.pid}", "wait for that build to end")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert build(model, corpus_file, out) == 0
+
+
+def test_bytes_of_the_index_changed_in_place_are_one_line(model, corpus_file, tmp_path, capsys):
+    out = tmp_path / "index"
+    assert build(model, corpus_file, out, "--index", "exact") == 0
+    size = (out / "index.faiss").stat().st_size
+    with open(out / "index.faiss", "r+b") as handle:  # the last vector's bytes: faiss reads the file happily
+        handle.seek(size - 64)
+        handle.write(bytes(64))
+    capsys.readouterr()
+    assert run("query", "--index", out, "--query", QUERIES[0]) == 2
+    one_line(capsys, "index.faiss does not match the checksum its index.json records", "build the index again")
+
+
+def test_fewer_hits_than_k_are_said_in_one_line(model, corpus_file, tmp_path, capsys):
+    out = tmp_path / "index"
+    assert build(model, corpus_file, out, "--index", "hnsw") == 0
+    capsys.readouterr()
+    assert run("query", "--index", out, "--query", QUERIES[0], "--query", QUERIES[1], "-k", 100,
+               "--json", tmp_path / "hits.json") == 0
+    captured = capsys.readouterr()
+    hits = [len(r["hits"]) for r in json.loads((tmp_path / "hits.json").read_text())["results"]]
+    assert captured.err.count("\n") == 1 and max(hits) <= len(CORPUS), captured.err
+    assert f"fewer than -k 100 documents found for 2 of 2 queries (the fewest {min(hits)})" in captured.err
+    assert f"the index holds {len(CORPUS)} documents" in captured.err
+    assert run("query", "--index", out, "--query", QUERIES[0], "-k", 5) == 0
+    assert capsys.readouterr().err == ""

@@ -10,9 +10,10 @@ import random
 import shutil
 
 import pytest
-from conftest import write_cs224n_files
+from helpers import write_cs224n_files
 
-from bertcf.commands import multitask, pretrain
+from bertcf.commands import pretrain
+from bertcf.multitask import command as multitask
 from bertcf.cli import run_main
 from bertcf.data import download
 from bertcf.data.download import WIKI1M_NAME, Source
@@ -106,10 +107,12 @@ def test_only_the_test_files_missing_asks_nothing(mirror, tiny_bert_dir, tmp_pat
     data = write_cs224n_files(tmp_path / "data")
     (data / "quora-test-student.csv").unlink()
     monkeypatch.setattr(download, "download", lambda *a, **k: pytest.fail("nothing should be downloaded"))
-    from bertcf.config.multitask import parse
-    from bertcf.data.multitask import fetch_data
+    from bertcf.multitask.config import parse
+    from bertcf.multitask.data import fetch_data
+    from bertcf.multitask.tasks import declared_tasks
 
-    assert fetch_data(parse(multitask_argv(tiny_bert_dir, data, tmp_path / "run"))) is None
+    config = parse(multitask_argv(tiny_bert_dir, data, tmp_path / "run"))
+    assert fetch_data(declared_tasks(config), config.data_dir) is None
 
 
 @pytest.mark.parametrize("command", ["pretrain", "multitask"])

@@ -1,6 +1,6 @@
 """Hard-negative mining (bertcf.data.negatives, python -m bertcf.data mine-negatives): on the same
-vectors, the negatives sentence-transformers' mine_hard_negatives picks, for each of its controls;
-chunked search equal to one whole search; the triplets file read back by supervised SimCSE; bad
+vectors, the negatives sentence-transformers' mine_hard_negatives picks, for each of its controls
+(its exact search in chunks: tests/utils/test_topk.py); the triplets file read back by supervised SimCSE; bad
 input in one line."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from bertcf.commands.data import main as data_main
 from bertcf.data import negatives
-from bertcf.data.negatives import Mining, mine, nearest
+from bertcf.data.negatives import Mining, mine
 from bertcf.errors import DataError, UsageError
 
 datasets = pytest.importorskip("datasets", reason="sentence-transformers' mine_hard_negatives needs datasets "
@@ -76,17 +76,6 @@ def test_the_negatives_are_mine_hard_negatives(controls):
     assert ours  # the controls leave some
 
 
-def test_chunked_search_is_the_whole_search():
-    g = torch.Generator().manual_seed(1)
-    q, c = torch.randn(13, 8, generator=g), torch.randn(29, 8, generator=g)
-    whole = torch.topk(q @ c.T, 6, dim=1)
-    for chunk in (1, 4, 13, 100):
-        scores, indices = nearest(q, c, 6, chunk)
-        assert torch.equal(indices, whole.indices) and torch.allclose(scores, whole.values)
-    scores, indices = nearest(q, c[:3], 5, 2)  # fewer candidates than asked: padded
-    assert (indices[:, 3:] == -1).all() and torch.isinf(scores[:, 3:]).all()
-
-
 def test_random_sampling_draws_valid_negatives_reproducibly():
     queries, positives, docs, table = toy()
 
@@ -131,6 +120,20 @@ def test_a_beir_set_is_mined_on_its_train_judgements(tmp_path, tiny_bert_dir, ca
     capsys.readouterr()
     assert data_main(argv + ["--split", "test", "--out", str(tmp_path / "test.tsv")]) == 2  # it has no test qrels
     assert "test" in capsys.readouterr().err and not (tmp_path / "test.tsv").exists()
+
+
+def test_a_beir_set_without_train_judgements_names_the_file_it_lacks(tmp_path, tiny_bert_dir, capsys):
+    """Only qrels/test.tsv: mining (--split train) names qrels/train.tsv, and the layout it shows
+    is the one it reads (not one with qrels/test.tsv, which the set has)."""
+    from bertcf.data import beir
+    beir.write(tmp_path / "set", {"d0": "a man plays music"}, {"q0": "who plays music"}, {"q0": {"d0": 1}})
+    assert (tmp_path / "set" / "qrels" / "test.tsv").is_file()
+    assert data_main(["mine-negatives", "--encoder", str(tiny_bert_dir), "--beir", str(tmp_path / "set"), "--out",
+                      str(tmp_path / "mined.tsv"), "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"{tmp_path / 'set' / 'qrels' / 'train.tsv'} not found" in err, err
+    assert "qrels/train.tsv)" in err and "qrels/test.tsv" not in err, err
+    assert not (tmp_path / "mined.tsv").exists()
 
 
 @pytest.mark.parametrize("content, message", [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import wordfreq
-from conftest import base_args, run_quiet, write_senteval
+from helpers import base_args, run_quiet, write_senteval
 from scipy import stats
 
 from bertcf import SentenceEncoder, cli
@@ -363,7 +363,7 @@ def lexical_argv(bert, data, out, lexical, words, *more) -> list[str]:
 
 
 def test_lexical_command_plan(tiny_bert_dir, tmp_path, capsys):
-    from conftest import write_cs224n_files
+    from helpers import write_cs224n_files
 
     from bertcf.commands import experiments
     data = write_cs224n_files(tmp_path / "data")
@@ -388,7 +388,7 @@ def test_lexical_command_trains_scores_and_tests_the_claim(tiny_bert_dir, tmp_pa
     """Two seeds of the lexical encoder from the tiny BERT, each scored on a SimLex-layout file with
     both poolings; lexical.md/json set them beside the base and test the claim; a second call reruns
     nothing; the objectives table then has the SimLex column."""
-    from conftest import write_cs224n_files
+    from helpers import write_cs224n_files
 
     from bertcf.commands import experiments
     from bertcf.evaluation import bootstrap

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SHARED, _sentence, assert_one_error_line, senteval_sentence, write_lines
+from helpers import SHARED, assert_one_error_line, cs224n_sentence, senteval_sentence, write_lines
 
 from bertcf import SentenceEncoder
 from bertcf.cli import run_main
@@ -39,15 +39,15 @@ def write_stsb(root: Path, n: int = 30) -> Path:
     for split, shift in (("test", 0), ("dev", 7)):
         write_lines(root / se.STSB_FILES[split], [
             f"main-captions\tMSRvid\t2012test\t{i:04d}\t{(i * 37 % n) * 5 / n:.3f}\t{senteval_sentence(i + shift)} {i}"
-            f"\t{_sentence(2 * i + shift)}" for i in range(n)])
+            f"\t{cs224n_sentence(2 * i + shift)}" for i in range(n)])
     return root
 
 
 def write_retrieval_set(root: Path) -> Path:
     """40 distinct documents, 12 queries with graded and zero judgements, a relevant document absent
     from the corpus, and a query with its own id in the corpus (never retrieved for it)."""
-    corpus = {f"d{i}": f"{_sentence(i)} {i}" for i in range(40)}
-    queries = {f"q{i}": _sentence(3 * i + 7) for i in range(12)} | {"d3": corpus["d3"]}
+    corpus = {f"d{i}": f"{cs224n_sentence(i)} {i}" for i in range(40)}
+    queries = {f"q{i}": cs224n_sentence(3 * i + 7) for i in range(12)} | {"d3": corpus["d3"]}
     qrels = {f"q{i}": {f"d{5 * i % 40}": 1 + i % 2, f"d{(5 * i + 3) % 40}": 1, f"d{(i + 1) % 40}": 0}
              for i in range(12)}
     qrels["q1"]["absent"] = 1

@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from conftest import offline_hub_cache
+from helpers import offline_hub_cache
 
 from bertcf.commands.evaluate import main as cli
 from bertcf.data import beir
@@ -69,6 +69,28 @@ def test_rerank_is_the_cross_encoders_order(models):
     assert {k: result["first_stage"][k] for k in first} == pytest.approx(first, abs=1e-12)
     assert result["rerank_top"] == depth and result["rerank_seconds"] > 0
     assert result["queries_per_second"] == pytest.approx(4 / (result["search_seconds"] + result["rerank_seconds"]))
+
+
+def test_reranking_shows_the_pairs_scored_and_the_time_left(models, monkeypatch, capsys):
+    """Issue 59: `--rerank-top 100` printed nothing for 200 s (a bar moved once a block of 256 queries,
+    25,600 pairs). The pairs are scored about RERANK_PAIRS at a time, whole queries, with a line (in a
+    log) at each tenth of them; the order is the same as in one block."""
+    from bertcf.evaluation import retrieval
+    from bertcf.utils import progress
+
+    encoder, cross, _ = models
+    evaluator = RetrievalEvaluator("toy", question_set(), ndcg_at=(3,), mrr_at=(3,), recall_at=(10,), map_at=(10,))
+    positions = [[i for i in row if i >= 0] for row in
+                 evaluator.search(lambda texts: encoder.encode(texts), depth=10).indices.tolist()]
+    score = lambda pairs: cross.predict(pairs, raw_logits=True)  # noqa: E731
+    whole = evaluator.rerank(positions, score, 5)
+    monkeypatch.setattr(retrieval, "RERANK_PAIRS", 6)  # a query (5 pairs) a block
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
+    capsys.readouterr()
+    assert evaluator.rerank(positions, score, 5, show_progress_bar="lines") == whole
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == [f"toy: rerank: {n}/20 pairs" for n in (5, 10, 15, 20)]
+    assert "left" in lines[0] and "left" not in lines[-1]
 
 
 def test_the_command_reranks_and_reports(models, tmp_path, capsys):

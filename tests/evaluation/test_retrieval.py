@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import write_cs224n_files
+from helpers import write_cs224n_files
 
 from bertcf.data import beir
 from bertcf.commands.data import main as data_main
 from bertcf.errors import DataError
 from bertcf.commands.evaluate import main as cli
-from bertcf.evaluation.retrieval import RetrievalEvaluator, TopK, model_score, ranking_metrics
+from bertcf.evaluation.retrieval import RetrievalEvaluator, model_score, ranking_metrics
 
 
 def write_set(root: Path, corpus: dict, queries: dict, qrels: list[tuple]) -> Path:
@@ -84,13 +84,6 @@ def test_a_query_never_retrieves_its_own_id():
     assert ranked.indices[0, :4].tolist() == [2, 0, 1, 4] and ranked.values[0, 4] == -math.inf
     kept = RetrievalEvaluator("toy", data, score="dot", ignore_identical_ids=False).search(embed)
     assert kept.indices[0, :2].tolist() == [3, 2]
-
-
-def test_top_k_breaks_ties_at_the_cut_toward_lower_positions():
-    top = TopK(3, 2)
-    top.update(0, torch.tensor([[0.5, 0.9, 0.5, 0.9], [0.9, 0.5, 0.5, 0.5], [0.1, 0.2, 0.2, 0.2]]), 0)
-    top.update(0, torch.tensor([[0.9, 0.1], [0.5, 0.9], [0.2, 0.3]]), 4)  # a second chunk ties with the first
-    assert top.indices.tolist() == [[1, 3], [0, 5], [5, 1]]
 
 
 def test_map_divides_by_min_of_k_and_relevant():

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import senteval_sentence as sentence
-from conftest import write_lines as write
-from conftest import write_senteval, write_sts_year
+from helpers import senteval_sentence as sentence
+from helpers import write_lines as write
+from helpers import write_senteval, write_sts_year
 from scipy import stats
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import record_pretrainings, write_cs224n_files, write_senteval
+from helpers import record_pretrainings, write_cs224n_files, write_senteval
 
 from bertcf import experiments as exp
 from bertcf.commands import experiments
 from bertcf.data.tasks import PairExample
-from bertcf.evaluation import multitask as multitask_metrics
+from bertcf.multitask import evaluation as multitask_metrics
+from bertcf.multitask.tasks import builtin_tasks
 from bertcf.evaluation.metrics import alignment, uniformity
 
 BEST_DIRS = ["simcse", "mirror", "flow", "minbert-whitening", "bertcf", "simcse-joint", "minbert-joint", "mirror-flow",
@@ -67,7 +68,7 @@ def test_pair_analysis_matches_a_direct_computation():
 def test_finetune_metric_names_and_prediction_files(tmp_path):
     # The names are the ones bertcf.multitask writes to metrics.json.
     assert (set(exp.FINETUNE_METRICS.values())
-            == set(multitask_metrics.METRICS.values()) | {multitask_metrics.SELECTION_METRIC})
+            == {t.metric_key for t in builtin_tasks().values()} | {multitask_metrics.SELECTION_METRIC})
     for qqp in ("qqp_acc", "para_acc"):  # para_acc: a metrics.json written before QQP had one name
         m = exp.finetune_metrics({"sst_acc": 0.4, qqp: 0.9, "sts_pearson": 0.1, "mean_dev": 0.3,
                                           "sst_dev_examples": 12})
@@ -542,7 +543,7 @@ def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path)
 
 def write_config(vocab_path, config: Path) -> Path:
     """A config-only directory: the tiny BERT's config.json and a vocab.txt, no weights."""
-    from conftest import TINY_BERT_CONFIG
+    from helpers import TINY_BERT_CONFIG
 
     config.mkdir()
     vocab_size = sum(1 for line in Path(vocab_path).read_text(encoding="utf-8").splitlines() if line)

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import offline_hub_cache
+from helpers import offline_hub_cache
 from safetensors.torch import load_file, save_file
 
 import minbert
@@ -580,3 +580,32 @@ def test_pad_batch():
     assert ids.dtype == mask.dtype == torch.long
     ids, _ = minbert.pad_batch([[1], [2, 3]], pad_token_id=7)
     assert ids.tolist() == [[1, 7], [2, 3]]
+
+
+def test_inputs_embeds_match_transformers_and_the_ids(hf_dir):
+    """``inputs_embeds`` [b, t, D] in place of the ids' word embeddings (SMART perturbs them): on a
+    padded batch, transformers.BertModel given the same inputs_embeds, unpadded and padded; the
+    ids' own word embeddings give exactly the ids' output; the gradient reaches the real tokens'
+    embeddings only."""
+    directory, hf = hf_dir
+    ours = BertModel.from_pretrained(directory).eval()
+    ids, mask, types = padded_batch(seed=5)
+    assert (mask == 0).any()
+    g = torch.Generator().manual_seed(6)
+    embeds = (torch.randn(*ids.shape, ours.config.hidden_size, generator=g) * 0.5).requires_grad_()
+    with torch.no_grad():
+        ref = hf(inputs_embeds=embeds, attention_mask=mask, token_type_ids=types)
+        padded = ours(ids, mask, types, unpad=False, inputs_embeds=embeds)
+        from_ids = ours(ids, mask, types)
+        own = ours(ids, mask, types, inputs_embeds=ours.embeddings.word_embeddings(ids))
+    out = ours(ids, mask, types, inputs_embeds=embeds)
+    for a in (out, padded):
+        assert max_diff(valid(a["last_hidden_state"], mask), valid(ref.last_hidden_state, mask)) < TOL
+        assert max_diff(a["pooler_output"], ref.pooler_output) < TOL
+    assert max_diff(valid(out["last_hidden_state"], mask), valid(from_ids["last_hidden_state"], mask)) > 0.1
+    assert own.keys() == from_ids.keys()
+    for key in from_ids:
+        assert torch.equal(own[key], from_ids[key]), key
+    valid(out["last_hidden_state"], mask).sum().backward()
+    norms = embeds.grad.norm(dim=-1)
+    assert (norms[mask.bool()] > 0).all() and (norms[~mask.bool()] == 0).all()

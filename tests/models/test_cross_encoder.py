@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 import transformers
-from conftest import offline_hub_cache
+from helpers import offline_hub_cache
 
 from bertcf.errors import UsageError
 from bertcf.models.cross_encoder import IDENTITY, SIGMOID, CrossEncoder, is_cross_encoder

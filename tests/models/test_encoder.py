@@ -163,12 +163,20 @@ def test_encode_batches_sentences_of_similar_length(encoder):
 
 
 def test_show_progress_bar(encoder, capsys):
+    """The project's progress convention (``utils.progress``): a bar on a terminal, plain lines in a
+    log (True: whichever stderr is, and no line for quick work), or a mode by name."""
     capsys.readouterr()
     encoder.encode(SENTENCES, batch_size=2)
     assert capsys.readouterr().err == ""
-    encoder.encode(SENTENCES, batch_size=2, show_progress_bar=True)
+    encoder.encode(SENTENCES, batch_size=2, show_progress_bar=True)  # stderr is no terminal: lines, none this quick
+    assert capsys.readouterr().err == ""
+    n = len(SENTENCES)
+    encoder.encode(SENTENCES, batch_size=2, show_progress_bar="lines")
     err = capsys.readouterr().err
-    assert "encode" in err and "4/4" in err, err
+    assert "\r" not in err and f"encode: {n}/{n} sentences (100%)" in err, err
+    encoder.encode(SENTENCES, batch_size=2, show_progress_bar="bar")  # tqdm's bar, redrawn in place
+    err = capsys.readouterr().err
+    assert "encode:" in err and "\r" in err, err
 
 
 def test_encode_precision_follows_the_encoder_setting(encoder):
@@ -317,9 +325,9 @@ def test_checkpoint_directories_and_hub_names_are_not_run_directories(tiny_bert_
 def test_multitask_encoder_flag_uses_the_same_resolver():
     """One function turns a run directory into its checkpoint: SentenceEncoder.from_pretrained,
     multitask's --encoder (here) and pretrain's --init (tests/training/test_pretrain.py) all use it."""
-    from bertcf.training import multitask
+    from bertcf.multitask import trainer
 
-    assert multitask.runs.resolve_encoder_path is resolve_encoder_path
+    assert trainer.runs.resolve_encoder_path is resolve_encoder_path
 
 
 def test_vocab_fallback_for_directories_without_tokenizer(tiny_bert_dir, vocab_path, tmp_path):

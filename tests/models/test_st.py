@@ -12,11 +12,12 @@ import stat
 
 import pytest
 import torch
-from conftest import ST_SENTENCES as SENTENCES
-from conftest import standalone_vectors
+from helpers import ST_SENTENCES as SENTENCES
+from helpers import standalone_vectors
 
 from bertcf import SentenceEncoder
-from bertcf.commands import multitask, pretrain
+from bertcf.commands import pretrain
+from bertcf.multitask import command as multitask
 from bertcf.cli import run_main
 from bertcf.models.flow import Glow
 from minbert import CheckpointError
@@ -176,11 +177,13 @@ def test_a_dense_sentence_transformers_wrote_is_read(tiny_bert_dir, tmp_path):
 
 def test_a_linear_head_in_fine_tuning_and_pretraining(tiny_bert_dir, tmp_path):
     """The multitask heads read the head's output (its width) and the checkpoint keeps it; a
-    pretraining objective, which trains the vectors the head was fitted on, drops it."""
-    from bertcf.models.multitask import MultitaskModel
+    pretraining objective, which trains the vectors the head was fitted on, refuses it (the
+    command drops it when it builds the encoder: tests/training/test_pretrain.py)."""
+    from bertcf.multitask import MultitaskModel, builtin_tasks
+    from bertcf.errors import UsageError
     from bertcf.objectives import Mirror
 
-    model = MultitaskModel(with_dense(tiny_bert_dir, out_features=12), proj_dim=8).eval()
+    model = MultitaskModel(with_dense(tiny_bert_dir, out_features=12), list(builtin_tasks().values()), proj_dim=8).eval()
     assert model.sst_head[1].in_features == 12 and model.qqp_head[1].in_features == 12
     batch = model.encoder.tokenize(SENTENCES[:2])
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -191,8 +194,9 @@ def test_a_linear_head_in_fine_tuning_and_pretraining(tiny_bert_dir, tmp_path):
     assert torch.equal(again.encoder.dense.weight, model.encoder.dense.weight)
     assert torch.allclose(again(ids, mask, {"sst": 2})["sst"], out["sst"], atol=1e-6)
     encoder = with_dense(tiny_bert_dir)
-    Mirror(encoder)
-    assert encoder.dense is None and encoder.output_dim == encoder.dim
+    with pytest.raises(UsageError, match="Mirror changes the vectors the encoder's linear head"):
+        Mirror(encoder)
+    assert encoder.dense is not None
 
 
 def test_real_minilm_agrees_in_its_own_layout(real_bert_dir):
@@ -319,7 +323,7 @@ def test_an_old_flow_checkpoint_loads_and_upgrades_in_place(finished_run, tmp_pa
 
 @pytest.fixture(scope="module")
 def finished_run(tiny_bert_dir, tmp_path_factory):
-    from conftest import write_cs224n_files
+    from helpers import write_cs224n_files
 
     data = write_cs224n_files(tmp_path_factory.mktemp("st-data"))
     out = tmp_path_factory.mktemp("st-runs") / "joint"
@@ -358,7 +362,7 @@ def test_a_truncated_checkpoint_file_is_one_line(finished_run, tmp_path, capsys,
 
 
 def test_corrupt_heads_file_is_one_line(tiny_bert_dir, tmp_path, capsys):
-    from conftest import write_cs224n_files
+    from helpers import write_cs224n_files
 
     data = write_cs224n_files(tmp_path / "data")
     out = tmp_path / "mt"

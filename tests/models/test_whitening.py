@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ST_SENTENCES, standalone_vectors
+from helpers import ST_SENTENCES, standalone_vectors
 from sklearn.decomposition import PCA
 
 from bertcf.models.whitening import fit_whitening
@@ -156,7 +156,7 @@ def test_first_last_avg_reads_transformers_first_layer_not_the_embeddings(tiny_b
 
 @pytest.mark.parametrize("method", ["mirror", "ct", "bsl", "tsdae"])
 def test_every_objective_trains_with_first_last_avg(tiny_bert_dir, method):
-    from conftest import make_objective
+    from helpers import make_objective
 
     from bertcf import SentenceEncoder
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     CONTRADICTED,
     ENTAILED,
     PREMISES,
@@ -40,7 +40,7 @@ from conftest import (
     stacked,
     tensors,
 )
-from conftest import OBJECTIVE_SENTENCES as SENTENCES
+from helpers import OBJECTIVE_SENTENCES as SENTENCES
 
 from bertcf.objectives import Objective, cache
 from bertcf.objectives.contrastive import span_mask
@@ -332,7 +332,9 @@ def test_supervised_simcse_cached_step_equals_the_uncached_step(tiny_bert_dir, n
 
     def build_sup(mini_batch_size=None):
         torch.manual_seed(0)
-        return SupervisedSimCSE(load(tiny_bert_dir, 0.1), negatives=negatives, mlp=pooling == "cls-mlp", temperature=TAU,
+        encoder = load(tiny_bert_dir, 0.1)
+        encoder.pooling = "cls" if pooling == "cls-mlp" else "mean"  # SimCSE's MLP reads [CLS]
+        return SupervisedSimCSE(encoder, negatives=negatives, mlp=pooling == "cls-mlp", temperature=TAU,
                                 mini_batch_size=mini_batch_size, generator=torch.Generator().manual_seed(0)).train()
 
     def sup_step(objective):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from conftest import CONTRADICTED, ENTAILED, PREMISES, base_args, load, run_quiet, stacked
+from helpers import CONTRADICTED, ENTAILED, PREMISES, base_args, load, run_quiet, stacked
 from sentence_transformers.sentence_transformer.losses import MarginMSELoss, MultipleNegativesRankingLoss
 from sentence_transformers.util import cos_sim, pairwise_cos_sim, pairwise_dot_score
 
@@ -158,7 +158,7 @@ def test_margin_mse_end_to_end_and_with_the_gradient_cache(tiny_bert_dir, data_d
     (dict(method="margin-mse"), "needs --train-file"),
     (dict(method="margin-mse", train_file="NLI"), "trains on files of query<TAB>positive<TAB>negative<TAB>margin"),
     (dict(method="simcse-sup", train_file="MARGINS"), r"simcse-sup trains on .* \(margins\)"),
-    (dict(method="cosent", margin_score="cos"), "--margin-score is for --stage supervised --method margin-mse"),
+    (dict(method="cosent", margin_score="cos"), "--margin-score is a setting of margin-mse, not of cosent"),
 ])
 def test_bad_flags_and_files(flags, message, tiny_bert_dir, data_dir, tmp_path):
     nli = tmp_path / "nli.tsv"

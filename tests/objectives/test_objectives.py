@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import OBJECTIVE_SENTENCES as SENTENCES
-from conftest import batch, load, make_objective, random_batch
+from helpers import OBJECTIVE_SENTENCES as SENTENCES
+from helpers import batch, load, make_objective, random_batch
 
 from bertcf.models.encoder import SentenceEncoder
 from bertcf.objectives import BSL, METHODS, TSDAE, ContrastiveTension, MaskedLM
-from bertcf.objectives.base import IGNORE_INDEX
+from bertcf.objectives.base import IGNORE_INDEX, BaseObjective
+from bertcf.objectives.mixture import Mixture
 from bertcf.objectives.contrastive import span_mask
 
 
@@ -281,6 +282,21 @@ def test_interface(stage, method, tiny_bert_dir):
             assert torch.equal(a, b), k
 
 
+
+def test_a_mixture_has_the_shape_of_an_objective(tiny_bert_dir):
+    """A mixture and its parts share one base (``BaseObjective``): the same device and frozen
+    state of the one encoder, groups that hold each trainable parameter once."""
+    enc = load(tiny_bert_dir)
+    parts = {"a": make_objective("mirror", "simcse", enc), "b": make_objective("mirror", "ct", enc)}
+    mixture = Mixture(parts)
+    assert isinstance(mixture, BaseObjective) and all(isinstance(p, BaseObjective) for p in parts.values())
+    assert mixture.device == enc.device == parts["a"].device and not mixture.encoder_frozen
+    grouped = [p for g in mixture.parameter_groups() for p in g["params"]]
+    assert len(grouped) == len({id(p) for p in grouped}) == len([p for p in mixture.parameters() if p.requires_grad])
+    enc.bert.requires_grad_(False)
+    assert mixture.encoder_frozen and parts["b"].encoder_frozen
+
+
 # ---- end to end through run_pretrain's main --------------------------------------------------------
 
 def pretrain(model, data_dir, out_dir, method, *extra):
@@ -356,7 +372,7 @@ def config_only_dir(directory, vocab_path, **config):
     """A directory with a BERT config.json and a vocab.txt, and no weights."""
     import shutil
 
-    from conftest import TINY_BERT_CONFIG
+    from helpers import TINY_BERT_CONFIG
 
     directory.mkdir(parents=True)
     vocab_size = sum(1 for line in Path(vocab_path).read_text(encoding="utf-8").splitlines() if line)

@@ -139,7 +139,7 @@ def test_matryoshka_settings_are_checked(tiny_bert_dir):
     with pytest.raises(UsageError, match="matryoshka_dims must be comma-separated distinct widths"):
         SimCSE(encoder, matryoshka_dims=(16, 16))
     objective = SimCSE(encoder, matryoshka_dims=(32, 16))
-    assert encoder.matryoshka_dims == (32, 16)  # the checkpoint keeps them
+    assert encoder.matryoshka_dims is None  # the encoder given is left as it is; the Trainer records the widths
     ids = encoder.tokenize(["a man plays a guitar", "a dog runs", "the cat sleeps"])
     special = torch.isin(ids["input_ids"], torch.tensor(encoder.tokenizer.all_special_ids))
     loss, _ = objective(ids["input_ids"], ids["attention_mask"], special)

@@ -7,11 +7,12 @@ import math
 
 import pytest
 import torch
-from conftest import base_args, load, run_quiet, training_state
+from helpers import base_args, load, run_quiet, training_state
 from safetensors.torch import load_file
 
 from bertcf import SentenceEncoder
 from bertcf.data.corpus import CORPUS_SETTINGS
+from bertcf.errors import UsageError
 from bertcf.objectives import Mirror, presets
 from bertcf.objectives.contrastive import char_span_mask
 
@@ -83,7 +84,10 @@ def test_cls_mlp_trains_an_mlp_that_the_checkpoint_leaves_out(tiny_bert_dir, dat
     assert not any("mlp" in k for k in weights)
     encoder = SentenceEncoder.from_pretrained(out / "best")
     assert encoder.pooling == "cls"
-    enc = load(tiny_bert_dir)
+    with pytest.raises(UsageError, match="mlp=True .* needs an encoder that pools cls, not mean"):
+        Mirror(load(tiny_bert_dir), mlp=True)  # refused, not switched to [CLS] behind the caller's back
+    enc = SentenceEncoder.from_pretrained(tiny_bert_dir, pooling="cls", hidden_dropout_prob=0.0,
+                                          attention_probs_dropout_prob=0.0)
     objective = Mirror(enc, mlp=True)
     ids = enc.tokenizer(["a man plays", "the dog runs"], padding=True, return_tensors="pt")
     u = enc.embed(ids["input_ids"], ids["attention_mask"])

@@ -21,7 +21,7 @@ import math
 
 import pytest
 import torch
-from conftest import batch, load, random_batch
+from helpers import batch, load, random_batch
 
 from bertcf.models.flow import ActNorm, AdditiveCoupling, InvertibleLinear
 from bertcf.objectives import BSL, TSDAE, ContrastiveTension, MaskedLM, Mirror, SimCSE

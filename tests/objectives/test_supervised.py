@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     CONTRADICTED,
     ENTAILED,
     NEUTRAL,
@@ -137,6 +137,7 @@ def test_supervised_simcse_is_mnrl_with_a_hard_negative_column(negatives, direct
 
 def test_supervised_simcse_trains_its_mlp_and_saves_cls_without_it(tiny_bert_dir):
     enc = load(tiny_bert_dir)
+    enc.pooling = "cls"  # the caller's choice: the objective checks it and changes nothing of the encoder
     objective = SupervisedSimCSE(enc, mlp=True, generator=torch.Generator().manual_seed(0))
     assert enc.pooling == "cls" and objective.mlp is not None
     loss, _ = objective.loss(*stacked(enc, [PREMISES, ENTAILED, CONTRADICTED]))
@@ -484,7 +485,7 @@ def student_config(directory, vocab_path, hidden=16):
     """A config-only bert (random weights) of width ``hidden``: the student."""
     import shutil
 
-    from conftest import TINY_BERT_CONFIG
+    from helpers import TINY_BERT_CONFIG
 
     directory.mkdir()
     vocab_size = sum(1 for line in vocab_path.read_text(encoding="utf-8").splitlines() if line)

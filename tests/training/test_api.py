@@ -75,3 +75,67 @@ def test_objectives_take_keyword_settings_checked_as_their_flags(tiny_bert_dir):
         TrainConfig(steps=0)
     with pytest.raises(UsageError, match="lr_schedule must be one of constant, linear"):
         TrainConfig(lr_schedule="cosine")
+
+
+def test_an_objective_trains_the_encoder_it_is_given_unchanged(tiny_bert_dir):
+    """What a method needs of the encoder (no flow, no linear head, [CLS] under SimCSE's MLP) is
+    checked and refused in one line, not changed behind the caller's back; Matryoshka's widths
+    are checked, and recorded by the Trainer, not set on the encoder by the objective."""
+    import torch.nn as nn
+
+    from bertcf import SentenceEncoder
+    from bertcf.models.flow import Glow
+
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    encoder.flow = Glow(encoder.dim, num_blocks=1)
+    with pytest.raises(UsageError, match="Mirror trains the encoder itself, not a flow on it"):
+        objectives.Mirror(encoder)
+    assert encoder.flow is not None
+    objectives.Joint(encoder)  # the joint stage trains the flow: it keeps it
+    encoder.flow, encoder.dense = None, nn.Linear(encoder.dim, 8)
+    with pytest.raises(UsageError, match="SimCSE changes the vectors the encoder's linear head .* was fitted on"):
+        objectives.SimCSE(encoder)
+    assert encoder.dense is not None
+    encoder.dense = None
+    with pytest.raises(UsageError, match="needs an encoder that pools cls, not mean"):
+        objectives.SimCSE(encoder, mlp=True)
+    assert encoder.pooling == "mean"
+    objectives.SimCSE(encoder, matryoshka_dims=(32, 16))
+    assert encoder.matryoshka_dims is None
+
+
+def test_simcse_records_the_span_it_runs_and_refuses_another(tiny_bert_dir):
+    """SimCSE's views have no span: its description says span_cap 0 (what runs), a span asked of
+    it from Python or on the command line is refused rather than overridden, and config.json
+    records what ran."""
+    from bertcf import SentenceEncoder
+    from bertcf.config.pretrain import parse
+
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    assert objectives.SimCSE(encoder).description()["span_cap"] == 0
+    with pytest.raises(UsageError, match="SimCSE's two views differ by dropout alone: span_cap must be 0, not 3"):
+        objectives.SimCSE(encoder, span_cap=3)
+    with pytest.raises(UsageError, match="span_unit must be 'token', not 'char'"):
+        objectives.SimCSE(encoder, span_unit="char")
+    assert (parse(["--method", "simcse"]).span_cap, parse(["--stage", "joint", "--method", "simcse"]).span_cap) == (0, 0)
+    for argv in (["--method", "simcse", "--span-cap", "3"], ["--stage", "joint", "--method", "simcse", "--span-cap", "5"]):
+        with pytest.raises(UsageError, match="--span-cap .*: --method simcse's two views differ by dropout alone"):
+            parse(argv)
+
+
+def test_the_trainer_keeps_a_resolved_config_and_records_what_it_resolves(tiny_bert_dir, tmp_path):
+    """The defaults of device, out_dir and the batch sampler are taken in one place
+    (``TrainConfig.resolved``): a command's config reaches the Trainer resolved and is kept as it
+    is; a Python user's gets them there, and config.json records the sampler that runs."""
+    from bertcf import SentenceEncoder, Trainer
+    from bertcf.config.pretrain import parse
+
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    command = parse(["--stage", "supervised", "--method", "simcse-sup", "--train-file", "x.tsv", "--out-dir",
+                     str(tmp_path / "command")])
+    assert command.batch_sampler == "no-duplicates" and command.device is not None
+    assert Trainer(objectives.SupervisedSimCSE(encoder), [], command).config is command
+    trainer = Trainer(objectives.SupervisedSimCSE(encoder), [], TrainConfig(out_dir=str(tmp_path / "python")))
+    assert trainer.config.batch_sampler == trainer.record["batch_sampler"] == "no-duplicates"
+    assert trainer.config.device is not None and trainer.config.precision is not None
+    assert Trainer(objectives.Mirror(encoder), [], TrainConfig()).config.out_dir.startswith("runs/train-mirror-")

@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import make_objective
+from helpers import make_objective
 
 from bertcf.commands import pretrain
 from bertcf.errors import UsageError

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     REPO,
     TINY_BERT_CONFIG,
     assert_one_error_line,
@@ -32,11 +33,11 @@ from conftest import (
 
 from bertcf import runs
 from bertcf.commands import data as data_command
-from bertcf.commands import gpl as gpl_command
 from bertcf.data import beir, genq
 from bertcf.data.negatives import read_margins, read_triplets
 from bertcf.errors import UsageError
-from bertcf.training import gpl as gpl_pipeline
+from bertcf.gpl import command as gpl_command
+from bertcf.gpl import pipeline as gpl_pipeline
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -137,7 +138,7 @@ def test_genq_with_top_k_1_is_greedy_decoding(generator_dir):
 
 
 def test_genq_then_mnrl_trains_the_encoder(generator_dir, passages, tiny_bert_dir, data_dir, tmp_path, capsys):
-    from conftest import base_args, run_quiet
+    from helpers import base_args, run_quiet
 
     out = tmp_path / "genq"
     assert data_command.main(["genq", "--corpus", str(passages), "--out", str(out), "--generator", str(generator_dir),
@@ -199,7 +200,7 @@ def test_a_second_call_skips_every_step(gpl_out, tiny_bert_dir, data_dir, genera
                                         capsys, monkeypatch):
     def never(*args, **kwargs):
         raise AssertionError("a done step ran again")
-    for module, name in ((genq, "load_generator"), (gpl_pipeline.pseudo_labels, "load_cross_encoder"),
+    for module, name in ((genq, "load_generator"), (gpl_pipeline, "load_cross_encoder"),
                          (gpl_pipeline.pretraining, "run"), (gpl_pipeline, "mine_and_write")):
         monkeypatch.setattr(module, name, never)
     before = {p: p.stat().st_mtime_ns for p in gpl_out.rglob("*") if p.is_file()}
@@ -258,13 +259,50 @@ def test_an_interrupted_training_continues_to_the_uninterrupted_weights(tiny_ber
     assert json.loads((out / "gpl.json").read_text())["model"]["done"] is True
     assert training_state(out / "model")["step"] == 4
     assert [s["session"] for s in runs.read_environment(out / "model")] == ["start", "resume"]
-    straight = gpl_pipeline.train_argv(gpl_command.parse(argv), tmp_path / "fresh")  # a fresh run's argv
-    straight[straight.index("--train-file") + 1] = str(out / "margins.tsv")
-    straight[straight.index("--out-dir") + 1] = str(tmp_path / "straight")
-    pretrain.run(straight)
+    pretrain.run(step_4_command_line(out / "margins.tsv", tmp_path / "straight", tiny_bert_dir, data_dir)
+                 + ["--log-every", "1"])
     resumed, uninterrupted = (tensors(d / "last" / "model.safetensors") for d in (out / "model", tmp_path / "straight"))
     assert resumed.keys() == uninterrupted.keys()
     assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def step_4_command_line(margins, out_dir, encoder, data_dir) -> list[str]:
+    """run_pretrain.py's flags for GPL's step 4 of ``gpl_argv``: MarginMSE with GPL's defaults
+    (linear decay, the last checkpoint kept, the dot product) and the settings gpl_argv gives."""
+    return ["--stage", "supervised", "--method", "margin-mse", "--train-file", str(margins), "--out-dir", str(out_dir),
+            "--model", str(encoder), "--steps", "4", "--batch-size", "4", "--lr", "1e-3", "--warmup-steps", "1",
+            "--lr-schedule", "linear", "--max-length", "24", "--eval-every", "2", "--margin-score", "dot",
+            "--select-on", "last", "--data-dir", str(data_dir), "--device", "cpu", "--precision", "fp32",
+            "--progress", "none"]
+
+
+def test_step_4_builds_the_config_run_pretrain_would_resolve(tiny_bert_dir, data_dir, tmp_path):
+    """GPL's training step is a PretrainConfig built from GPL's typed settings (and the flags after
+    --, parsed once with GPL's own), not command-line words parsed again: the same settings as
+    run_pretrain.py's command line, resolved the same way, its command line GPL's own; continued,
+    the same as run_pretrain.py --resume."""
+    from bertcf.config import pretrain as pretrain_config
+
+    argv = gpl_argv(tmp_path / "out", tiny_bert_dir, data_dir, "--queries", "q.tsv", "--", "--log-every", "3")
+    config = gpl_pipeline.train_config(gpl_command.parse(argv), tmp_path / "out")
+    command = pretrain_config.parse(step_4_command_line(tmp_path / "out" / "margins.tsv", tmp_path / "out" / "model",
+                                                        tiny_bert_dir, data_dir) + ["--log-every", "3"])
+    assert config.command == shlex.join(["python", "-m", "bertcf.gpl", *argv])
+    assert config.replace(command=None) == command.replace(command=None)
+    (tmp_path / "out" / "model" / "last").mkdir(parents=True)
+    (tmp_path / "out" / "model" / "last" / runs.STATE_FILE).write_bytes(b"")
+    (tmp_path / "out" / "model" / "config.json").write_text(json.dumps(command.to_dict()))
+    resumed = gpl_pipeline.train_config(gpl_command.parse(argv), tmp_path / "out")
+    again = pretrain_config.parse(["--resume", "--out-dir", str(tmp_path / "out" / "model"), "--device", "cpu",
+                                   "--precision", "fp32", "--progress", "none"])
+    assert resumed.resume and resumed.replace(command=None) == again.replace(command=None)
+
+
+def test_flags_after_the_separator_that_are_gpls_are_refused_even_at_their_default(tiny_bert_dir, data_dir,
+                                                                                      tmp_path):
+    """-- --stage mirror (run_pretrain.py's default) would have replaced step 4's --stage supervised."""
+    with pytest.raises(UsageError, match="--stage belong to the GPL command itself"):
+        gpl_command.parse(gpl_argv(tmp_path, tiny_bert_dir, data_dir, "--queries", "q.tsv", "--", "--stage", "mirror"))
 
 
 def test_a_model_that_cannot_be_loaded_is_one_line_and_exit_status_2(tiny_bert_dir, data_dir, passages, tmp_path,
@@ -278,10 +316,32 @@ def test_a_model_that_cannot_be_loaded_is_one_line_and_exit_status_2(tiny_bert_d
     pairs.write_text("query\tpositive\n" + "".join(f"{p} ?\t{p}\n" for p in PASSAGES))
     status = gpl_command.main(gpl_argv(out, tiny_bert_dir, data_dir, "--queries", str(pairs), "--corpus",
                                        str(passages), "--cross-encoder", str(tmp_path / "no-ce")))
-    assert status == 2 and (out / "negatives-1.tsv").is_file()  # the step before it is kept
+    assert status == 2 and not (out / "negatives-1.tsv").exists()  # a local path is checked before step 1
     assert_one_error_line(capsys, f"--cross-encoder {tmp_path / 'no-ce'} cannot be loaded (not found")
 
 
+def test_a_cross_encoder_that_is_none_is_refused_before_any_step(tiny_bert_dir, data_dir, passages, tmp_path, capsys,
+                                                                 monkeypatch):
+    """A plain BERT (no classification head: transformers would start one at random, whose margins
+    are noise) is refused as evaluate --rerank refuses it, and a local path that is not there is
+    our one line alone; both before step 1, not after the hours of steps 1 and 2."""
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("query\tpositive\n" + "".join(f"{p} ?\t{p}\n" for p in PASSAGES))
+    out = tmp_path / "out"
+    status = gpl_command.main(gpl_argv(out, tiny_bert_dir, data_dir, "--queries", str(pairs), "--corpus",
+                                       str(passages), "--cross-encoder", str(tiny_bert_dir)))
+    assert status == 2
+    assert_one_error_line(capsys, f"--cross-encoder {tiny_bert_dir} is not a cross-encoder")
+    assert not out.exists()  # nothing ran
+    monkeypatch.chdir(tmp_path)
+    status = gpl_command.main(gpl_argv(out, tiny_bert_dir, data_dir, "--queries", str(pairs), "--corpus",
+                                       str(passages), "--cross-encoder", "./no-ce"))
+    assert status == 2
+    assert_one_error_line(capsys, "--cross-encoder ./no-ce cannot be loaded (not found")
+    assert not out.exists()
+
+
+@pytest.mark.slow  # starts python -m bertcf.gpl twice
 def test_a_hub_name_offline_is_one_line_and_exit_status_2(tmp_path, tiny_bert_dir, passages, data_dir):
     env = {k: v for k, v in os.environ.items()} | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
                                                     "BERTCF_OFFLINE": "1"}
@@ -331,3 +391,13 @@ def test_the_quora_recipe_end_to_end(tiny_data_dir, tiny_bert_dir, cross_encoder
             result = evaluate.run(["--encoder", str(encoder), "--tasks", "retrieval", "--retrieval-dir", str(test),
                                    "--retrieval-score", score, "--device", "cpu", "--no-progress"])
             assert 0 <= result["retrieval"]["ndcg@10"] <= 1
+
+
+def test_a_setting_of_another_method_after_the_separator_is_refused_before_step_1(tiny_bert_dir, data_dir, passages,
+                                                                                  tmp_path, capsys):
+    out = tmp_path / "out"
+    status = gpl_command.main(gpl_argv(out, tiny_bert_dir, data_dir, "--corpus", str(passages), "--", "--temperature",
+                                       "0.1"))
+    assert status == 2 and not out.exists()
+    assert_one_error_line(capsys, "--temperature is a setting of mirror, simcse, --stage joint, simcse-sup, not of "
+                                  "margin-mse")

@@ -21,7 +21,7 @@ from bertcf.commands import pretrain
 from bertcf.config.train import TrainConfig
 from bertcf.errors import UsageError
 from bertcf.training import TrainingLoop, make_scheduler
-from bertcf.training.sampler import DatasetChooser, NoDuplicatesSampler
+from bertcf.training.sampler import DatasetChooser, NoDuplicatesSampler, check_distinct
 
 WORDS = "the a man woman dog cat band plays runs eats on in park street guitar piano red blue small big".split()
 
@@ -53,6 +53,10 @@ def test_no_duplicates_sampler_never_repeats_a_text_in_a_batch_and_resumes():
     assert [resumed.next(8) for _ in range(7)] == [state.next(8) for _ in range(7)]
     with pytest.raises(UsageError, match="too few distinct texts"):
         NoDuplicatesSampler([("same", "x"), ("same", "y"), ("other", "z")], seed=0).next(3)
+    # the check the commands make before writing anything: 3 disjoint pairs need 6 texts, there are 5
+    with pytest.raises(UsageError, match="too few distinct texts, 5 in 3 examples where a batch of 3 needs 6"):
+        check_distinct([("same", "x"), ("same", "y"), ("other", "z")], 3)
+    check_distinct(texts, 8)  # the premises' data above, which fills its batches
 
 
 def test_dataset_chooser_in_turn_or_by_size_and_resumes():
@@ -157,9 +161,10 @@ def test_a_mixture_trains_each_part_logs_its_losses_and_resumes_bit_for_bit(tiny
     (["--stage", "mix", "--mix", "simcse=a", "distill=b"], "METHOD one of"),
     (["--stage", "mix", "--mix", "simcse=a", "ct=b", "--corpus", "c"], "not --corpus"),
     (["--mix", "simcse=a", "ct=b"], "--mix is for --stage mix"),
-    (["--method", "ct", "--matryoshka-dims", "32,16"], "--matryoshka-dims is for the objectives"),
+    (["--method", "ct", "--matryoshka-dims", "32,16"], "--matryoshka-dims is a setting of mirror, simcse, "
+                                                       "sbert-cosine, simcse-sup, distill, cosent, angle, not of ct"),
     (["--matryoshka-dims", "64,16"], "--matryoshka-dims 64 is wider than the 32 dimensions"),
-    (["--scale", "5"], "--scale is for --stage supervised --method cosent|angle"),
+    (["--scale", "5"], "--scale is a setting of cosent, angle, not of mirror"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(tiny_bert_dir, data, tmp_path, capsys, flags, message):
     args = argv(tiny_bert_dir, data, tmp_path / "bad", "--corpus", str(data / "corpus.txt"), *flags)
@@ -168,6 +173,29 @@ def test_bad_flags_are_one_line_and_exit_2(tiny_bert_dir, data, tmp_path, capsys
     assert run_main(pretrain.run, args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+@pytest.mark.parametrize("mix", [False, True])
+def test_too_few_distinct_texts_for_a_batch_are_refused_before_anything_is_written(tiny_bert_dir, data, tmp_path,
+                                                                                   capsys, mix):
+    """--batch-sampler no-duplicates on 3 distinct texts cannot make a batch of 4: refused in one
+    line before the step-0 evaluation writes best/, config.json and tb/, so the corrected command
+    runs in the same --out (the run directory is not left holding a run)."""
+    few = tmp_path / "few.txt"
+    few.write_text("a man plays the red guitar in the park\nthe small dog runs on the big street\n"
+                   "a blue cat eats in the street with a woman\n" * 4)
+    out = tmp_path / "run"
+    data_flags = (["--stage", "mix", "--mix", f"simcse={few}", f"simcse-sup={data / 'nli.tsv'}"] if mix
+                  else ["--corpus", str(few), "--method", "simcse"])
+    assert run_main(pretrain.run, argv(tiny_bert_dir, data, out, *data_flags, "--batch-sampler", "no-duplicates")) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("error:") == 1, err  # one line (after the mixture's "note:" lines)
+    assert err.strip().splitlines()[-1] == (
+        f"error: a batch of 4 examples without a repeated text cannot be made: {'--mix part simcse' if mix else 'the data'}"
+        f" has too few distinct texts, 3 in 12 examples where a batch of 4 needs 4 (give a smaller --batch-size, or "
+        f"--batch-sampler random)")
+    assert not out.exists()
+    assert quiet(argv(tiny_bert_dir, data, out, *data_flags, "--batch-sampler", "random", steps=2))["step"] == 2
 
 
 def test_an_empty_dataset_in_a_mixture_is_one_line(tiny_bert_dir, data, tmp_path, capsys):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
+from helpers import (
     PRETRAIN_WORDS,
     assert_one_error_line,
     base_args,
@@ -252,7 +252,7 @@ def with_init_data(argv) -> PretrainConfig:
     """The settings of ``argv`` with what --init's run gives (``config.pretrain.data_from_init``)."""
     parser = pretrain_config.build_parser()
     config = PretrainConfig(**vars(parser.parse_args(argv)))
-    return config.replace(**pretrain_config.data_from_init(config, cli.given_flags(parser, argv), parser))
+    return config.replace(**pretrain_config.data_from_init(config, cli.given_flags(parser, argv)))
 
 
 def data_flags(argv) -> dict:
@@ -628,6 +628,7 @@ def test_save_every_writes_last_without_evaluating(tiny_bert_dir, data_dir, tmp_
     assert training_state(out)["step"] == 6
 
 
+@pytest.mark.slow  # starts run_pretrain.py and stops it
 def test_a_sigterm_subprocess_stops_with_143_and_continues(tiny_bert_dir, data_dir, tmp_path):
     """A real SIGTERM to a running run_pretrain.py: exit 143, one line saying where the checkpoint
     is, last/ at the step it stopped; --resume goes on from there."""
@@ -708,6 +709,7 @@ def test_a_torn_metrics_line_before_the_last_is_an_error(tiny_bert_dir, data_dir
 
 
 # ---- progress in a log file ----------------------------------------------------------------------
+@pytest.mark.slow  # starts run_pretrain.py for 60 steps
 def test_a_run_logged_to_a_file_writes_plain_lines(tiny_bert_dir, data_dir, tmp_path):
     """stderr in a file (nohup, a scheduler, > log 2>&1): no carriage returns, one line at each of the
     7 evaluations and at each tenth of the 60 steps, and a line's numbers are the run's."""
@@ -898,3 +900,45 @@ def test_select_on_stsb_dev_reads_senteval_dev(tiny_bert_dir, data_dir, tmp_path
                                              select_on="stsb-dev")) == 2
     err = capsys.readouterr().err.strip()
     assert "sts-dev.csv not found" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "mirror", "--momentum", "0.9"], "--momentum is a setting of bsl, not of mirror"),
+    (["--method", "ct", "--deletion-ratio", "0.5"], "--deletion-ratio is a setting of tsdae, not of ct"),
+    (["--method", "bsl", "--temperature", "0.1"],
+     "--temperature is a setting of mirror, simcse, --stage joint, simcse-sup, not of bsl"),
+    (["--method", "mirror", "--unfreeze-encoder"], "--unfreeze-encoder is a setting of --stage joint, not of mirror"),
+    (["--stage", "flow", "--span-cap", "3"], "--span-cap is a setting of mirror, simcse, bsl, --stage joint, not of "
+                                             "--stage flow"),
+    (["--stage", "whiten", "--flow-blocks", "2"], "--flow-blocks is a setting of --stage joint, --stage flow, not of "
+                                                  "--stage whiten"),
+    (["--stage", "supervised", "--method", "cosent", "--mlm-probability", "0.2"],
+     "--mlm-probability is a setting of mlm, not of cosent"),
+])
+def test_a_setting_of_another_method_is_refused_in_one_line(argv, message, capsys):
+    """Every family of settings the run's objective does not take is checked at once: one that is
+    set is refused, not ignored."""
+    with pytest.raises(UsageError, match=re.escape(message)):
+        pretrain_config.parse(argv)
+    assert run_main(pretrain.run, argv + ["--out-dir", "unused"]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {message}"
+
+
+def test_the_command_builds_the_encoder_its_objective_needs(tiny_bert_dir, tmp_path, capsys):
+    """An --init checkpoint's flow and linear head are dropped by the command's encoder
+    construction for an objective that trains the encoder itself (the objective would refuse
+    them); the joint stage keeps the flow it trains; --pooling cls-mlp builds a [CLS] encoder."""
+    import torch.nn as nn
+
+    from bertcf import SentenceEncoder
+    from bertcf.models.flow import Glow
+    from bertcf.training.pretraining import load_encoder
+
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    encoder.flow, encoder.dense = Glow(encoder.dim, num_blocks=1), nn.Linear(encoder.dim, 8)
+    encoder.save_pretrained(tmp_path / "init")
+    mirror, _ = load_encoder(pretrain_config.parse(["--init", str(tmp_path / "init"), "--pooling", "cls-mlp"]))
+    assert mirror.flow is None and mirror.dense is None and mirror.pooling == "cls"
+    assert "note: the encoder's linear head (32 -> 8, e.g. a whitening map) is dropped" in capsys.readouterr().err
+    joint, _ = load_encoder(pretrain_config.parse(["--stage", "joint", "--init", str(tmp_path / "init")]))
+    assert joint.flow is not None and joint.dense is None

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_cs224n_files
+from helpers import write_cs224n_files
 
 from bertcf import runs
-from bertcf.commands import multitask, pretrain
+from bertcf.commands import pretrain
+from bertcf.multitask import command as multitask
 from bertcf.cli import run_main
 from bertcf.commands.experiments import main as experiments_cli
 from bertcf.utils import lock

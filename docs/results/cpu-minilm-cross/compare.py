@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from bertcf.evaluation.bootstrap import paired_difference
-from bertcf.evaluation.cross import load_pair_model, pair_scores, pair_set_paths, read_pair_set
+from bertcf.cross.evaluation import load_pair_model, pair_scores, pair_set_paths, read_pair_set
 
 runs, data, senteval, out = (Path(a) for a in sys.argv[1:5])
 paths = pair_set_paths(data, senteval_dir=senteval)

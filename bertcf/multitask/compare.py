@@ -1,0 +1,159 @@
+"""Stage-3 runs compared over seeds, with verdicts as the experiments give them
+(``python -m bertcf.multitask.compare RUNS_DIR --baseline LABEL``).
+
+``RUNS_DIR`` holds run directories named ``LABEL-seedN`` (e.g. ``pcgrad-seed1``, ``sum-seed1``).
+For each label and each task of the baseline's runs, the claim "LABEL > baseline" is tested on
+the task's dev metric: the difference is averaged over the seeds both labels ran with, and its
+95% interval comes from the project's paired, hierarchical bootstrap
+(``bertcf.evaluation.bootstrap.paired_difference``: the seeds resampled, then the dev examples,
+the same examples for both). **supported**: the interval lies above 0; **contradicted**: below 0;
+**inconclusive**: it holds 0. The predictions are the runs' ``predictions/*-dev-output.csv``
+(the best checkpoint's), the gold labels the dev files the runs' config.json names.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+
+from ..data.tasks import READERS
+from ..errors import DataError, UsageError
+from ..evaluation.bootstrap import paired_difference
+from ..utils.files import write_json_atomic, write_text_atomic
+from .data import read_rows
+from .evaluation import prediction_file, task_metric
+from .model import renamed_from_para
+from .tasks import Task, builtin_tasks
+
+RUN_NAME = re.compile(r"(?P<label>.+)-seed(?P<seed>\d+)\Z")
+RESAMPLES, BOOTSTRAP_SEED = 2000, 0
+
+
+def runs_by_label(runs_dir) -> dict[str, dict[int, Path]]:
+    """label -> {seed: run directory} of the finished runs (with a metrics.json) in ``runs_dir``."""
+    found: dict[str, dict[int, Path]] = {}
+    for path in sorted(Path(runs_dir).iterdir()):
+        match = RUN_NAME.match(path.name)
+        if match and (path / "metrics.json").is_file():
+            found.setdefault(match["label"], {})[int(match["seed"])] = path
+    return found
+
+
+def run_tasks(run_dir: Path) -> list[Task]:
+    """The tasks a run trained, from its config.json (a run from before tasks were declared: the
+    report's three)."""
+    config = renamed_from_para(json.loads((run_dir / "config.json").read_text()))
+    if "declared_tasks" in config:
+        return [Task(**d) for d in config["declared_tasks"]]
+    files = {(t, s): config.get(f"{t}_{s}") for t in ("sst", "qqp", "sts") for s in ("train", "dev", "test")}
+    return list(builtin_tasks(config.get("data_dir", "data"), files).values())
+
+
+def gold_labels(task: Task) -> dict:
+    """id -> gold label of the task's labeled dev rows."""
+    if task.reader:
+        return {r.id: r.label for r in READERS[task.reader](task.dev, labeled=True)}
+    ids, _, labels = read_rows(task, task.dev, labeled=True)
+    return {i: label for i, label in zip(ids, labels) if label is not None}
+
+
+def dev_predictions(run_dir: Path, task: Task) -> dict:
+    """id -> the run's dev prediction for ``task``."""
+    path = run_dir / "predictions" / prediction_file(task.name, "dev")
+    if not path.is_file():
+        raise DataError(f"{path} not found: {run_dir} has no {task.name} dev predictions")
+    out = {}
+    for line in path.read_text().splitlines()[1:]:
+        i, value = line.split(" , ")
+        out[i.strip()] = float(value)
+    return out
+
+
+def compare(runs_dir, baseline: str, labels=None) -> dict:
+    """Every other label (or those of ``labels``) against ``baseline``, task by task (the module's
+    docstring)."""
+    groups = runs_by_label(runs_dir)
+    if baseline not in groups:
+        raise UsageError(f"--baseline {baseline}: no finished runs named {baseline}-seedN in {runs_dir} "
+                         f"(found: {', '.join(groups) or 'none'})")
+    if labels:
+        missing = [label for label in labels if label not in groups]
+        if missing:
+            raise UsageError(f"--labels: no finished runs named {missing[0]}-seedN in {runs_dir}")
+        groups = {label: groups[label] for label in [baseline, *[x for x in labels if x != baseline]]}
+    tasks = run_tasks(next(iter(groups[baseline].values())))
+    gold = {t.name: gold_labels(t) for t in tasks}
+    rows, scores = [], {}
+    for label, seeds in groups.items():
+        scores[label] = {}
+        for task in tasks:
+            ids = sorted(gold[task.name])
+            per_seed = {s: [dev_predictions(d, task)[i] for i in ids] for s, d in seeds.items()}
+            values = [task_metric(task, p, [gold[task.name][i] for i in ids]) for p in per_seed.values()]
+            scores[label][task.name] = {"mean": statistics.mean(values), "sd": statistics.stdev(values)
+                                        if len(values) > 1 else 0.0, "seeds": sorted(seeds), "per_seed": per_seed}
+    for label in groups:
+        if label == baseline:
+            continue
+        common = sorted(set(groups[label]) & set(groups[baseline]))
+        for task in tasks:
+            ids = sorted(gold[task.name])
+            a = [scores[label][task.name]["per_seed"][s] for s in common]
+            b = [scores[baseline][task.name]["per_seed"][s] for s in common]
+            result = paired_difference(a, b, [gold[task.name][i] for i in ids], task.metric,
+                                       resamples=RESAMPLES, seed=BOOTSTRAP_SEED)
+            rows.append({"a": label, "b": baseline, "task": task.name, "metric": task.metric_key,
+                         "a_mean": scores[label][task.name]["mean"], "b_mean": scores[baseline][task.name]["mean"],
+                         **result})
+    summary = {label: {t: {k: v for k, v in s.items() if k != "per_seed"} for t, s in by_task.items()}
+               for label, by_task in scores.items()}
+    for label, by_task in summary.items():
+        means = [by_task[t.name]["mean"] for t in tasks]
+        by_task["mean"] = {"mean": sum(means) / len(means)}
+    return {"baseline": baseline, "tasks": [t.name for t in tasks], "scores": summary, "claims": rows}
+
+
+def markdown(result: dict) -> str:
+    """The scores (mean ± sd over seeds) and the claims, as two tables."""
+    tasks = result["tasks"]
+    lines = ["| run | " + " | ".join(tasks) + " | mean | seeds |", "| --- |" + " ---: |" * (len(tasks) + 2)]
+    for label, by_task in result["scores"].items():
+        cells = [f"{by_task[t]['mean']:.4f} ± {by_task[t]['sd']:.4f}" for t in tasks]
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {by_task['mean']['mean']:.4f} | "
+                     f"{len(by_task[tasks[0]]['seeds'])} |")
+    lines += ["", "| a | b | metric | a − b | 95% CI | seeds | verdict |", "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for c in result["claims"]:
+        lo, hi = c["ci95"]
+        lines.append(f"| {c['a']} | {c['b']} | {c['metric']} | {c['mean_difference']:+.4f} | [{lo:+.4f}, {hi:+.4f}] | "
+                     f"{c['seeds']} | **{c['verdict']}** |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from ..cli import run_main
+
+    def run(args):
+        parser = argparse.ArgumentParser(prog="python -m bertcf.multitask.compare", description=__doc__.split("\n")[0])
+        parser.add_argument("runs_dir", help="a directory of run directories named LABEL-seedN")
+        parser.add_argument("--baseline", required=True, help="the label the others are compared with")
+        parser.add_argument("--labels", help="compare only these labels, comma-separated (default: all)")
+        parser.add_argument("--out", help="also write OUT.json and OUT.md")
+        options = parser.parse_args(args)
+        if not Path(options.runs_dir).is_dir():
+            raise UsageError(f"{options.runs_dir} is not a directory")
+        labels = [x.strip() for x in options.labels.split(",") if x.strip()] if options.labels else None
+        result = compare(options.runs_dir, options.baseline, labels)
+        text = markdown(result)
+        if options.out:
+            write_json_atomic(Path(options.out + ".json"), result)
+            write_text_atomic(Path(options.out + ".md"), text)
+        print(text, end="")
+        return result
+    return run_main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

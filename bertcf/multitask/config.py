@@ -1,0 +1,216 @@
+"""``run_multitask.py``'s settings (``MultitaskConfig``), resolved once by ``parse``: the flags (with
+--resume, the run's config.json; with --predict-only, the data settings of the checkpoint's run),
+the old ``--para-*`` names, the encoder to start from and the run directory. The tasks themselves
+are declared by the built-in flags, --task-file and --task (``tasks.declared_tasks``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, make_dataclass
+
+from .. import cli, runs
+from ..config.data import DataConfig
+from ..config.model import ModelConfig
+from ..config.train import TrainConfig
+from ..errors import UsageError
+from ..settings import Settings, derived, option, redefault
+from .model import PAIR_ENCODINGS, renamed_from_para, resolve_checkpoint, run_dir_of
+from .sampling import MODES
+from .tasks import BUILTIN, REPORT, SPLITS
+from ..data.tasks import TASK_FILES
+
+MARGIN = cli.checked(float, lambda v: -1 <= v < 1, "in [-1, 1)")  # h of y = max(cos, h)
+#: Old flags (before QQP was called qqp) -> their names now.
+RENAMED_FLAGS = {f"--para-{name}": f"--qqp-{name}" for name in ("dropout", "margin", "batch-size", "weight", *SPLITS)}
+
+
+@dataclass(frozen=True)
+class HeadsConfig(Settings):
+    """The encoder to fine-tune and the heads of the built-in tasks on it."""
+
+    GROUP = "model"
+    encoder: str | None = option(None, "a pretraining run directory or checkpoint (flow included when it has one), or "
+                                       "a Hugging Face BERT name or directory (default: --init, else --model)")
+    freeze_encoder: bool = option(False, "train the heads only (encoder, flow and the encoder's linear head frozen)",
+                                  switch=True)
+    freeze_flow: bool = option(False, "with a flow or a linear head (whitening): keep them fixed, train the encoder",
+                               switch=True)
+    proj_dim: int = option(768, "output width of the cosine heads (QQP, STS)", type=cli.AT_LEAST_1)
+    sst_dropout: float = option(REPORT["sst_dropout"], "dropout before the SST head", type=cli.PROBABILITY)
+    qqp_dropout: float = option(REPORT["qqp_dropout"], "dropout before the QQP head", type=cli.PROBABILITY)
+    sts_dropout: float = option(REPORT["sts_dropout"], "dropout before the STS head", type=cli.PROBABILITY)
+    qqp_margin: float = option(REPORT["qqp_margin"], "h of the QQP hinge y = max(cos, h)", type=MARGIN)
+    sts_margin: float = option(REPORT["sts_margin"], "h of the STS y = max(cos, h)", type=MARGIN)
+    pair_encoding: str = option("bi", "the pair tasks: bi, each sentence encoded alone, the heads' cosine (the "
+                                      "report's); cross, both read together ([CLS] s1 [SEP] s2 [SEP], token types), a "
+                                      "linear head on the pooled [CLS]: a logit (two classes, binary cross-entropy), "
+                                      "logits (more classes) or a score (squared error); --proj-dim and the margins "
+                                      "do not apply then", choices=PAIR_ENCODINGS)
+
+
+@dataclass(frozen=True)
+class TaskBatchesConfig(Settings):
+    """What one step draws of each built-in task, and the weights of their losses."""
+
+    GROUP = "multitask training"
+    sst_batch_size: int = option(REPORT["sst_batch_size"], "SST sentences per step", type=cli.AT_LEAST_1)
+    qqp_batch_size: int = option(REPORT["qqp_batch_size"], "QQP pairs per step", type=cli.AT_LEAST_1)
+    sts_batch_size: int = option(REPORT["sts_batch_size"], "STS pairs per step", type=cli.AT_LEAST_1)
+    sst_weight: float = option(REPORT["sst_weight"], "weight of the SST loss in the sum", type=cli.NON_NEGATIVE)
+    qqp_weight: float = option(REPORT["qqp_weight"], "weight of the QQP loss in the sum", type=cli.NON_NEGATIVE)
+    sts_weight: float = option(REPORT["sts_weight"], "weight of the STS loss in the sum", type=cli.NON_NEGATIVE)
+    max_train_examples: int | None = option(None, "use the first N rows of each training file", type=cli.AT_LEAST_1)
+    max_eval_examples: int | None = option(None, "evaluate during training on the first N rows of each dev file "
+                                                 "(default all; the final metrics.json always uses all)",
+                                           type=cli.AT_LEAST_1)
+
+
+@dataclass(frozen=True)
+class TasksConfig(Settings):
+    """Which tasks run, and how they share the steps."""
+
+    GROUP = "tasks"
+    task_file: str | None = option(None, "a YAML or JSON file declaring tasks (docs/multitask.md has a complete "
+                                         "example); a task named sst, qqp or sts there replaces the fields it gives",
+                                   metavar="FILE")
+    task: tuple | None = option(None, "tasks declared on the command line, each as key=value pairs: "
+                                      "name=snli,kind=pair-classification,train=FILE,dev=FILE,"
+                                      "text_columns=premise;hypothesis,num_classes=3 (several after one --task)",
+                                nargs="+", metavar="DECLARATION")
+    tasks: str | None = option(None, "the tasks to train, comma-separated (default: every declared task: sst, qqp, "
+                                     "sts and those of --task-file and --task)")
+    task_sampling: str = option("all", "how tasks share the steps: all (a batch of every task each step, the "
+                                       "report's), round-robin, proportional (to training-set size), temperature "
+                                       "(size^(1/T)), annealed (from proportional towards uniform; Stickland & "
+                                       "Murray 2019)", choices=MODES)
+    sampling_temperature: float = option(2.0, "T of --task-sampling temperature", type=cli.POSITIVE)
+    conflict_every: int = option(100, "every N steps, log the cosine between each pair of tasks' gradients on the "
+                                      "encoder (TensorBoard conflict/; 0: never). Costs one backward pass per task "
+                                      "at those steps", type=cli.checked(int, lambda v: v >= 0, "an integer >= 0"))
+
+
+@dataclass(frozen=True)
+class MethodsConfig(Settings):
+    """The multitask-learning methods: how the tasks' gradients and losses combine."""
+
+    GROUP = "multitask methods"
+    aggregator: str = option("sum", "how the tasks' gradients on the shared encoder combine: sum (the report's: "
+                                    "one backward of the weighted sum), or a torchjd aggregator (upgrad, pcgrad, "
+                                    "mgda, ...; docs/multitask.md lists them); needs --task-sampling all")
+    task_weighting: str = option("fixed", "the tasks' loss weights: fixed (the per-task weights), uncertainty "
+                                          "(learned, Kendall et al. 2018), dwa (Dynamic Weight Average, Liu et al. "
+                                          "2019)", choices=("fixed", "uncertainty", "dwa"))
+    dwa_temperature: float = option(2.0, "T of --task-weighting dwa", type=cli.POSITIVE)
+    dwa_window: int = option(50, "--task-weighting dwa: the steps whose mean loss makes one 'epoch' of the paper",
+                             type=cli.AT_LEAST_1)
+    smart_weight: float = option(0.0, "weight of the SMART regulariser (Jiang et al. 2020; 0: off)", type=cli.NON_NEGATIVE)
+    smart_steps: int = option(1, "SMART: adversarial ascent steps on the perturbation", type=cli.AT_LEAST_1)
+    smart_step_size: float = option(1e-3, "SMART: the ascent's step size", type=cli.POSITIVE)
+    smart_epsilon: float = option(1e-6, "SMART: the perturbation's norm bound", type=cli.POSITIVE)
+    smart_noise_var: float = option(1e-5, "SMART: the initial noise's variance", type=cli.POSITIVE)
+
+
+#: One setting per built-in task file (``sst_train``, ``qqp_dev``, ...): its path, default the standard name in --data-dir.
+TaskFilesConfig = make_dataclass(
+    "TaskFilesConfig",
+    [(f"{task}_{split}", "str | None", option(None, f"the {task.upper()} {split} file (default: "
+                                                    f"DATA_DIR/{TASK_FILES[task, split]})", metavar="FILE"))
+     for task in BUILTIN for split in SPLITS],
+    bases=(Settings,), frozen=True, namespace={"GROUP": "files (default: the standard CS224N names in --data-dir)"})
+
+
+@dataclass(frozen=True)
+class PredictionConfig(Settings):
+    GROUP = "prediction"
+    predict_only: bool = option(False, "write predictions/ and metrics.json again from --checkpoint, without training",
+                                switch=True)
+    checkpoint: str | None = option(None, "--predict-only: a finished run directory (its best/) or a checkpoint "
+                                          "directory; its run's data settings are used unless given, and the files go "
+                                          "to that run directory unless --out-dir is given")
+
+
+@dataclass(frozen=True)
+class MultitaskConfig(PredictionConfig, TaskFilesConfig, MethodsConfig, TasksConfig, TaskBatchesConfig, TrainConfig,
+                      DataConfig, HeadsConfig, ModelConfig):
+    """Every setting of a ``run_multitask.py`` run (the bases, one per concern, in --help's order
+    reversed); from Python, ``MultitaskConfig(steps=..., out_dir=..., aggregator="pcgrad", ...)``."""
+
+    pooling: str | None = redefault(ModelConfig, "pooling", help="default: the checkpoint's (mean); first-last-avg: "
+                                                                  "the average of the first and the last layer's token "
+                                                                  "means")
+    steps: int = redefault(TrainConfig, "steps", 5000)
+    lr: float = redefault(TrainConfig, "lr", 1e-5)
+    batch_size: int = redefault(TrainConfig, "batch_size", 128, help="sentences per batch in evaluation and prediction "
+                                                                     "(training: each task's batch size)")
+    eval_every: int = redefault(TrainConfig, "eval_every", 500)
+    max_length: int = redefault(TrainConfig, "max_length", 128)
+    out_dir: str | None = redefault(TrainConfig, "out_dir", help="run directory (default runs/multitask-<encoder>-"
+                                                                 "<time>, <encoder> the name of --encoder's directory; "
+                                                                 "--predict-only: the --checkpoint's run directory)")
+    batch_sampler: str | None = redefault(TrainConfig, "batch_sampler", cli=False)  # each task has its own order
+    command: str | None = derived(help="the command line that started the run")
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.task is not None and not isinstance(self.task, tuple):
+            object.__setattr__(self, "task", tuple(self.task))  # a list from the command line or config.json
+        if self.aggregator != "sum" and self.task_sampling != "all":
+            raise UsageError(f"--aggregator {self.aggregator} combines the tasks' gradients of one step: it needs "
+                             f"--task-sampling all, not {self.task_sampling}")
+
+    def file_of(self, task: str, split: str) -> str | None:
+        """The --{task}-{split} flag's file (None: the standard name in --data-dir)."""
+        return getattr(self, f"{task}_{split}")
+
+
+#: The settings --predict-only takes from the run's config.json unless given on the command line.
+PREDICT_SETTINGS = ("data_dir", "max_length", "batch_size", "task_file", "task", "tasks",
+                    *(f"{t}_{s}" for t in BUILTIN for s in SPLITS))
+
+
+def build_parser() -> cli.ArgumentParser:
+    parser = cli.ArgumentParser(prog="run_multitask.py", description="Multitask fine-tuning behind run_multitask.py "
+                                "(the report's sections 4.3 and 5.3): SST-5, QQP, STS and any declared task on one "
+                                "encoder.")
+    MultitaskConfig.add_arguments(parser)
+    cli.add_renamed_flags(parser, RENAMED_FLAGS)
+    return parser
+
+
+def parse(argv=None) -> MultitaskConfig:
+    """The run of ``argv``, resolved (see the module's docstring)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.predict_only:
+        if args.resume:
+            raise UsageError("--predict-only and --resume exclude each other")
+        if not args.checkpoint:
+            raise UsageError("--predict-only needs --checkpoint DIR (a finished run directory)")
+        found = runs.run_settings(run_dir_of(resolve_checkpoint(args.checkpoint)))
+        if found:
+            saved = found[1]
+            if isinstance(saved, dict) and "sst_train" in saved:  # a multitask run's settings
+                saved = renamed_from_para(saved)
+                parser.set_defaults(**{k: saved[k] for k in PREDICT_SETTINGS if k in saved})
+    elif args.checkpoint:
+        raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
+    config = MultitaskConfig(**vars(cli.parse_args(parser, argv, upgrade=renamed_from_para)))
+    return resolve(config, cli.command_line("run_multitask.py", argv))
+
+
+def resolve(config: MultitaskConfig, command: str | None = None) -> MultitaskConfig:
+    """``config`` resolved as ``parse`` resolves a command line (the device; --encoder defaulting to
+    --init, else --model; the default run directory), for a caller that builds the config itself
+    (the experiments' fine-tuning runs); ``command``: what config.json records."""
+    config = config.on_device()
+    encoder = str(config.encoder or config.init or config.model)
+    out_dir = config.out_dir
+    if out_dir is None and not config.predict_only:
+        out_dir = runs.default_out_dir("multitask", runs.model_name(encoder, "encoder"))
+    return config.replace(encoder=encoder, out_dir=out_dir, command=command)
+
+
+def resumed(run_dir, command: str | None = None, /, **changes) -> MultitaskConfig:
+    """--resume from Python, as ``run_multitask.py --resume --out-dir RUN_DIR`` resolves it: the run's
+    settings from its config.json, ``changes`` over them."""
+    flags = {n for n, f in MultitaskConfig.__dataclass_fields__.items() if f.metadata.get("cli")}
+    saved = {k: v for k, v in renamed_from_para(cli.saved_settings(run_dir)).items() if k in flags}
+    return resolve(MultitaskConfig(**saved | changes | {"out_dir": str(run_dir), "resume": True}), command)

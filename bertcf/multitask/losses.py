@@ -1,0 +1,130 @@
+"""Stage 3's losses, one per (task kind, loss, pair encoding) (``build_loss``), each on its head's
+output and the task's labels:
+
+- classification, and a pair task's ``softmax`` loss or several classes read jointly:
+  :class:`ClassificationLoss` (cross-entropy on logits);
+- pair-classification, ``cosine-hinge`` (the report's QQP): :class:`HingeCosineLoss`;
+- pair-regression, ``cosine-mse`` (the report's STS): :class:`CosineRegressionLoss`;
+- with ``--pair-encoding cross``: two classes, :class:`PairLogitLoss` (binary cross-entropy of one
+  logit); a score, :class:`PairScoreLoss` (squared error).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .tasks import Task
+
+
+def clamped_cosine(a: torch.Tensor, b: torch.Tensor, margin: float) -> torch.Tensor:
+    """y = max(cos(a_i, b_i), h) per row: [b, d], [b, d] -> [b] float32."""
+    return F.cosine_similarity(a.float(), b.float(), dim=-1).clamp(min=margin)
+
+
+def scale_scores(scores: torch.Tensor, margin: float, low: float = 0.0, high: float = 5.0) -> torch.Tensor:
+    """Gold scores [low, high] -> [h, 1] (the STS scores [0, 5] by default)."""
+    return margin + (1 - margin) * (scores - low) / (high - low)
+
+
+class ClassificationLoss(nn.Module):
+    """Cross-entropy of a classification head (SST-5: Socher et al. 2013, the CS224N default
+    project's classifier; a pair's softmax classifier on (u, v, |u - v|): Reimers & Gurevych
+    2019, "Sentence-BERT").
+
+    Inputs: ``logits`` [b, C] (the head's output), ``labels`` [b] long in 0..C-1.
+    Output: the mean cross-entropy, a float32 scalar."""
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels.long())
+
+
+class HingeCosineLoss(nn.Module):
+    """The QQP loss of BERT-CF (section 4.3): a cosine hinge on projected sentence vectors.
+
+    With y = max(cos(p1, p2), h) per pair, the loss is 1 - y for duplicates (pull the pair to
+    cosine 1) and y - h for non-duplicates (push the cosine below the margin h, where the clamp
+    stops the gradient), averaged over the batch. Like sentence-transformers' OnlineContrastive /
+    CosineSimilarityLoss family, but with a margin on the cosine (Reimers & Gurevych 2019,
+    "Sentence-BERT").
+
+    Inputs: ``p1``, ``p2`` [b, d] (the head applied to each sentence), ``labels`` [b] in {0, 1}
+    (1 = duplicate). Output: a float32 scalar. ``margin``: h (0.7 in the report)."""
+
+    def __init__(self, margin: float = 0.7):
+        super().__init__()
+        self.margin = float(margin)
+
+    def forward(self, p1: torch.Tensor, p2: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        y = clamped_cosine(p1, p2, self.margin)
+        labels = labels.to(y.dtype)
+        return (labels * (1 - y) + (1 - labels) * (y - self.margin)).mean()
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}"
+
+
+class CosineRegressionLoss(nn.Module):
+    """The STS loss of BERT-CF (section 4.3): regress the clamped cosine of the projected
+    sentence vectors onto the gold score (sentence-transformers' CosineSimilarityLoss,
+    Reimers & Gurevych 2019, "Sentence-BERT", with a floor h on the cosine).
+
+    y = max(cos(p1, p2), h); the gold score s in [low, high] ([0, 5] for STS) is scaled linearly
+    to t = h + (1 - h)(s - low) / (high - low) in [h, 1]; loss = mean (y - t)^2.
+
+    Inputs: ``p1``, ``p2`` [b, d] (the head applied to each sentence), ``scores`` [b].
+    Output: a float32 scalar. ``margin``: h (0 in the report)."""
+
+    def __init__(self, margin: float = 0.0, label_range: tuple[float, float] = (0.0, 5.0)):
+        super().__init__()
+        self.margin = float(margin)
+        self.low, self.high = map(float, label_range)
+
+    def forward(self, p1: torch.Tensor, p2: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        y = clamped_cosine(p1, p2, self.margin)
+        target = scale_scores(scores.to(y.dtype), self.margin, self.low, self.high)
+        return F.mse_loss(y, target)
+
+    def extra_repr(self) -> str:
+        return f"margin={self.margin}, label_range=({self.low:g}, {self.high:g})"
+
+
+class PairLogitLoss(nn.Module):
+    """Two classes on a jointly encoded pair: binary cross-entropy of the head's logit z [b] against
+    the label y [b] in {0, 1}, mean over the batch of -(y log s(z) + (1 - y) log(1 - s(z))).
+    Output: a float32 scalar."""
+
+    def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
+class PairScoreLoss(nn.Module):
+    """A score on a jointly encoded pair: mean squared error of the head's score y [b] against the
+    gold s [b] scaled from [low, high] to [0, 1], mean (y - (s - low) / (high - low))^2. Output: a
+    float32 scalar."""
+
+    def __init__(self, label_range: tuple[float, float] = (0.0, 5.0)):
+        super().__init__()
+        self.low, self.high = map(float, label_range)
+
+    def forward(self, scores: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(scores.float(), (gold.float() - self.low) / (self.high - self.low))
+
+
+def joint_outputs(task: Task) -> int:
+    """The width of a jointly encoded pair task's head: one logit for two classes (binary
+    cross-entropy), one score for regression, else a logit per class."""
+    return 1 if task.regression or task.num_classes == 2 else task.num_classes
+
+
+def build_loss(task: Task, pair_encoding: str = "bi") -> nn.Module:
+    """The loss module of ``task`` (module docstring)."""
+    if task.pair and pair_encoding == "cross":
+        if task.regression:
+            return PairScoreLoss(task.label_range)
+        return PairLogitLoss() if joint_outputs(task) == 1 else ClassificationLoss()
+    if task.loss == "cosine-hinge":
+        return HingeCosineLoss(task.margin)
+    if task.loss == "cosine-mse":
+        return CosineRegressionLoss(task.margin, task.label_range)
+    return ClassificationLoss()

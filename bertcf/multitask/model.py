@@ -1,0 +1,250 @@
+"""The multitask model (the report's sections 4.3 and 5.3): one encoder and a head per task on the
+sentence vector f(x) (F(x) = g^{-1}(f(x)) when the checkpoint has a flow; then its linear head,
+e.g. a whitening map, when it has one).
+
+A task's head (``{name}_head``), by its kind and loss (``bertcf.multitask.tasks``):
+
+- classification: dropout + linear D x C -> logits [b, C] (SST-5: dropout 0.3, C = 5);
+- pair, a cosine loss: dropout + linear D x proj_dim on each sentence -> (p1, p2) (QQP: no
+  dropout, hinge h = 0.7; STS: dropout 0.1, h = 0);
+- pair, ``softmax``: dropout + linear 3D x C on (u, v, |u - v|) -> logits [b, C] (SBERT's
+  classifier, Reimers & Gurevych 2019);
+- ``pair_encoding="cross"``: a pair task's head reads both sentences encoded together, ``[CLS] s1
+  [SEP] s2 [SEP]`` with token types, through BERT's pooled [CLS] vector, as
+  ``BertForSequenceClassification`` does: dropout + linear hidden x 1 (a logit for two classes, a
+  score for regression) or hidden x C.
+
+``save_pretrained(dir)`` writes the encoder checkpoint plus ``heads.safetensors`` and
+``multitask.json`` (the tasks' declarations); ``from_pretrained(dir)`` rebuilds the whole model,
+also from a checkpoint written before tasks were declared (its SST/QQP/STS head settings).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from minbert import CheckpointError
+
+from ..models.cross_encoder import pad_pairs
+from ..models.encoder import FIRST_LAST_AVG, SentenceEncoder, pool
+from ..utils.files import save_tensors_atomic, write_json_atomic
+from ..utils.precision import autocast
+from .losses import joint_outputs
+from .tasks import REPORT, Task, builtin_tasks
+
+HEADS_FILE = "heads.safetensors"
+HEADS_CONFIG_FILE = "multitask.json"
+PAIR_ENCODINGS = ("bi", "cross")  # a pair's sentences encoded apart (the report's) or together
+
+
+def renamed_from_para(d: dict) -> dict:
+    """``d`` (and the dicts inside it) with QQP's old name in keys replaced: 'para' -> 'qqp',
+    'para_*' -> 'qqp_*' (flags para_batch_size, metric para_acc, tensors para_head.*). Files
+    written before QQP had one name in the code (config.json, metrics.json, multitask.json,
+    heads and training state) are read through it."""
+    def key(k):
+        return "qqp" + k[4:] if isinstance(k, str) and (k == "para" or k.startswith("para_")) else k
+    return {key(k): renamed_from_para(v) if isinstance(v, dict) else v for k, v in d.items()}
+
+
+class MultitaskModel(nn.Module):
+    """A :class:`SentenceEncoder` and one head per task on its sentence vector [b, D] (the
+    module docstring). ``tasks``: the :class:`Task` declarations, in the order of a step's batch;
+    ``proj_dim``: the output width of the cosine heads."""
+
+    def __init__(self, encoder: SentenceEncoder, tasks: list[Task], proj_dim: int = 768, pair_encoding: str = "bi"):
+        super().__init__()
+        if pair_encoding not in PAIR_ENCODINGS:
+            raise ValueError(f"pair_encoding must be one of {PAIR_ENCODINGS}, not {pair_encoding!r}")
+        self.encoder = encoder
+        self.tasks = {t.name: t for t in tasks}
+        self.proj_dim, self.pair_encoding = proj_dim, pair_encoding
+        d = encoder.output_dim  # the heads read what the encoder returns (after its flow and linear head)
+        for task in tasks:  # in order: the heads' initial weights are drawn one after the other
+            if task.pair and pair_encoding == "cross":  # the pooler's output, BERT's hidden width
+                width, out = encoder.dim, joint_outputs(task)
+            elif task.pair and task.loss == "softmax":
+                width, out = 3 * d, task.num_classes
+            else:
+                width, out = d, (task.num_classes if not task.pair else proj_dim)
+            self.add_module(f"{task.name}_head", nn.Sequential(nn.Dropout(task.dropout), nn.Linear(width, out)))
+
+    @property
+    def device(self) -> torch.device:
+        return self.encoder.device
+
+    def head(self, task: str) -> nn.Module:
+        return getattr(self, f"{task}_head")
+
+    def columns(self, task: str) -> int:
+        """Rows a training example of ``task`` takes in a step's batch: 2 for a pair encoded apart."""
+        return 2 if self.tasks[task].pair and self.pair_encoding == "bi" else 1
+
+    def head_outputs(self, task: str, vectors: torch.Tensor):
+        """A task's head on its rows' sentence vectors (a pair's first sentences, then its second)."""
+        spec, head = self.tasks[task], self.head(task)
+        if not spec.pair:
+            return head(vectors)
+        if spec.loss == "softmax":
+            u, v = vectors.chunk(2)
+            return head(torch.cat([u, v, (u - v).abs()], dim=-1))
+        return head(vectors).chunk(2)  # both sentences of a pair in one call: one dropout draw
+
+    def forward(self, input_ids, attention_mask, sizes: dict, num_tokens: int | None = None,
+                token_type_ids=None, inputs_embeds=None, return_features: bool = False):
+        """One training step's outputs, from one encoder pass over all of its sentences.
+
+        ``input_ids``, ``attention_mask`` [n, t]: the rows of each task of ``sizes`` (task ->
+        number of examples, in that order), column by column: e.g. the SST sentences, then the
+        QQP first and second questions, then the STS first and second sentences (see
+        ``trainer.train_batch``). Returns {task: its head's output} ({'sst': logits [b, 5],
+        'qqp': (p1, p2), 'sts': (p1, p2)} for the report's tasks); with ``return_features``, also
+        the encoder's output that every head reads (the shared representation). One pass instead
+        of one per task: fewer kernel launches, and with the unpadded encoder the common padding
+        costs nothing. ``inputs_embeds``: word embeddings used instead of the ids' (SMART's
+        perturbation). Cross: one row per pair, ``token_type_ids`` [n, t] theirs
+        (:meth:`forward_joint`)."""
+        if self.pair_encoding == "cross":
+            out, features = self.forward_joint(input_ids, attention_mask, sizes, num_tokens, token_type_ids,
+                                               inputs_embeds)
+            return (out, features) if return_features else out
+        tasks = list(sizes)
+        kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+        u = self.encoder(input_ids, attention_mask, num_tokens=num_tokens, **kwargs)  # [n, D] float32
+        parts = u.split([sizes[t] * self.columns(t) for t in tasks])
+        out = {task: self.head_outputs(task, vectors) for task, vectors in zip(tasks, parts)}
+        return (out, u) if return_features else out
+
+    def forward_joint(self, input_ids, attention_mask, sizes: dict, num_tokens=None, token_type_ids=None,
+                      inputs_embeds=None):
+        """:meth:`forward` with jointly encoded pairs: one BERT pass over the single sentences and
+        the pairs (a row each); a sentence task's head on the encoder's sentence vector, the pair
+        heads on the pooled [CLS] vectors (one score or logit squeezed to [b]). Returns (outputs,
+        the representations the heads read: BERT's last hidden state and pooled [CLS], and the
+        first layer's output with first-last-avg pooling)."""
+        encoder = self.encoder
+        first_layer = encoder.pooling == FIRST_LAST_AVG
+        kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+        out = encoder.bert(input_ids, attention_mask, token_type_ids, num_tokens=num_tokens,
+                           output_first_layer=first_layer, **kwargs)
+        result, start = {}, 0
+        for task in sizes:
+            rows = slice(start, start + sizes[task])
+            start = rows.stop
+            if not self.tasks[task].pair:
+                u = pool(out["last_hidden_state"][rows], attention_mask[rows], encoder.pooling,
+                         out["first_layer_hidden_state"][rows] if first_layer else None)
+                result[task] = self.head(task)(encoder.transform(u))
+            else:
+                y = self.head(task)(out["pooler_output"][rows]).float()
+                result[task] = y.squeeze(-1) if y.shape[-1] == 1 else y
+        features = [out["last_hidden_state"], out["pooler_output"]]  # what the sentence and the pair heads read
+        if first_layer:
+            features.append(out["first_layer_hidden_state"])
+        return result, features
+
+    def joint_outputs(self, task: str, ids: list, types: list, batch_size: int = 128,
+                      precision: str | None = None) -> torch.Tensor:
+        """The pair head's outputs ([n], or [n, C] for several classes; float32, CPU, input order)
+        for pairs tokenised jointly (``ids``, ``types``: token ids and token types per pair),
+        length-sorted batches, no gradient; the caller sets eval mode."""
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        device, chunks = self.device, []
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                rows = order[start:start + batch_size]
+                input_ids, token_types, mask = pad_pairs([ids[i] for i in rows], [types[i] for i in rows],
+                                                         self.encoder.tokenizer.pad_token_id)
+                with autocast(device, precision or self.encoder.precision):
+                    pooled = self.encoder.bert(input_ids.to(device), mask.to(device), token_types.to(device),
+                                               num_tokens=int(mask.sum()))["pooler_output"]
+                    y = self.head(task)(pooled).float()
+                    chunks.append((y.squeeze(-1) if y.shape[-1] == 1 else y).cpu())
+        width = joint_outputs(self.tasks[task])
+        y = torch.empty(len(ids)) if width == 1 else torch.empty(len(ids), width)
+        if ids:
+            y[torch.tensor(order)] = torch.cat(chunks)
+        return y
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def heads_state_dict(self) -> dict:
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("encoder.")}
+
+    def settings(self) -> dict:
+        """What multitask.json records: enough to rebuild the heads."""
+        return {"proj_dim": self.proj_dim, "pair_encoding": self.pair_encoding,
+                "tasks": [t.to_dict() for t in self.tasks.values()]}
+
+    def save_pretrained(self, directory, extra: dict | None = None) -> None:
+        """The encoder checkpoint (Hugging Face directory, flow.safetensors with a flow) plus
+        ``heads.safetensors`` and ``multitask.json`` (the heads' settings; ``extra`` is added)."""
+        directory = Path(directory)
+        self.encoder.save_pretrained(directory)
+        save_tensors_atomic(directory / HEADS_FILE, self.heads_state_dict())
+        write_json_atomic(directory / HEADS_CONFIG_FILE, self.settings() | (extra or {}))
+
+    @classmethod
+    def from_pretrained(cls, path, **encoder_kwargs) -> "MultitaskModel":
+        """Rebuild a model written by :meth:`save_pretrained` (a run directory stands for its
+        best/). Raises CheckpointError when ``path`` is not a multitask checkpoint."""
+        from safetensors.torch import load_file
+
+        path = resolve_checkpoint(path)
+        meta = checkpoint_meta(path)
+        encoder = SentenceEncoder.from_pretrained(path, **encoder_kwargs)
+        model = cls(encoder, checkpoint_tasks(meta), meta.get("proj_dim", 768), meta.get("pair_encoding", "bi"))
+        try:
+            heads = renamed_from_para(load_file(str(path / HEADS_FILE)))
+            result = model.load_state_dict(heads, strict=False)
+            wrong = result.unexpected_keys + [k for k in result.missing_keys if not k.startswith("encoder.")]
+            if wrong:
+                raise ValueError(f"tensors {sorted(wrong)} do not match")
+        except Exception as e:
+            raise CheckpointError(f"{path / HEADS_FILE} does not fit the model ({e})") from None
+        return model
+
+
+def checkpoint_tasks(meta: dict) -> list[Task]:
+    """The tasks of a checkpoint's multitask.json; one written before tasks were declared holds
+    the settings of the report's three heads instead (sst_dropout, qqp_margin, ...)."""
+    if "tasks" in meta:
+        try:
+            return [Task(**d) for d in meta["tasks"]]
+        except Exception as e:
+            raise CheckpointError(f"{HEADS_CONFIG_FILE}: a task declaration does not load ({e})") from None
+    return list(builtin_tasks(**{k: v for k, v in meta.items() if k in REPORT}).values())
+
+
+def checkpoint_meta(path) -> dict:
+    """The ``multitask.json`` of a checkpoint (head settings and the step it was saved at), with
+    QQP's old name read as today's."""
+    path = Path(path) / HEADS_CONFIG_FILE
+    if not path.exists():  # a checkpoint of the report's three heads with their default settings
+        return {}
+    try:
+        return renamed_from_para(json.loads(path.read_text()))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is missing or not readable JSON ({type(e).__name__})") from None
+
+
+def resolve_checkpoint(path) -> Path:
+    """A multitask checkpoint directory (holding heads.safetensors), or a run directory whose
+    best/ is one."""
+    p = Path(path)
+    if (p / HEADS_FILE).is_file():
+        return p
+    if (p / "best" / HEADS_FILE).is_file():
+        return p / "best"
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} not found")
+    raise CheckpointError(f"{p} is not a multitask checkpoint or run directory (no {HEADS_FILE} in it or in its best/)")
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint belongs to: DIR for DIR/best (or DIR/last), else itself."""
+    checkpoint = Path(checkpoint)
+    return checkpoint.parent if checkpoint.name in ("best", "last") else checkpoint
+

@@ -1,0 +1,305 @@
+"""Tasks as data: what stage 3 trains on, declared by a name and a kind (as MT-DNN's task-definition
+files and jiant's task configs declare theirs), with its files, columns, classes, loss, dev metric,
+weight and batch size.
+
+The three kinds:
+
+- ``classification``: one sentence, ``num_classes`` classes (SST-5); head dropout + linear D x C,
+  cross-entropy; metric accuracy.
+- ``pair-classification``: two sentences, ``num_classes`` classes. Loss ``cosine-hinge`` (the
+  report's QQP: two classes, y = max(cos(p1, p2), h) on projections of each sentence) or
+  ``softmax`` (SBERT's classifier on (u, v, |u - v|), any number of classes; Reimers & Gurevych
+  2019). Metric accuracy.
+- ``pair-regression``: two sentences and a score in ``label_range``. Loss ``cosine-mse`` (the
+  report's STS: the clamped cosine of projections regressed on the score scaled to [h, 1]).
+  Metric Pearson r (or Spearman).
+
+With ``--pair-encoding cross`` the pair tasks read both sentences together instead, whatever
+their loss: a logit (two classes, binary cross-entropy), logits (more classes, cross-entropy) or a
+score (squared error) from a linear head on BERT's pooled [CLS].
+
+SST, QQP and STS are the built-in declarations (:func:`builtin_tasks`), read from the CS224N files
+with their own readers and written as the CS224N prediction files. Other tasks are read from any
+delimited file with a header (``.tsv``: tab-separated, no quoting, as SNLI's files; ``.csv``:
+comma-separated with CSV quoting) or JSON lines, their columns named in the declaration. A task
+file (YAML or JSON) holds a list of declarations, or ``{"tasks": [...]}``; ``--task`` gives one as
+``name=snli,kind=pair-classification,train=FILE,...``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data.tasks import TASK_FILES
+from ..errors import UsageError
+
+KINDS = ("classification", "pair-classification", "pair-regression")
+#: The losses each kind takes; the first is its default.
+LOSSES = {"classification": ("cross-entropy",), "pair-classification": ("cosine-hinge", "softmax"),
+          "pair-regression": ("cosine-mse",)}
+#: The dev metrics each kind takes; the first is its default.
+METRICS = {"classification": ("accuracy",), "pair-classification": ("accuracy",),
+           "pair-regression": ("pearson", "spearman")}
+#: A metric's short name in metrics.json / TensorBoard: sst_acc, qqp_acc, sts_pearson, snli_acc.
+METRIC_KEYS = {"accuracy": "acc", "pearson": "pearson", "spearman": "spearman"}
+BUILTIN = ("sst", "qqp", "sts")
+SPLITS = ("train", "dev", "test")
+NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of stage 3 (see the module docstring for the kinds, losses and metrics).
+
+    ``train``/``dev``/``test``: its files (test optional: no test predictions without one);
+    ``text_columns``: the one or two columns holding the sentences; ``label_column``; ``id_column``
+    (None: the row's line number); ``num_classes`` (classification kinds); ``labels``: the class
+    names as they appear in the files, in class order (default: the labels are the integers
+    0..C-1); ``label_range`` (regression): the scores' range, scaled to [h, 1] for the loss;
+    ``weight``: its loss's weight in the step's sum; ``batch_size``: examples of it per step;
+    ``dropout`` before its head; ``margin``: h of the cosine losses; ``reader``: the CS224N reader
+    of a built-in task (None for any other file)."""
+
+    name: str
+    kind: str
+    train: str | None = None
+    dev: str | None = None
+    test: str | None = None
+    text_columns: tuple[str, ...] = ("sentence",)
+    label_column: str = "label"
+    id_column: str | None = None
+    num_classes: int | None = None
+    labels: tuple[str, ...] | None = None
+    label_range: tuple[float, float] = (0.0, 5.0)
+    loss: str | None = None
+    metric: str | None = None
+    weight: float = 1.0
+    batch_size: int = 32
+    dropout: float = 0.1
+    margin: float = 0.0
+    reader: str | None = None
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        set_("text_columns", tuple(self.text_columns))
+        if self.labels is not None:
+            set_("labels", tuple(str(label) for label in self.labels))
+        set_("label_range", tuple(float(v) for v in self.label_range))
+        if self.kind in KINDS:
+            set_("loss", self.loss or LOSSES[self.kind][0])
+            set_("metric", self.metric or METRICS[self.kind][0])
+            if self.num_classes is None and self.labels is not None:
+                set_("num_classes", len(self.labels))
+        check(self)
+
+    @property
+    def pair(self) -> bool:
+        return self.kind != "classification"
+
+    @property
+    def regression(self) -> bool:
+        return self.kind == "pair-regression"
+
+    @property
+    def metric_key(self) -> str:
+        """Its dev metric's name in metrics.json, e.g. sst_acc, sts_pearson."""
+        return f"{self.name}_{METRIC_KEYS[self.metric]}"
+
+    def file(self, split: str) -> str | None:
+        return {"train": self.train, "dev": self.dev, "test": self.test}[split]
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self) | {"text_columns": list(self.text_columns),
+                                           "labels": None if self.labels is None else list(self.labels),
+                                           "label_range": list(self.label_range)}
+
+    def replace(self, **changes) -> "Task":
+        return dataclasses.replace(self, **changes)
+
+
+def check(task: Task) -> None:
+    """UsageError, one line naming the task and the problem, for a declaration that cannot run."""
+    def bad(problem):
+        raise UsageError(f"task {task.name!r}: {problem}")
+    if not isinstance(task.name, str) or not NAME.match(task.name):
+        raise UsageError(f"task name {task.name!r}: use lowercase letters, digits and _ (starting with a letter)")
+    if task.kind not in KINDS:
+        bad(f"unknown kind {task.kind!r} (kinds: {', '.join(KINDS)})")
+    if task.loss not in LOSSES[task.kind]:
+        bad(f"loss {task.loss!r} is not one of a {task.kind} task's ({', '.join(LOSSES[task.kind])})")
+    if task.metric not in METRICS[task.kind]:
+        bad(f"metric {task.metric!r} is not one of a {task.kind} task's ({', '.join(METRICS[task.kind])})")
+    if len(task.text_columns) != (2 if task.pair else 1):
+        bad(f"a {task.kind} task reads {2 if task.pair else 1} text column(s), not {list(task.text_columns)}")
+    if not task.regression:
+        if not isinstance(task.num_classes, int) or task.num_classes < 2:
+            bad(f"num_classes must be an integer of at least 2, not {task.num_classes!r}")
+        if task.labels is not None and (len(task.labels) != task.num_classes or len(set(task.labels)) != len(task.labels)):
+            bad(f"labels must name each of the {task.num_classes} classes once, not {list(task.labels)}")
+        if task.loss == "cosine-hinge" and task.num_classes != 2:
+            bad(f"the cosine-hinge loss has two classes, not {task.num_classes} (use loss softmax)")
+    else:
+        lo, hi = task.label_range
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+            bad(f"label_range must be two finite numbers, low < high, not {list(task.label_range)}")
+    if not (isinstance(task.weight, (int, float)) and math.isfinite(task.weight) and task.weight >= 0):
+        bad(f"weight must be a number >= 0, not {task.weight!r}")
+    if not isinstance(task.batch_size, int) or task.batch_size < 1:
+        bad(f"batch_size must be an integer of at least 1, not {task.batch_size!r}")
+    if not 0 <= task.dropout < 1:
+        bad(f"dropout must be in [0, 1), not {task.dropout!r}")
+    if not -1 <= task.margin < 1:
+        bad(f"margin must be in [-1, 1), not {task.margin!r}")
+    if task.reader is None and task.train is None:
+        bad("no train file")
+    if task.reader is None and task.dev is None:
+        bad("no dev file")
+
+
+#: The report's settings of the built-in tasks (section 4.3), the defaults of their flags.
+REPORT = {"sst_weight": 5.0, "qqp_weight": 20.0, "sts_weight": 1.0,
+          "sst_batch_size": 32, "qqp_batch_size": 96, "sts_batch_size": 32,
+          "sst_dropout": 0.3, "qqp_dropout": 0.0, "sts_dropout": 0.1, "qqp_margin": 0.7, "sts_margin": 0.0}
+
+
+def builtin_tasks(data_dir="data", files: dict | None = None, **settings) -> dict[str, Task]:
+    """SST, QQP and STS with the report's settings (:data:`REPORT`; ``settings`` override them by
+    the same names, e.g. ``qqp_weight=10``), their files ``files[task, split]`` or the standard
+    CS224N names in ``data_dir``."""
+    unknown = sorted(set(settings) - set(REPORT))
+    if unknown:
+        raise UsageError(f"builtin_tasks: unknown setting {unknown[0]!r} (settings: {', '.join(REPORT)})")
+    s = REPORT | settings
+    files = files or {}
+
+    def paths(task):
+        return {split: str(files.get((task, split)) or Path(data_dir) / TASK_FILES[task, split]) for split in SPLITS}
+    return {
+        "sst": Task("sst", "classification", **paths("sst"), num_classes=5, weight=s["sst_weight"],
+                    batch_size=s["sst_batch_size"], dropout=s["sst_dropout"], reader="sst"),
+        "qqp": Task("qqp", "pair-classification", **paths("qqp"), text_columns=("sentence1", "sentence2"),
+                    label_column="is_duplicate", num_classes=2, loss="cosine-hinge", weight=s["qqp_weight"],
+                    batch_size=s["qqp_batch_size"], dropout=s["qqp_dropout"], margin=s["qqp_margin"], reader="qqp"),
+        "sts": Task("sts", "pair-regression", **paths("sts"), text_columns=("sentence1", "sentence2"),
+                    label_column="similarity", weight=s["sts_weight"], batch_size=s["sts_batch_size"],
+                    dropout=s["sts_dropout"], margin=s["sts_margin"], reader="sts"),
+    }
+
+
+# ---- declarations from files and flags ---------------------------------------------------------------
+FIELDS = {f.name for f in dataclasses.fields(Task)} - {"reader"}
+LIST_FIELDS = ("text_columns", "labels", "label_range")
+
+
+def task_from_dict(entry, where: str, base_dir: Path | None = None, builtin: dict | None = None) -> Task:
+    """A declaration (a dict, as in a task file) -> Task. An entry named like a built-in task
+    replaces the fields it gives and keeps the others; relative file paths are taken from
+    ``base_dir`` (the task file's folder)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+        raise UsageError(f"{where}: each task is an object with a name, not {str(entry)[:60]!r}")
+    name = entry["name"]
+    unknown = sorted(set(entry) - FIELDS)
+    if unknown:
+        raise UsageError(f"task {name!r} ({where}): unknown field {unknown[0]!r} (fields: {', '.join(sorted(FIELDS))})")
+    values = dict(entry)
+    for split in SPLITS:
+        if isinstance(values.get(split), str) and base_dir is not None and not Path(values[split]).is_absolute():
+            values[split] = str(base_dir / values[split])
+    try:
+        if builtin and name in builtin and ("kind" not in values or values["kind"] == builtin[name].kind):
+            return builtin[name].replace(**values)
+        if "kind" not in values:
+            raise UsageError(f"task {name!r} ({where}): no kind (kinds: {', '.join(KINDS)})")
+        return Task(**values)
+    except TypeError as e:  # a list where a number belongs, and the like
+        raise UsageError(f"task {name!r} ({where}): {e}") from None
+
+
+def read_task_file(path) -> list[dict]:
+    """The declarations of a YAML or JSON task file: a list, or an object with a "tasks" list."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"--task-file {path} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--task-file {path} cannot be read ({e})") from None
+    try:
+        if path.suffix.lower() == ".json":
+            found = json.loads(text)
+        else:
+            import yaml
+            found = yaml.safe_load(text)
+    except Exception as e:  # JSONDecodeError, yaml.YAMLError
+        first = " ".join(str(e).split())[:120]
+        raise UsageError(f"--task-file {path} is not valid {'JSON' if path.suffix.lower() == '.json' else 'YAML'} "
+                         f"({first})") from None
+    if isinstance(found, dict) and "tasks" in found:
+        found = found["tasks"]
+    if not isinstance(found, list) or not found:
+        raise UsageError(f"--task-file {path}: expected a list of tasks (or {{tasks: [...]}})")
+    return found
+
+
+def parse_task_flag(text: str) -> dict:
+    """``name=snli,kind=pair-classification,text_columns=premise;hypothesis,num_classes=3`` -> a
+    declaration (numbers as numbers; ``;`` separates a list's items)."""
+    entry = {}
+    for part in text.split(","):
+        key, sep, value = part.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise UsageError(f"--task {text!r}: expected key=value pairs separated by commas")
+        value = value.strip()
+        if key in LIST_FIELDS:
+            items = [v.strip() for v in value.split(";")]
+            entry[key] = [_number(v) for v in items] if key == "label_range" else items
+        else:
+            entry[key] = _number(value) if key in ("num_classes", "weight", "batch_size", "dropout", "margin") else value
+    return entry
+
+
+def _number(text: str):
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def declared_tasks(config) -> list[Task]:
+    """Every task ``config`` declares: the built-ins, then the task file's, then --task's (a later
+    declaration of a name replaces the earlier one; two in one file or flag list are an error),
+    narrowed to --tasks when given, in --tasks' order."""
+    builtin = builtin_tasks(config.data_dir, {(t, s): config.file_of(t, s) for t in BUILTIN for s in SPLITS},
+                            **{k: getattr(config, k) for k in REPORT})
+    tasks = dict(builtin)
+    sources = []
+    if config.task_file:
+        sources.append((read_task_file(config.task_file), f"--task-file {config.task_file}",
+                        Path(config.task_file).parent))
+    if config.task:
+        sources.append(([parse_task_flag(t) for t in config.task], "--task", None))
+    for entries, where, base in sources:
+        seen = set()
+        for entry in entries:
+            task = task_from_dict(entry, where, base, builtin)
+            if task.name in seen:
+                raise UsageError(f"task {task.name!r} is declared twice in {where}")
+            seen.add(task.name)
+            tasks[task.name] = task
+    if config.tasks:
+        names = [n.strip() for n in config.tasks.split(",") if n.strip()]
+        unknown = [n for n in names if n not in tasks]
+        if unknown:
+            raise UsageError(f"--tasks: task {unknown[0]!r} is not declared (declared: {', '.join(tasks)})")
+        if len(set(names)) != len(names):
+            raise UsageError(f"--tasks {config.tasks}: a task is named twice")
+        return [tasks[n] for n in names]
+    return list(tasks.values())

@@ -1,0 +1,105 @@
+"""Stage 3 gives, after moving into bertcf/multitask/ and declaring its tasks, the weights it gave
+before (main 421935b), and the run directories written then still resume and predict.
+
+``tests/fixtures/multitask_before_move/`` was written by ``make_reference.py`` there, with the
+code of 421935b, on one thread in fp32 (its safetensors metadata names the torch version and CPU
+capability):
+
+- ``multitask_before_move.safetensors``: the last/ weights (encoder and heads) of 6-step runs of
+  the fixed tiny BERT (tests/test_fixed_behaviour.py's) on the fixed CS224N files
+  (helpers.write_cs224n_files), bi- and cross-encoded;
+- ``old-run.tar.gz``: the same bi run stopped at step 3 (config.json, metrics.jsonl, best/, last/).
+
+On the machine and torch that wrote them the comparison is bit for bit; elsewhere the CPU's
+kernels round differently, and the weights must agree to test_fixed_behaviour's tolerance, which
+is measured there (attention key biases, whose gradient is rounding noise, left out).
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import write_cs224n_files
+from safetensors import safe_open
+from safetensors.torch import load_file
+from test_fixed_behaviour import NOISE, TOLERANCE, fixed_bert_dir
+
+from bertcf.multitask import command
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "multitask_before_move"
+REFERENCE = FIXTURES / "multitask_before_move.safetensors"
+
+
+def same_machine() -> bool:
+    with safe_open(str(REFERENCE), "pt") as f:
+        meta = f.metadata()
+    return meta["torch"] == torch.__version__ and meta["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("before-move")
+    return fixed_bert_dir(root / "bert"), write_cs224n_files(root / "data")
+
+
+def argv(inputs, out, steps, *extra):
+    bert, data = inputs
+    return ["--model", str(bert), "--data-dir", str(data), "--out-dir", str(out), "--steps", str(steps),
+            "--eval-every", "3", "--sst-batch-size", "4", "--qqp-batch-size", "6", "--sts-batch-size", "4",
+            "--proj-dim", "16", "--max-length", "32", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", *extra]
+
+
+def quiet(args):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return command.run(args)
+
+
+def last(run_dir) -> dict:
+    d = Path(run_dir) / "last"
+    return {**{f"encoder/{k}": v for k, v in load_file(str(d / "model.safetensors")).items()},
+            **{f"heads/{k}": v for k, v in load_file(str(d / "heads.safetensors")).items()}}
+
+
+def assert_same_weights(mine: dict, name: str) -> None:
+    reference = {k[len(name) + 1:]: v for k, v in load_file(str(REFERENCE)).items() if k.startswith(name + "/")}
+    assert mine.keys() == reference.keys(), sorted(set(mine) ^ set(reference))
+    if same_machine():
+        different = [k for k in mine if not torch.equal(mine[k], reference[k])]
+        assert not different, f"{name}: not bit for bit the weights from before the move: {different[:4]}"
+        return
+    worst = max(float((mine[k].double() - reference[k].double()).abs().max()) for k in mine if not k.endswith(NOISE))
+    assert worst <= TOLERANCE, f"{name}: the weights moved by {worst:.3g} from before the move"
+
+
+@pytest.mark.parametrize("pair_encoding", ["bi", "cross"])
+def test_the_report_tasks_give_the_weights_from_before_the_move(pair_encoding, inputs, tmp_path):
+    quiet(argv(inputs, tmp_path / "run", 6, "--pair-encoding", pair_encoding))
+    assert_same_weights(last(tmp_path / "run"), pair_encoding)
+
+
+def test_a_run_directory_from_before_the_move_resumes_and_predicts(inputs, tmp_path):
+    bert, data = inputs
+    with tarfile.open(FIXTURES / "old-run.tar.gz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    old = tmp_path / "old-run"
+    config = json.loads((old / "config.json").read_text())
+    assert "task_sampling" not in config and "declared_tasks" not in config  # written before tasks were declared
+    config |= {"model": str(bert), "encoder": str(bert), "data_dir": str(data), "out_dir": str(old)}  # moved here
+    (old / "config.json").write_text(json.dumps(config))
+    assert "tasks" not in json.loads((old / "best" / "multitask.json").read_text())
+
+    quiet(["--predict-only", "--checkpoint", str(old), "--out-dir", str(tmp_path / "predicted"), "--device", "cpu"])
+    predicted = json.loads((tmp_path / "predicted" / "metrics.json").read_text())
+    assert predicted["mean_dev"] == pytest.approx(0.13040, abs=2e-4)  # its best/ is step 0's (metrics.jsonl)
+    assert sorted(p.name for p in (tmp_path / "predicted" / "predictions").iterdir()) == sorted(
+        f"{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test"))
+
+    summary = quiet(["--resume", "--out-dir", str(old), "--steps", "6"])
+    assert summary["step"] == 6
+    assert_same_weights(last(old), "bi")

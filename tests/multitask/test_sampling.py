@@ -1,0 +1,103 @@
+"""How tasks share the steps (bertcf.multitask.sampling): each mode's probabilities against the
+formulas written out here, the draws' frequencies, the counts in metrics.jsonl and TensorBoard,
+and a resumed run that continues the same draws, bit for bit."""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+
+import pytest
+import torch
+from helpers import write_cs224n_files
+from safetensors.torch import load_file
+
+from bertcf.errors import UsageError
+from bertcf.multitask import command
+from bertcf.multitask.sampling import MODES, TaskSampler
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+SIZES = {"sst": 8544, "qqp": 141506, "sts": 6040}  # the CS224N training sets
+
+
+def test_probabilities_follow_the_papers():
+    n = torch.tensor([8544.0, 141506.0, 6040.0], dtype=torch.float64)
+    steps = 101
+    proportional = TaskSampler("proportional", SIZES, steps, seed=0)
+    torch.testing.assert_close(proportional.probabilities(0), n / n.sum())
+    temperature = TaskSampler("temperature", SIZES, steps, seed=0, temperature=4.0)
+    torch.testing.assert_close(temperature.probabilities(7), n ** 0.25 / (n ** 0.25).sum())
+    annealed = TaskSampler("annealed", SIZES, steps, seed=0)
+    torch.testing.assert_close(annealed.probabilities(0), n / n.sum())  # alpha 1 at the start
+    torch.testing.assert_close(annealed.probabilities(100), n ** 0.2 / (n ** 0.2).sum())  # 0.2 at the end
+    alpha = 1 - 0.8 * 50 / 100  # Stickland & Murray's 1 - 0.8 (e - 1) / (E - 1), halfway
+    torch.testing.assert_close(annealed.probabilities(50), n ** alpha / (n ** alpha).sum())
+
+
+def test_each_mode_draws_as_it_says():
+    assert all(TaskSampler("all", SIZES, 10, 0).tasks_at(s) == ["sst", "qqp", "sts"] for s in range(3))
+    robin = TaskSampler("round-robin", SIZES, 10, 0)
+    assert [robin.tasks_at(s)[0] for s in range(5)] == ["sst", "qqp", "sts", "sst", "qqp"]
+    assert robin.counts == {"sst": 2, "qqp": 2, "sts": 1}
+    draws = 6000
+    sampler = TaskSampler("temperature", SIZES, draws, seed=3, temperature=2.0)
+    picks = [sampler.tasks_at(s)[0] for s in range(draws)]
+    expected = sampler.probabilities(0)
+    for i, task in enumerate(SIZES):
+        share = picks.count(task) / draws
+        sd = math.sqrt(float(expected[i]) * (1 - float(expected[i])) / draws)
+        assert abs(share - float(expected[i])) < 5 * sd, (task, share, float(expected[i]))
+    assert sampler.counts == {t: picks.count(t) for t in SIZES}
+
+
+def test_a_draw_depends_on_the_seed_and_step_only():
+    a, b = TaskSampler("proportional", SIZES, 100, seed=5), TaskSampler("proportional", SIZES, 100, seed=5)
+    first = [a.tasks_at(s) for s in range(40)]
+    assert [b.tasks_at(s) for s in range(20, 40)] == first[20:]  # resumed at step 20: the same draws
+    assert first != [TaskSampler("proportional", SIZES, 100, seed=6).tasks_at(s) for s in range(40)]
+    b.load_state_dict(a.state_dict())
+    assert b.counts == a.counts
+
+
+def test_bad_settings():
+    with pytest.raises(UsageError, match="--task-sampling must be one of"):
+        TaskSampler("uniform", SIZES, 10, 0)
+    with pytest.raises(UsageError, match="positive"):
+        TaskSampler("temperature", SIZES, 10, 0, temperature=0)
+    assert MODES == ("all", "round-robin", "proportional", "temperature", "annealed")
+
+
+# ---- in a run ------------------------------------------------------------------------------------------
+def argv(bert_dir, data_dir, out_dir, steps, *extra):
+    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--steps", str(steps),
+            "--eval-every", "2", "--log-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "6",
+            "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3", "--device", "cpu",
+            "--precision", "fp32", "--max-train-examples", "10", *extra]
+
+
+def quiet(args):
+    with contextlib.redirect_stdout(io.StringIO()):
+        return command.run(args)
+
+
+@pytest.mark.parametrize("mode", ["round-robin", "annealed"])
+def test_a_sampled_run_counts_its_batches_and_resumes_the_same_draws(mode, tiny_bert_dir, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    data = write_cs224n_files(tmp_path / "data")
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    quiet(argv(tiny_bert_dir, data, straight, 6, "--task-sampling", mode))
+    quiet(argv(tiny_bert_dir, data, part, 4, "--task-sampling", mode))
+    quiet(["--resume", "--out-dir", str(part), "--steps", "6"])
+    for name in ("model.safetensors", "heads.safetensors"):
+        a, b = load_file(str(straight / "last" / name)), load_file(str(part / "last" / name))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    records = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    assert last["step"] == 6 and sum(last[f"batches_{t}"] for t in ("sst", "qqp", "sts")) == 6  # one task a step
+    if mode == "round-robin":
+        assert [last[f"batches_{t}"] for t in ("sst", "qqp", "sts")] == [2, 2, 2]
+    assert [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()][-1] == last
+    scalars = EventAccumulator(str(straight / "tb")).Reload().Tags()["scalars"]
+    assert {"train/batches_sst", "train/batches_qqp", "train/batches_sts", "eval/batches_sst"} <= set(scalars)
