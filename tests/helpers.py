@@ -482,3 +482,25 @@ def standalone_vectors(*models) -> list[torch.Tensor]:
                               cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [torch.tensor(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+# ----------------------------------------------------------------------------- stage 3 runs
+
+def multitask_argv(bert_dir, data_dir, out_dir, steps, *extra) -> list[str]:
+    """run_multitask.py's argv for a tiny CPU run of the report's three tasks on ``data_dir``
+    (write_cs224n_files): small batches and heads, the first 10 training rows, ``extra`` flags last."""
+    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--steps", str(steps),
+            "--eval-every", "2", "--log-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "6",
+            "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3", "--device", "cpu",
+            "--precision", "fp32", "--max-train-examples", "10", *map(str, extra)]
+
+
+def quiet_multitask(argv) -> dict:
+    """run_multitask.py's run of ``argv``, its summary lines captured."""
+    import contextlib
+    import io
+
+    from bertcf.multitask import command
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return command.run(argv)

@@ -136,63 +136,17 @@ class Joint(Mirror):
 
 
 class Multitask(Workload):
-    """bertcf.multitask's training step itself: MultitaskModel (one encoder pass over all 288
-    sentences, the heads) and MultitaskLoss, around either implementation."""
+    """bertcf.multitask's training step itself: MultitaskModel (one encoder pass over the step's
+    sentences, the heads; 288 with a batch of every task), the tasks' losses combined by
+    ``StepMethods``, around either implementation. A variant of :data:`MULTITASK_VARIANTS` changes
+    one setting: the tasks a step draws (``TaskSampler`` over the CS224N training sets' sizes), the
+    gradient cosines at every step (``conflict_every``), or a multitask method."""
 
     sizes = {"sst": 32, "qqp": 96, "sts": 32}
-
-    def make_inputs(self, n):
-        out = []
-        for _ in range(n):
-            lengths = []
-            for task, size in self.sizes.items():
-                median, max_len = LENGTHS[task]
-                rows = size * (1 if task == "sst" else 2)
-                lengths += sample_lengths(rows, median, min(max_len, self.config.max_position_embeddings), self.g)
-            out.append([make_batch(lengths, self.config.vocab_size, self.g, self.device, (self.cls, self.sep))])
-        return out
-
-    def build(self, bert):
-        from ..models.encoder import SentenceEncoder
-        from ..multitask.losses import build_loss
-        from ..multitask.model import MultitaskModel
-        from ..multitask.tasks import builtin_tasks
-
-        torch.manual_seed(0)  # the same initial heads for both implementations
-        tasks = builtin_tasks()
-        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), list(tasks.values()), proj_dim=768).to(self.device)
-        model.requires_grad_(True)
-        model.train()
-        g = torch.Generator(device=self.device).manual_seed(0)
-        labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
-                  "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
-                  "sts": torch.rand(32, generator=g, device=self.device) * 5}
-        losses = {name: build_loss(task) for name, task in tasks.items()}
-
-        def loss(inputs):
-            (b,) = inputs
-            out = model(b.ids, b.mask, self.sizes, num_tokens=b.tokens)
-            parts = {t: losses[t](*(y if isinstance(y, tuple) else (y,)), labels[t]) for t, y in out.items()}
-            return sum(tasks[t].weight * parts[t] for t in parts)
-        return self.training_step(model.parameters(), 1e-5, loss)
-
-    def flops(self, inputs):
-        d = self.config.hidden_size
-        heads = 6 * d * (5 * self.sizes["sst"] + 768 * 2 * (self.sizes["qqp"] + self.sizes["sts"]))
-        return super().flops(inputs) + heads
-
-
-class MultitaskVariant(Multitask):
-    """Stage 3's step as ``bertcf.multitask.trainer.Step`` takes it, with one of
-    :data:`MULTITASK_VARIANTS`' settings: the tasks a step draws (``TaskSampler``, over the CS224N
-    training sets' sizes), their losses combined by ``StepMethods`` (weighting, SMART, the
-    aggregated backward), and with ``conflict_every`` the gradient cosines of every step. Its
-    ``multitask`` baseline is the same step with the defaults."""
-
     TRAIN_SIZES = {"sst": 8544, "qqp": 141506, "sts": 6040}
 
     def __init__(self, name, *args, **kwargs):
-        self.settings = MULTITASK_VARIANTS[name]
+        self.settings = MULTITASK_VARIANTS.get(name, {})
         super().__init__(name, *args, **kwargs)
 
     def make_inputs(self, n):
@@ -227,7 +181,7 @@ class MultitaskVariant(Multitask):
         model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), list(tasks.values()), proj_dim=768).to(self.device)
         model.requires_grad_(True)
         model.train()
-        config = MultitaskConfig(precision=self.precision, **self.settings)
+        config = MultitaskConfig(precision=self.precision, **{"conflict_every": 0} | self.settings)
         methods = StepMethods(config, model)
         losses = {name: build_loss(task) for name, task in tasks.items()}
         g = torch.Generator(device=self.device).manual_seed(0)
@@ -242,7 +196,7 @@ class MultitaskVariant(Multitask):
             inputs = {"input_ids": b.ids, "attention_mask": b.mask, "sizes": b.sizes, "num_tokens": b.tokens}
             out, features = model(**inputs, return_features=True)
             parts = {t: losses[t](*(y if isinstance(y, tuple) else (y,)), labels[t]) for t, y in out.items()}
-            if config.conflict_every and len(parts) > 1:
+            if config.conflict_every and len(parts) > 1:  # the variant logs them at every step
                 monitor.gradient_cosines(parts, monitor.shared_parameters(model))
             return methods.combine(parts, features, inputs, out)
 
@@ -252,7 +206,10 @@ class MultitaskVariant(Multitask):
         return step
 
     def flops(self, inputs):
-        return Workload.flops(self, inputs)  # the encoder's; the methods' extra passes are what is timed
+        d = self.config.hidden_size
+        heads = sum(6 * d * (5 * b.sizes.get("sst", 0) + 768 * 2 * (b.sizes.get("qqp", 0) + b.sizes.get("sts", 0)))
+                    for b in inputs)
+        return super().flops(inputs) + heads  # the encoder's and the heads'; a method's extra passes are timed
 
 
 class Encode(Workload):
@@ -289,4 +246,4 @@ class Encode(Workload):
 
 
 WORKLOAD_CLASSES = {"mirror": Mirror, "joint": Joint, "multitask": Multitask, "encode": Encode,
-                    **dict.fromkeys(MULTITASK_VARIANTS, MultitaskVariant)}
+                    **dict.fromkeys(MULTITASK_VARIANTS, Multitask)}

@@ -33,6 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the workloads to time, comma-separated, of {', '.join(WORKLOADS)}")
     p.add_argument("--encode-sentences", type=AT_LEAST_1, default=256,
                    help="sentences per encode step")
+    p.add_argument("--minbert-only", action="store_true",
+                   help="time minBERT alone (no transformers rows): to compare workloads with each other, such as "
+                        "stage 3's variants against its multitask step")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile both models (minBERT layer by layer, transformers whole; dynamic shapes)")
     p.add_argument("--no-unpad", action="store_true",
@@ -132,8 +135,9 @@ def run_workloads(args, workloads: list[str]) -> dict:
     precision = resolve_precision(args.precision, device)
     wall = time.perf_counter()
     mb, hf, note = load_models(args.model, args.tiny, args.seed)
-    encoders = {"minbert": Encoder(mb.to(device), args.compile, unpad=not args.no_unpad),
-                "transformers": Encoder(hf.to(device), args.compile)}
+    encoders = {"minbert": Encoder(mb.to(device), args.compile, unpad=not args.no_unpad)}
+    if not args.minbert_only:
+        encoders["transformers"] = Encoder(hf.to(device), args.compile)
     config = mb.config
     info = {"model": "tiny" if args.tiny else args.model, "weights": note, "device": device_name(device),
             "precision": precision, "torch": torch.__version__, "transformers": transformers.__version__,
@@ -146,8 +150,8 @@ def run_workloads(args, workloads: list[str]) -> dict:
           f"{info['encoder_params'] / 1e6:.1f}M parameters")
     print(f"device: {info['device']}; precision {precision}; torch {torch.__version__}, "
           f"transformers {transformers.__version__}, python {info['python']}")
-    print(f"timing: median of {args.steps} steps after {args.warmup} warm-up steps, minBERT and transformers "
-          f"alternating", flush=True)
+    print(f"timing: median of {args.steps} steps after {args.warmup} warm-up steps, "
+          + ("minBERT alone" if args.minbert_only else "minBERT and transformers alternating"), flush=True)
     results = {}
     n_batches = max(1, min(args.steps + args.warmup, 8))
     for i, name in enumerate(workloads):
@@ -177,12 +181,14 @@ def print_workload(name: str, r: dict, profile: int) -> None:
         kernels = r["profile"]["gpu_kernels_per_step"]
         print(f"{name} minBERT, torch.profiler over {profile} steps"
               + (f" ({kernels:.0f} GPU kernels a step)" if kernels else "") + ":\n" + r["profile"]["table"])
-    for impl in ("minbert", "transformers"):
+    for impl in [i for i in ("minbert", "transformers") if i in r]:
         x = r[impl]
         print(f"{name:9s} {impl:12s} {x['ms_per_step']:10.2f} ms/step {x['tokens_per_s']:12,.0f} tokens/s "
-              f"{x['sentences_per_s']:10,.1f} sentences/s" + (f"  MFU {100 * x['mfu']:.1f}%" if x["mfu"] else ""))
-    print(f"{name:9s} speed-up minBERT/transformers: {r['speedup']:.3f}x "
-          f"({'minBERT faster' if r['speedup'] >= 1 else 'minBERT slower'})", flush=True)
+              f"{x['sentences_per_s']:10,.1f} sentences/s" + (f"  MFU {100 * x['mfu']:.1f}%" if x["mfu"] else ""),
+              flush=True)
+    if "speedup" in r:
+        print(f"{name:9s} speed-up minBERT/transformers: {r['speedup']:.3f}x "
+              f"({'minBERT faster' if r['speedup'] >= 1 else 'minBERT slower'})", flush=True)
 
 
 def print_table(results: dict) -> None:
@@ -196,13 +202,14 @@ def print_table(results: dict) -> None:
     print("|" + "---|" * (head.count("|") - 1))
     for name, r in results.items():
         ps = r["per_step"]
+        hf = r.get("transformers", {})  # absent with --minbert-only
         row = (f"| {name} | {ps['sentences']:.0f} sent, {ps['tokens']:.0f} tok, padded {ps['padded_tokens']:.0f} | "
                f"{r['minbert']['ms_per_step']:.2f} | "
-               f"{r['transformers']['ms_per_step']:.2f} | {r['minbert']['tokens_per_s']:,.0f} | "
-               f"{r['transformers']['tokens_per_s']:,.0f} | {r['speedup']:.3f}x |")
+               f"{fmt(hf.get('ms_per_step'), '.2f')} | {r['minbert']['tokens_per_s']:,.0f} | "
+               f"{fmt(hf.get('tokens_per_s'), ',.0f')} | {fmt(r.get('speedup'), '.3f')}{'x' if 'speedup' in r else ''} |")
         if mfu_cols:
             row += (f" {fmt(r['minbert']['mfu'] and 100 * r['minbert']['mfu'], '.1f')}% |"
-                    f" {fmt(r['transformers']['mfu'] and 100 * r['transformers']['mfu'], '.1f')}% |")
+                    f" {fmt(hf.get('mfu') and 100 * hf['mfu'], '.1f')}% |")
         print(row)
 
 

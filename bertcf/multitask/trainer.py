@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 from minbert import pad_batch
 
 from .. import runs
@@ -147,9 +149,12 @@ class MultitaskTrainer:
         if config.resume:
             loop.resume()
         summary = loop.fit(step, backward=methods.backward if methods.custom_backward else None)
-        if dist_info()[0] != 0:
-            return summary
-        return self.finish(summary, run, data, dev_sets, device)
+        rank, world = dist_info()
+        if rank == 0:
+            summary = self.finish(summary, run, data, dev_sets, device)
+        if world > 1:  # the ranks leave the process group together, not while rank 0 still writes
+            torch.distributed.barrier()
+        return summary
 
     def finish(self, summary: dict, run: runs.Run, data: dict, dev_sets: dict, device) -> dict:
         """After training: the best checkpoint's predictions, metrics.json and TensorBoard views (not

@@ -185,16 +185,19 @@ def test_onnx_torch_rows_each_run_their_own_model(tiny_bert_dir, tmp_path, monke
 @pytest.mark.slow
 def test_the_multitask_variants_run_the_stage_3_step(tmp_path):
     """Each stage-3 variant (a sampling mode, the conflict logging, a method) times the real step
-    (bertcf.multitask's sampler and methods), on both implementations."""
+    (bertcf.multitask's sampler and methods), here minBERT's alone."""
     from bertcf.bench.workloads import MULTITASK_VARIANTS
 
     variants = [v for v in MULTITASK_VARIANTS if v not in ("multitask-upgrad",)]  # upgrad needs the solver extra
     out = tmp_path / "bench.json"
     proc = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--threads", "1", "--json",
-                     str(out), "--allow-busy", "--load-check", "0", "--workloads", ",".join(["multitask", *variants]))
+                     str(out), "--allow-busy", "--load-check", "0", "--minbert-only", "--workloads",
+                     ",".join(["multitask", *variants]))
     assert proc.returncode == 0, proc.stderr
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"multitask", *variants}
+    assert all("transformers" not in r and "speedup" not in r for r in results.values())  # --minbert-only
+    assert "minBERT alone" in proc.stdout and "| multitask-pcgrad |" in proc.stdout
     # one task a step: fewer sentences than the step of all three
     per_step = {name: r["per_step"]["sentences"] for name, r in results.items()}
     assert per_step["multitask-round-robin"] < per_step["multitask"] == per_step["multitask-pcgrad"]

@@ -10,11 +10,13 @@ import json
 
 import pytest
 import torch
+from helpers import multitask_argv as argv
+from helpers import quiet_multitask as quiet
 from helpers import write_cs224n_files
 from safetensors.torch import load_file
 
 from bertcf import SentenceEncoder, set_seed
-from bertcf.multitask import MultitaskTrainer, builtin_tasks, command
+from bertcf.multitask import MultitaskTrainer, builtin_tasks
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -22,18 +24,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     return write_cs224n_files(tmp_path_factory.mktemp("mt-methods"))
-
-
-def argv(bert_dir, data_dir, out_dir, steps, *extra):
-    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--steps", str(steps),
-            "--eval-every", "2", "--log-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "6",
-            "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3", "--device", "cpu",
-            "--precision", "fp32", "--max-train-examples", "10", *extra]
-
-
-def quiet(args):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return command.run(args)
 
 
 def last(run_dir) -> dict:

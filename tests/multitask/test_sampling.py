@@ -3,18 +3,17 @@ formulas written out here, the draws' frequencies, the counts in metrics.jsonl a
 and a resumed run that continues the same draws, bit for bit."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 
 import pytest
 import torch
+from helpers import multitask_argv as argv
+from helpers import quiet_multitask as quiet
 from helpers import write_cs224n_files
 from safetensors.torch import load_file
 
 from bertcf.errors import UsageError
-from bertcf.multitask import command
 from bertcf.multitask.sampling import MODES, TaskSampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -69,18 +68,6 @@ def test_bad_settings():
 
 
 # ---- in a run ------------------------------------------------------------------------------------------
-def argv(bert_dir, data_dir, out_dir, steps, *extra):
-    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--steps", str(steps),
-            "--eval-every", "2", "--log-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "6",
-            "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3", "--device", "cpu",
-            "--precision", "fp32", "--max-train-examples", "10", *extra]
-
-
-def quiet(args):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return command.run(args)
-
-
 @pytest.mark.parametrize("mode", ["round-robin", "annealed"])
 def test_a_sampled_run_counts_its_batches_and_resumes_the_same_draws(mode, tiny_bert_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
