@@ -200,7 +200,7 @@ def test_bad_declarations_are_one_line_and_nothing_is_written(case, tiny_bert_di
     elif case == "unknown aggregator":
         extra, needle = ["--aggregator", "bogus"], "bogus"
     elif case == "aggregator with one task":
-        extra, needle = ["--aggregator", "upgrad", "--tasks", "sst"], "at least two tasks"
+        extra, needle = ["--aggregator", "pcgrad", "--tasks", "sst"], "at least two tasks"
     else:
         extra, needle = ["--smart-weight", "-1"], "--smart-weight"
     path = tmp_path / "tasks.json"

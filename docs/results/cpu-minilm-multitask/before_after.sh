@@ -5,7 +5,7 @@
 set -euo pipefail
 out=$1
 MINILM_DIR=${MINILM_DIR:?set MINILM_DIR}
-DATA=${DATA:-../shared/data/cs224n-offline}
+DATA=$(realpath "${DATA:-../shared/data/cs224n-offline}")  # absolute: the "before" side runs in its own checkout
 mkdir -p "$out/before-src"
 git archive 421935b | tar -x -C "$out/before-src"
 flags=(--model "$MINILM_DIR" --data-dir "$DATA" --steps 40 --eval-every 20 --sst-batch-size 8 --qqp-batch-size 24
