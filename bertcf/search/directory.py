@@ -7,8 +7,8 @@ how a reader knows the files are the ones the build wrote.
   ``.NAME.lock``, since the directory itself is replaced.
 - Written whole (``replace``): into a temporary directory of the build's own beside it
   (``.NAME.build-PID-RANDOM``), then swapped into place in two renames, the previous index moved
-  aside as ``.NAME.old`` in between (``utils.files.save_dir_atomic``'s swap, whose temporary name is
-  fixed). Only a directory that holds an index and nothing else is replaced (``check_target``): a
+  aside as ``.NAME.old`` in between (``utils.files.save_dir_atomic``, given that temporary
+  directory). Only a directory that holds an index and nothing else is replaced (``check_target``): a
   file of the user's there would leave with the old directory.
 - Recovered (``recover``): a kill between the two renames leaves no directory and the previous
   index whole in ``.NAME.old``; the next build or query puts it back (``utils.files.recover_dir``)
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import DataError, UsageError, WriteError
 from ..utils import lock
-from ..utils.files import recover_dir, refused_write, write_error
+from ..utils.files import recover_dir, save_dir_atomic
 
 FORMAT, VERSION = "bertcf-search-index", 1
 META_FILE, INDEX_FILE, VECTORS_FILE = "index.json", "index.faiss", "vectors.npy"
@@ -45,24 +45,16 @@ HASH_BLOCK = 1 << 22  # bytes read at a time to hash a file
 def replace(directory, write) -> None:
     """Hold ``directory`` (``hold``), recover and check it (``prepare``), call ``write(tmp)`` in a
     new temporary directory of this build's own beside it, and swap the finished index into place
-    (``swap``). A write that fails (or a Ctrl-C) removes the temporary directory and leaves the
-    previous index as it was (a refused write: ``WriteError``)."""
+    (``utils.files.save_dir_atomic``, whose two renames ``recover`` undoes). A write that fails (or
+    a Ctrl-C) removes the temporary directory and leaves the previous index as it was (a refused
+    write: ``WriteError``)."""
     directory = index_dir(directory)
     with hold(directory):
         prepare(directory)
         # Its own name, not a fixed one: two builds never share a temporary directory, even where
         # the file system has no locks and ``hold`` could not keep the second out.
-        tmp = directory.with_name(f".{directory.name}.build-{os.getpid()}-{secrets.token_hex(4)}")
-        try:
-            tmp.mkdir()
-            write(tmp)
-        except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            reason = refused_write(e)
-            if reason is None:
-                raise
-            raise write_error(directory, e, reason) from None
-        swap(tmp, directory)
+        save_dir_atomic(directory, write,
+                        tmp=directory.with_name(f".{directory.name}.build-{os.getpid()}-{secrets.token_hex(4)}"))
 
 
 def index_dir(directory) -> Path:
@@ -79,18 +71,6 @@ def index_dir(directory) -> Path:
 def aside(directory: Path) -> Path:
     """Where the swap moves the previous index for a moment (``utils.files.recover_dir``'s name)."""
     return directory.with_name(f".{directory.name}.old")
-
-
-def swap(tmp: Path, directory: Path) -> None:
-    """Put the finished index ``tmp`` in place of ``directory``: the previous one moved aside, the
-    new one renamed in, the previous one deleted, as ``utils.files.save_dir_atomic`` does. A kill
-    between the two renames leaves no ``directory`` and the previous index whole (``recover``)."""
-    old = aside(directory)
-    if directory.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(directory, old)
-    os.replace(tmp, directory)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 class IndexLock(lock.DirLock):
@@ -144,7 +124,7 @@ def prepare(directory) -> None:
 
 
 def recover(directory) -> bool:
-    """After a build killed between the two renames of ``swap``: no directory, and the previous index
+    """After a build killed between the two renames of ``save_dir_atomic``: no directory, and the previous index
     whole in ``.NAME.old``. It comes back (``utils.files.recover_dir``, as a run's last/ does), said
     in one line on stderr; True when it did. A query does this too, holding the directory meanwhile
     (refused while a build holds it: that build is between its renames now)."""

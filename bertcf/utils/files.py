@@ -96,12 +96,14 @@ def write_json_atomic(path, obj) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, default=str) + "\n")
 
 
-def save_dir_atomic(target, write) -> None:
+def save_dir_atomic(target, write, tmp=None) -> None:
     """Call ``write(tmp_dir)``, then swap the finished directory into place, so a crash or
     kill at any moment leaves either the old complete checkpoint or the new one. A write that
-    fails removes the temporary directory (a refused one: ``WriteError``)."""
+    fails removes the temporary directory (a refused one: ``WriteError``). ``tmp``: the temporary
+    directory, beside ``target`` (default ``.NAME.tmp``; a writer that others may race gives one
+    of its own)."""
     target = Path(target)
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = Path(tmp) if tmp is not None else target.with_name(f".{target.name}.tmp")
     old = target.with_name(f".{target.name}.old")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
