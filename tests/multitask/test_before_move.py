@@ -16,20 +16,18 @@ is measured there (attention key biases, whose gradient is rounding noise, left 
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import tarfile
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import quiet_multitask as quiet
 from helpers import write_cs224n_files
 from safetensors import safe_open
 from safetensors.torch import load_file
 from test_fixed_behaviour import NOISE, TOLERANCE, fixed_bert_dir
 
-from bertcf.multitask import command
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "multitask_before_move"
@@ -54,10 +52,6 @@ def argv(inputs, out, steps, *extra):
             "--eval-every", "3", "--sst-batch-size", "4", "--qqp-batch-size", "6", "--sts-batch-size", "4",
             "--proj-dim", "16", "--max-length", "32", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", *extra]
 
-
-def quiet(args):
-    with contextlib.redirect_stdout(io.StringIO()):
-        return command.run(args)
 
 
 def last(run_dir) -> dict:

@@ -6,8 +6,6 @@ same for --pair-encoding cross (the pairs encoded jointly). Declared tasks, samp
 and the weights from before the move: tests/multitask/test_tasks.py and the files beside it."""
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import shutil
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import quiet_multitask as run_quiet
 from helpers import write_cs224n_files
 from safetensors.torch import load_file
 
@@ -207,10 +206,6 @@ def argv(bert_dir, data_dir, out_dir, steps=4, **flags) -> list[str]:
         out += [f"--{k}"] if v is True else [f"--{k}", str(v)]
     return out
 
-
-def run_quiet(args) -> dict:
-    with contextlib.redirect_stdout(io.StringIO()):
-        return command.run(args)
 
 
 @pytest.fixture(scope="module")

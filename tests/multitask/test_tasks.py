@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import quiet_multitask as quiet
 from helpers import PREMISES, write_cs224n_files
 from safetensors.torch import load_file
 
@@ -59,10 +60,6 @@ def argv(bert_dir, data_dir, out_dir, *extra, steps=3) -> list[str]:
             "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3", "--device", "cpu",
             "--precision", "fp32", *map(str, extra)]
 
-
-def quiet(args) -> dict:
-    with contextlib.redirect_stdout(io.StringIO()):
-        return command.run(args)
 
 
 # ---- declarations ------------------------------------------------------------------------------------
