@@ -3,7 +3,7 @@
 The export directory (default ``CHECKPOINT/onnx``) holds:
 
     encoder.onnx         the whole encoder: input_ids, attention_mask [batch, sequence] (int64)
-                         -> sentence_embedding [batch, D] (float32): minBERT, the pooling, the flow
+                         -> sentence_embedding [batch, D] (float32): the BERT, the pooling, the flow
                          and the linear head (Dense) when the checkpoint has them, and Normalize when
                          it normalises (then also unnormalized_embedding, the vector before Normalize)
     encoder_qint8.onnx   the same with int8 weights (``--quantize int8``: ONNX Runtime's dynamic
@@ -21,12 +21,16 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
     bertcf_quantization.py  a copy of bertcf/search/quantization.py, which bertcf_onnx.py imports (numpy only):
                          OnnxEncoder.encode's int8 and binary vectors
 
-minBERT exports through its padded path (``unpad=False``), each layer's attention as ONNX
-Runtime's fused ``com.microsoft::Attention`` operator (``attention="fused"``, the default:
+Each graph comes from one of two models (``resolve_graph``). ``"transformers"``: transformers'
+BertModel with the checkpoint's weights, exported by torch.onnx's TorchScript exporter
+(``backend.transformers_graph``), the fastest fp32 graph measured on the CPU and encoder.onnx's
+source by default where it expresses the encoder (mean or [CLS] pooling, no flow).
+``"minbert"``: minBERT's padded path (``unpad=False``), the int8 graph's source by default, each layer's
+attention as ONNX Runtime's fused ``com.microsoft::Attention`` operator (``attention="fused"``:
 ``backend.fused_attention``; ``QAttention`` once quantised) or as standard operators
-(``"plain"``: scaled_dot_product_attention with a boolean key mask, for other runtimes). Both give
-the same values at the real tokens as the unpadded training path; the export checks that on a
-batch (``onnx_encoder.json``: "parity").
+(``"plain"``: scaled_dot_product_attention with a boolean key mask, for other runtimes). Every
+graph gives the same values at the real tokens as the unpadded training path; the export checks
+that on a batch (``onnx_encoder.json``: "parity").
 """
 from __future__ import annotations
 
@@ -58,6 +62,7 @@ RUNTIME_FILE = "bertcf_onnx.py"  # the copy of onnx_runtime.py
 QUANTIZATION_FILE = "bertcf_quantization.py"  # the copy of search/quantization.py, which bertcf_onnx.py imports
 DEFAULT_OPSET = 18
 ATTENTIONS = ("fused", "plain")  # how a layer's attention is written (``export_graph``)
+GRAPHS = ("auto", "transformers", "minbert")  # what the graphs are written from (``resolve_graph``)
 #: A sentence of each kind for the export's own parity check (and the traced example batch).
 CHECK_SENTENCES = ["A man is playing a guitar.", "Hello", "Two dogs run across the park in the morning sun, "
                    "chasing a red ball that a child threw over the fence."]
@@ -139,19 +144,66 @@ def quantize(source: Path, target: Path, **options) -> None:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    model = onnx.load(str(source))
-    # The exporter writes a value_info for each initializer (its shape, which the initializer has
-    # anyway). ONNX Runtime before 1.32 turns a Gemm into a MatMul by transposing its weight in place
-    # and leaves that value_info stale, so its shape inference refuses the graph ("Inferred shape and
-    # existing shape differ"): drop them.
-    weights = {initializer.name for initializer in model.graph.initializer}
-    kept = [info for info in model.graph.value_info if info.name not in weights]
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(kept)
+    model = _clean_value_info(onnx.load(str(source)))
     logging.disable(logging.WARNING)  # its advice to pre-process, meant for static quantisation
     try:  # the fused operators' outputs have no type for shape inference: they are float
         quantize_dynamic(model, str(target), weight_type=QuantType.QInt8,
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}, **options)
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _clean_value_info(model):
+    """Drop the value_info the exporter writes for each initializer (its shape, which the
+    initializer has anyway): ONNX Runtime before 1.32 turns a Gemm into a MatMul by transposing its
+    weight in place and leaves that value_info stale, so its shape inference refuses the graph
+    ("Inferred shape and existing shape differ")."""
+    weights = {initializer.name for initializer in model.graph.initializer}
+    kept = [info for info in model.graph.value_info if info.name not in weights]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    return model
+
+
+def activation_matmuls(path: Path) -> list[str]:
+    """The MatMul nodes of the graph whose two inputs are both computed (no weight): the
+    attention's scores and weighted sum in a plain graph."""
+    import onnx
+
+    model = onnx.load(str(path))
+    weights = {i.name for i in model.graph.initializer}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and not weights & set(n.input)]
+
+
+class _Batches:
+    """onnxruntime.quantization's CalibrationDataReader over a list of input dicts."""
+
+    def __init__(self, batches: list[dict]):
+        self.batches = iter(batches)
+
+    def get_next(self):
+        return next(self.batches, None)
+
+
+def quantize_static_graph(source: Path, target: Path, batches: list[dict], per_channel: bool = False,
+                          exclude_activation_products: bool = True) -> None:
+    """Static int8 quantisation (ONNX Runtime's ``quantize_static``, QDQ format): each MatMul's
+    activations get a fixed uint8 range measured once on ``batches`` (input dicts of numpy arrays,
+    the calibration sentences: min/max), its weight int8 (per channel with ``per_channel``), no
+    reduced range (the VNNI kernels need none). ``exclude_activation_products``: the MatMuls of two
+    computed tensors (the attention scores of a plain graph) stay in float; a fused ``Attention``
+    operator always does."""
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+
+    model = _clean_value_info(onnx.load(str(source)))
+    exclude = activation_matmuls(source) if exclude_activation_products else []
+    logging.disable(logging.WARNING)  # its advice to pre-process the graph (symbolic shapes), which the fused operators refuse
+    try:
+        quantize_static(model, str(target), _Batches(batches), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=["MatMul"], per_channel=per_channel, reduce_range=False,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
+                        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         logging.disable(logging.NOTSET)
 
@@ -173,15 +225,32 @@ def parity(encoder: SentenceEncoder, path: Path, reference: torch.Tensor) -> flo
     return float((torch.from_numpy(out) - reference).abs().max())
 
 
+def write_graph(encoder: SentenceEncoder, path: Path, graph: str, attention: str | None, opset: int) -> None:
+    """encoder.onnx's graph at ``path``: from minBERT (its padded path, ``attention`` fused or plain)
+    or from transformers' BertModel of the same weights (``transformers_graph``)."""
+    import onnx
+
+    from .transformers_graph import TransformersEncoder, export_transformers
+
+    if graph == "transformers":
+        export_transformers(TransformersEncoder(encoder), path, output_names(encoder), opset)
+        onnx.checker.check_model(str(path), full_check=True)
+    else:
+        export_graph(SentenceGraph(encoder).eval(), example_inputs(encoder), output_names(encoder), path, opset,
+                     encoder.bert.config.max_position_embeddings, attention)
+
+
 def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | None, opset: int,
-                 sentence_transformers: bool, source: str, attention: str = "fused") -> dict:
-    """Write the export into ``directory`` (a fresh one); returns onnx_encoder.json's content."""
+                 sentence_transformers: bool, source: str, sources: dict | None = None) -> dict:
+    """Write the export into ``directory`` (a fresh one); returns onnx_encoder.json's content.
+    ``sources``: {"fp32" | "int8": (graph, attention)}, what each graph is written from
+    (``resolve_graph``; default minBERT's fused graph for both)."""
+    sources = sources or dict.fromkeys(("fp32", "int8"), ("minbert", "fused"))
     config = encoder.bert.config
-    module = SentenceGraph(encoder).eval()
     inputs = example_inputs(encoder)
-    export_graph(module, inputs, output_names(encoder), directory / GRAPH_FILE, opset, config.max_position_embeddings,
-                 attention)
+    write_graph(encoder, directory / GRAPH_FILE, *sources["fp32"], opset)
     graphs = {"fp32": GRAPH_FILE}
+    attention = next((a for _, a in sources.values() if a), "fused")  # minBERT's, for model.onnx
     if sentence_transformers:
         st_inputs = inputs | {"token_type_ids": torch.zeros_like(inputs["input_ids"])}
         export_graph(TransformerGraph(encoder).eval(), st_inputs, ["last_hidden_state"], directory / ST_GRAPH_FILE,
@@ -189,7 +258,13 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
     if quantize_to:
         suffix = QUANTIZED_SUFFIX[quantize_to]
         graphs[quantize_to] = GRAPH_FILE.replace(".onnx", f"{suffix}.onnx")
-        quantize(directory / GRAPH_FILE, directory / graphs[quantize_to], **INT8_OPTIONS)
+        source_graph = directory / GRAPH_FILE
+        if sources[quantize_to] != sources["fp32"]:  # quantised from another graph, written aside and removed
+            source_graph = directory / f"{quantize_to}-source.onnx"
+            write_graph(encoder, source_graph, *sources[quantize_to], opset)
+        quantize(source_graph, directory / graphs[quantize_to], **INT8_OPTIONS)
+        if source_graph.name != GRAPH_FILE:
+            source_graph.unlink()
         if sentence_transformers:
             quantize(directory / ST_GRAPH_FILE, directory / ST_GRAPH_FILE.replace(".onnx", f"{suffix}.onnx"),
                      **INT8_OPTIONS)
@@ -207,15 +282,37 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
             "max_length": encoder._max_length(), "max_position_embeddings": config.max_position_embeddings,
             "pad_token_id": encoder.tokenizer.pad_token_id, "pooling": encoder.pooling,
             "flow": encoder.flow is not None, "dense": encoder.dense is not None,
-            "normalize": encoder.normalize, "opset": opset, "source": source, "attention": attention,
+            "normalize": encoder.normalize, "opset": opset, "source": source,
+            "graph_sources": {kind: {"graph": g, "attention": a} for kind, (g, a) in sources.items() if kind in graphs},
             "sentence_transformers": ST_GRAPH_FILE if sentence_transformers else None,
             "parity": {name: {"max_abs_diff": diff, "sentences": len(CHECK_SENTENCES)} for name, diff in checked.items()}}
     write_json_atomic(directory / CONFIG_FILE, meta)
     return meta
 
 
+def resolve_graph(encoder: SentenceEncoder, graph: str, attention: str | None) -> dict:
+    """What each graph is written from: {"fp32" | "int8": (graph, attention)}. ``transformers`` or
+    ``minbert`` (``attention``: fused, the default, or plain) for both; ``auto``: the fp32 graph
+    from transformers where it expresses the encoder (mean or [CLS] pooling, no flow) and no
+    ``--attention`` was asked for, the int8 graph from minBERT's fused graph, the attention left
+    in float. Each is the fastest measured that keeps its accuracy: transformers' int8 graph is
+    faster still but moved STS-B test by up to 0.25 points with the batching (docs/BENCHMARKS.md)."""
+    from .transformers_graph import expressible
+
+    if graph == "transformers" and attention is not None:
+        raise UsageError("--attention is how minBERT's graph writes a layer's attention: give --graph minbert with it")
+    if graph == "transformers" and not expressible(encoder):
+        raise UsageError(f"--graph transformers: transformers' BertModel cannot express this encoder (pooling "
+                         f"{encoder.pooling}{', a flow' if encoder.flow is not None else ''}); use --graph minbert")
+    minbert = ("minbert", attention or "fused")
+    if graph == "auto":
+        fp32 = ("transformers", None) if expressible(encoder) and attention is None else minbert
+        return {"fp32": fp32, "int8": minbert}
+    return dict.fromkeys(("fp32", "int8"), ("transformers", None) if graph == "transformers" else minbert)
+
+
 def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = DEFAULT_OPSET,
-                attention: str = "fused") -> tuple[Path, dict]:
+                attention: str | None = None, graph: str = "auto") -> tuple[Path, dict]:
     """Export the checkpoint (or run directory: its best/) ``source`` into ``out`` (default
     ``CHECKPOINT/onnx``, where sentence-transformers finds model.onnx); returns (the directory,
     its onnx_encoder.json). The directory is written whole and swapped into place, so an
@@ -226,12 +323,13 @@ def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = D
     out = Path(out) if out is not None else default_out
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / CONFIG_FILE).is_file()):
         raise UsageError(f"--out {out} exists and is not an ONNX export of BERT-CF; give a new or empty directory")
+    sources = resolve_graph(encoder, graph, attention)
     sentence_transformers = out.resolve() == default_out.resolve()
     meta = {}
 
     def write(tmp: Path) -> None:
         # the checkpoint the export came from, for ``python -m bertcf.bench --onnx`` (absolute: it runs anywhere)
         origin = str(path.resolve()) if path.exists() else str(source)
-        meta.update(write_export(encoder, tmp, quantize_to, opset, sentence_transformers, origin, attention))
+        meta.update(write_export(encoder, tmp, quantize_to, opset, sentence_transformers, origin, sources))
     save_dir_atomic(out, write)
     return out, meta

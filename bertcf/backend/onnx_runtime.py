@@ -64,10 +64,11 @@ class OnnxEncoder:
     ``--quantize int8``); ``threads``: ONNX Runtime's intra-op threads (default: its own choice,
     one per physical core); ``providers``: its execution providers (default: those installed,
     best first, e.g. CUDA before the CPU with onnxruntime-gpu); ``graph``: another graph file of the
-    export to run, with the same inputs and outputs (the bench's variants)."""
+    export to run, with the same inputs and outputs (the bench's variants); ``session_options``: ONNX
+    Runtime's ``SessionOptions`` to start from (the bench's profiler)."""
 
     def __init__(self, path, quantized: bool = False, threads: int | None = None, providers=None,
-                 graph: str | None = None):
+                 graph: str | None = None, session_options=None):
         self.path = find_export(path)
         self.config = read_config(self.path)
         graphs = self.config.get("graphs", {})
@@ -78,7 +79,7 @@ class OnnxEncoder:
         for name in (graph, TOKENIZER_FILE):
             if not (self.path / name).is_file():
                 raise OnnxModelError(f"{self.path / name} is missing: export the checkpoint again")
-        options = ort.SessionOptions()
+        options = session_options or ort.SessionOptions()
         if threads:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1

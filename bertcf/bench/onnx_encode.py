@@ -24,6 +24,49 @@ def stsb_test_sentences(senteval_dir) -> tuple[list[str], list]:
     return [s for p in pairs for s in (p.sentence1, p.sentence2)], pairs
 
 
+def stsb_train_sentences(senteval_dir, n: int) -> list[str]:
+    """The first ``n`` distinct sentences of STS-B train: the static int8 graphs' calibration, apart
+    from the test sentences timed and scored."""
+    from ..data.senteval import read_stsb
+    from ..errors import DataError
+
+    path = Path(senteval_dir) / "STS" / "STSBenchmark" / "sts-train.csv"
+    if not path.is_file():
+        raise DataError(f"--onnx calibrates its static int8 graphs on STS-B train: {path} not found")
+    return list(dict.fromkeys(s for p in read_stsb(path) for s in (p.sentence1, p.sentence2)))[:n]
+
+
+#: The graphs whose time --onnx breaks down by operator (ONNX Runtime's profiler, one extra encode each).
+PROFILED = ("minBERT fused fp32", "minBERT fused int8", "minBERT fused int8 (attention in fp32)",
+            "minBERT fused int8 static (attention in fp32)", "minBERT plain int8 static (scores in fp32)",
+            "transformers export int8")
+
+
+def operator_profile(scratch: Path, graph: Path, threads: int | None, sentences: list[str]) -> dict:
+    """Where one ``encode(sentences)`` of ``graph`` spends its kernel time, by operator type:
+    {op type: {"ms", "share"}}, largest first (ONNX Runtime's profiler; its own overhead included)."""
+    import json
+    from collections import Counter
+
+    import onnxruntime as ort
+
+    from ..backend.onnx_runtime import OnnxEncoder
+
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(scratch / f"profile-{graph.stem}")
+    engine = OnnxEncoder(scratch, threads=threads, providers=["CPUExecutionProvider"], graph=graph.name,
+                         session_options=options)
+    engine.encode(sentences, batch_size=64)
+    events = json.loads(Path(engine.session.end_profiling()).read_text())
+    micros = Counter()
+    for event in events:
+        if event.get("cat") == "Node" and event.get("name", "").endswith("_kernel_time"):
+            micros[event["args"]["op_name"]] += event["dur"]
+    total = sum(micros.values()) or 1
+    return {op: {"ms": us / 1000, "share": us / total} for op, us in micros.most_common()}
+
+
 def padding(lengths: list[int], batch_size: int = 64) -> int:
     """The tokens of length-sorted batches of ``batch_size``, each padded to its longest (as every
     engine's ``encode`` batches): what a padded engine computes, where unpadded minBERT computes
@@ -32,13 +75,15 @@ def padding(lengths: list[int], batch_size: int = 64) -> int:
     return sum(ordered[i] * len(ordered[i:i + batch_size]) for i in range(0, len(ordered), batch_size))
 
 
-def onnx_engines(export_dir, threads: int | None, scratch: Path) -> tuple[dict, dict]:
-    """(name -> engine, name -> the fused operators its graph holds): minBERT in torch fp32 (the
-    exported checkpoint, on the CPU; the baseline), transformers' BertModel in torch, and ONNX
-    Runtime (CPU execution provider) on every graph variant, written into ``scratch``."""
+def onnx_engines(export_dir, threads: int | None, scratch: Path, calibration: list[str]) -> tuple[dict, dict, dict]:
+    """(name -> engine, name -> the fused operators its graph holds, name -> its graph file):
+    minBERT in torch fp32 (the exported checkpoint, on the CPU; the baseline), transformers'
+    BertModel in torch, and ONNX Runtime (CPU execution provider) on every graph variant, written
+    into ``scratch`` (``calibration``: the static int8 graphs' sentences)."""
     from minbert import CheckpointError
 
     from ..backend.onnx_runtime import OnnxEncoder, OnnxModelError, read_config
+    from ..backend.transformers_graph import TransformersEncoder
     from ..models.encoder import SentenceEncoder
     from . import onnx_variants
 
@@ -50,13 +95,14 @@ def onnx_engines(export_dir, threads: int | None, scratch: Path) -> tuple[dict, 
     torch_encoder.precision = "fp32"
     engines, operators = {"torch fp32 (minBERT)": torch_encoder}, {}
     try:
-        engines["transformers torch fp32"] = onnx_variants.TransformersEncoder(torch_encoder)
+        engines["transformers torch fp32"] = TransformersEncoder(torch_encoder)
     except ValueError:  # a flow or first-last-avg: no transformers counterpart
         pass
-    for name, graph in onnx_variants.build(Path(export_dir), torch_encoder, scratch).items():
+    graphs = onnx_variants.build(Path(export_dir), torch_encoder, scratch, calibration)
+    for name, graph in graphs.items():
         engines[name] = OnnxEncoder(scratch, threads=threads, providers=["CPUExecutionProvider"], graph=graph.name)
         operators[name] = onnx_variants.operator_counts(graph)
-    return engines, operators
+    return engines, operators, graphs
 
 
 def time_onnx_encode(engines: dict, sentences: list[str], pairs: list, steps: int, warmup: int,
@@ -97,9 +143,12 @@ def run_onnx(args) -> dict:
 
     import onnxruntime
 
+    from .onnx_variants import CALIBRATION_SENTENCES
+
     sentences, pairs = stsb_test_sentences(args.senteval_dir)
+    calibration = stsb_train_sentences(args.senteval_dir, CALIBRATION_SENTENCES)
     with tempfile.TemporaryDirectory(prefix="bertcf-bench-onnx-") as scratch:
-        engines, operators = onnx_engines(args.onnx, args.threads, Path(scratch))
+        engines, operators, graphs = onnx_engines(args.onnx, args.threads, Path(scratch), calibration)
         info = {"export": str(args.onnx), "device": device_name(torch.device("cpu")), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
                 "threads": args.threads, "sentences": len(sentences), "batch_size": 64, "steps": args.steps,
@@ -114,6 +163,9 @@ def run_onnx(args) -> dict:
         print(f"device: {info['device']} ({info['cpu_capability']}); torch {torch.__version__}, onnxruntime "
               f"{onnxruntime.__version__}", flush=True)
         results = time_onnx_encode(engines, sentences, pairs, args.steps, args.warmup)
+        for name in PROFILED:
+            if name in graphs:
+                results[name]["profile"] = operator_profile(Path(scratch), graphs[name], args.threads, sentences)
     for name, ops in operators.items():
         results[name]["operators"] = ops
     return {"info": info, "results": {"onnx_encode": results}}
@@ -127,3 +179,11 @@ def print_onnx(out: dict) -> None:
         ops = ", ".join(f"{k} {v}" for k, v in r.get("operators", {}).items())
         print(f"| {name} | {r['sentences_per_s']:,.0f} | {r['vs_torch_fp32']:.2f}x | {r['stsb_test_spearman']:.2f} | "
               f"{r['max_abs_diff_vs_torch']:.1e} | {ops} |")
+    profiled = {name: r["profile"] for name, r in out["results"]["onnx_encode"].items() if "profile" in r}
+    if profiled:
+        print("\nWhere the time goes (ONNX Runtime's profiler, one encode of the same sentences): each operator "
+              "type's share of the kernel time, those of 2% or more")
+        for name, profile in profiled.items():
+            total = sum(p["ms"] for p in profile.values())
+            shares = ", ".join(f"{op} {100 * p['share']:.0f}%" for op, p in profile.items() if p["share"] >= 0.02)
+            print(f"- {name} ({total:,.0f} ms): {shares}")

@@ -6,26 +6,27 @@ input order): minBERT in torch (``SentenceEncoder``), transformers' BertModel in
 Runtime on these graphs, each written into a scratch copy of the export:
 
     minBERT plain        ``scaled_dot_product_attention`` as the exporter writes it (standard operators)
-    minBERT fused        each layer's attention as the ``Attention`` contrib operator (the export's default)
+    minBERT fused        each layer's attention as the ``Attention`` contrib operator (``--graph minbert``'s default)
     ... int8             ONNX Runtime's dynamic quantisation (int8 weights, activations per batch):
                          per tensor; per channel; or the attention left in float (MatMul only: what
-                         ``bertcf-export onnx --quantize int8`` writes)
+                         ``bertcf-export onnx --graph minbert --quantize int8`` writes)
+    ... int8 static      static quantisation (QDQ: each MatMul's activations in a uint8 range fixed
+                         once on calibration sentences, STS-B train's, not the test set timed), the
+                         attention's products in float; the plain graph's Q/K/V projections quantised
     transformers export  the TorchScript export of transformers' BertModel with the same pooling
-                         (and Normalize), as a user would write it; then its int8 form, and ONNX
-                         Runtime's transformer optimizer on it (its BERT fusions)
+                         (and Normalize), as a user would write it: what ``bertcf-export onnx`` writes
+                         by default for an encoder transformers can express (``--graph transformers``);
+                         then its int8 form (the export's), and ONNX Runtime's transformer optimizer
+                         on it (its BERT fusions)
 """
 from __future__ import annotations
 
 import logging
 import shutil
-import warnings
 from pathlib import Path
 
-import torch
-import torch.nn as nn
-import torch.nn.functional as F
-
-from ..backend.onnx_export import INT8_OPTIONS
+from ..backend.onnx_export import DEFAULT_OPSET, INT8_OPTIONS, output_names
+from ..backend.transformers_graph import TransformersEncoder, export_transformers
 
 #: name -> (attention, quantisation keywords, or None for the float graph)
 MINBERT_VARIANTS = {
@@ -36,66 +37,26 @@ MINBERT_VARIANTS = {
     "minBERT fused int8 per-channel": ("fused", {"per_channel": True}),
     "minBERT fused int8 (attention in fp32)": ("fused", INT8_OPTIONS),  # the export's int8 graph
 }
+#: name -> (attention, quantize_static_graph's keywords)
+STATIC_VARIANTS = {
+    "minBERT fused int8 static (attention in fp32)": ("fused", {}),
+    "minBERT fused int8 static per-channel (attention in fp32)": ("fused", {"per_channel": True}),
+    "minBERT plain int8 static (scores in fp32)": ("plain", {}),
+    "minBERT plain int8 static (all MatMuls)": ("plain", {"exclude_activation_products": False}),
+}
+CALIBRATION_SENTENCES = 320  # STS-B train's first, in batches of 32
 
 
-class TransformersEncoder:
-    """transformers' BertModel (sdpa attention) of the same weights, pooled as the encoder pools
-    (mean or [CLS]), then its linear head and Normalize where it has them: the torch reference
-    from the ecosystem."""
+def calibration_batches(encoder, sentences: list[str], batch_size: int = 32) -> list[dict]:
+    """The graphs' inputs for ``sentences`` (padded batches, as numpy), for static quantisation."""
+    from minbert import pad_batch
 
-    def __init__(self, encoder):
-        import transformers
-
-        if encoder.flow is not None or encoder.pooling not in ("mean", "cls"):
-            raise ValueError("the transformers engines cover mean or [CLS] pooling without a flow")
-        config = transformers.BertConfig.from_dict(encoder.bert.config.to_dict())
-        config._attn_implementation = "sdpa"
-        self.model = transformers.BertModel(config, add_pooling_layer=True).eval()
-        self.model.load_state_dict(encoder.bert.state_dict(), strict=True)
-        self.encoder = encoder
-
-    def vectors(self, input_ids, attention_mask):
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).float()
-        vector = hidden[:, 0] if self.encoder.pooling == "cls" else (hidden * mask).sum(1) / mask.sum(1).clamp(min=1)
-        if self.encoder.dense is not None:
-            vector = self.encoder.dense(vector)
-        return F.normalize(vector, dim=-1) if self.encoder.normalize else vector
-
-    @torch.inference_mode()
-    def encode(self, sentences, batch_size: int = 64):
-        from minbert import pad_batch
-
-        ids = self.encoder.token_ids(sentences)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        out = torch.empty(len(ids), self.encoder.output_dim)
-        for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
-            input_ids, mask = pad_batch([ids[i] for i in rows], self.encoder.tokenizer.pad_token_id)
-            out[rows] = self.vectors(input_ids, mask).float()
-        return out
-
-
-class _TransformersGraph(nn.Module):
-    def __init__(self, engine: TransformersEncoder):
-        super().__init__()
-        self.engine = engine
-        self.model = engine.model
-
-    def forward(self, input_ids, attention_mask):
-        return self.engine.vectors(input_ids, attention_mask)
-
-
-def export_transformers(engine: TransformersEncoder, path: Path) -> None:
-    """The TorchScript export of transformers' BertModel and the pooling (opset 17), the batch and
-    sequence axes dynamic: how the graph looks when a user exports the model as transformers has it."""
-    inputs = engine.encoder.tokenize(["A man is playing a guitar.", "Hello"])
-    axes = {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(_TransformersGraph(engine).eval(), (inputs["input_ids"], inputs["attention_mask"]),
-                          str(path), input_names=list(axes), output_names=["sentence_embedding"], dynamic_axes=axes,
-                          opset_version=17, dynamo=False)
+    ids = encoder.token_ids(sentences)
+    batches = []
+    for start in range(0, len(ids), batch_size):
+        input_ids, mask = pad_batch(ids[start:start + batch_size], encoder.tokenizer.pad_token_id)
+        batches.append({"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
+    return batches
 
 
 def optimize_transformers(source: Path, target: Path, config) -> None:
@@ -110,38 +71,51 @@ def optimize_transformers(source: Path, target: Path, config) -> None:
         logging.disable(logging.NOTSET)
 
 
-def build(export_dir: Path, encoder, scratch: Path) -> dict[str, Path]:
+def _file(scratch: Path, name: str) -> Path:
+    return scratch / f"{''.join(c if c.isalnum() else '-' for c in name)}.onnx"
+
+
+def build(export_dir: Path, encoder, scratch: Path, calibration: list[str]) -> dict[str, Path]:
     """Every variant graph, written into ``scratch`` (a copy of the export, for its tokenizer and
-    settings): name -> its file there."""
-    from ..backend.onnx_export import SentenceGraph, example_inputs, export_graph, output_names, quantize
+    settings): name -> its file there. ``calibration``: the static variants' sentences."""
+    from ..backend.onnx_export import SentenceGraph, example_inputs, export_graph, quantize, quantize_static_graph
 
     shutil.copytree(export_dir, scratch, dirs_exist_ok=True)
     config = encoder.bert.config
     graphs = {}
-    for name, (attention, quantized) in MINBERT_VARIANTS.items():
-        fp32 = scratch / f"minbert-{attention}.onnx"
-        if not fp32.is_file():
-            export_graph(SentenceGraph(encoder).eval(), example_inputs(encoder), output_names(encoder), fp32, 18,
+
+    def fp32(attention: str) -> Path:
+        path = scratch / f"minbert-{attention}.onnx"
+        if not path.is_file():
+            export_graph(SentenceGraph(encoder).eval(), example_inputs(encoder), output_names(encoder), path, 18,
                          config.max_position_embeddings, attention)
-        graphs[name] = fp32 if quantized is None else scratch / f"{''.join(c if c.isalnum() else '-' for c in name)}.onnx"
+        return path
+
+    for name, (attention, quantized) in MINBERT_VARIANTS.items():
+        graphs[name] = fp32(attention) if quantized is None else _file(scratch, name)
         if quantized is not None:
-            quantize(fp32, graphs[name], **quantized)
+            quantize(fp32(attention), graphs[name], **quantized)
+    batches = calibration_batches(encoder, calibration)
+    for name, (attention, options) in STATIC_VARIANTS.items():
+        graphs[name] = _file(scratch, name)
+        quantize_static_graph(fp32(attention), graphs[name], batches, **options)
     try:
         engine = TransformersEncoder(encoder)
     except ValueError:
         return graphs
     plain, optimized = scratch / "transformers.onnx", scratch / "transformers-optimized.onnx"
-    export_transformers(engine, plain)
+    export_transformers(engine, plain, output_names(encoder), DEFAULT_OPSET)  # as `bertcf-export onnx` writes it
     optimize_transformers(plain, optimized, config)
     for label, path in (("transformers export", plain), ("transformers export + ORT optimizer", optimized)):
         graphs[f"{label} fp32"] = path
         graphs[f"{label} int8"] = path.with_name(path.stem + "-int8.onnx")
-        quantize(path, graphs[f"{label} int8"])
+        quantize(path, graphs[f"{label} int8"], **INT8_OPTIONS)
     return graphs
 
 
 def operator_counts(path: Path, kinds=("Attention", "QAttention", "SkipLayerNormalization", "BiasGelu",
-                                       "FastGelu", "Gelu", "EmbedLayerNormalization", "MatMulInteger")) -> dict:
+                                       "FastGelu", "Gelu", "EmbedLayerNormalization", "MatMulInteger",
+                                       "QuantizeLinear")) -> dict:
     """How many of ONNX Runtime's fused (and int8) operators the graph holds."""
     import onnx
 

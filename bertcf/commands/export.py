@@ -1,10 +1,11 @@
 """``bertcf-export`` (``python -m bertcf.export``): a trained checkpoint in formats other tools run.
 
-    bertcf-export onnx RUN_OR_MODEL_DIR [--out DIR] [--quantize int8] [--opset N] [--attention fused|plain]
+    bertcf-export onnx RUN_OR_MODEL_DIR [--out DIR] [--quantize int8] [--opset N] [--graph auto|transformers|minbert]
+                       [--attention fused|plain]
 """
 from __future__ import annotations
 
-from ..backend.onnx_export import ATTENTIONS, CONFIG_FILE, DEFAULT_OPSET, QUANTIZED_SUFFIX, export_onnx
+from ..backend.onnx_export import ATTENTIONS, CONFIG_FILE, DEFAULT_OPSET, GRAPHS, QUANTIZED_SUFFIX, export_onnx
 from ..cli import ArgumentParser, checked, run_main
 
 #: The opsets tried with torch 2.13's exporter (torch.export + onnxscript): 18 (the tests) and 20.
@@ -30,19 +31,27 @@ def build_parser() -> ArgumentParser:
     onnx.add_argument("--quantize", choices=tuple(QUANTIZED_SUFFIX), default=None,
                       help="also write the graphs with int8 weights (ONNX Runtime's dynamic quantisation)")
     onnx.add_argument("--opset", type=OPSET, default=DEFAULT_OPSET, help="the ONNX opset of the graphs")
-    onnx.add_argument("--attention", choices=ATTENTIONS, default="fused",
-                      help="fused: each layer's attention as ONNX Runtime's Attention operator (its fast CPU kernels, "
-                           "and QAttention in the int8 graph); plain: standard ONNX operators only, for other runtimes")
+    onnx.add_argument("--graph", choices=GRAPHS, default="auto",
+                      help="what the graphs are written from: transformers (transformers' BertModel with the "
+                           "checkpoint's weights) or minbert (minBERT's own padded path); auto (default): the fp32 graph "
+                           "from transformers where it expresses the encoder (mean or [CLS] pooling, no flow), the "
+                           "int8 graph from minBERT, the attention left in float (docs/serving.md says why)")
+    onnx.add_argument("--attention", choices=ATTENTIONS, default=None,
+                      help="--graph minbert: fused (default), each layer's attention as ONNX Runtime's Attention "
+                           "operator (and QAttention in the int8 graph); plain: standard ONNX operators only")
     return parser
 
 
 def run(argv=None) -> dict:
     args = build_parser().parse_args(argv)
-    out, meta = export_onnx(args.model, args.out, args.quantize, args.opset, args.attention)
+    out, meta = export_onnx(args.model, args.out, args.quantize, args.opset, args.attention, args.graph)
     parity = ", ".join(f"{name} {check['max_abs_diff']:.1e}" for name, check in meta["parity"].items())
     parts = ["pooling " + meta["pooling"]] + ["flow"] * meta["flow"] + ["dense"] * meta["dense"] + \
         ["Normalize"] * meta["normalize"]
-    print(f"{out}: {', '.join(meta['graphs'].values())} (minBERT, {', '.join(parts)}; opset {meta['opset']}); "
+    sources = ", ".join(f"{meta['graphs'][kind]} from " + ("transformers' BertModel" if s["graph"] == "transformers"
+                                                           else f"minBERT ({s['attention']} attention)")
+                        for kind, s in meta["graph_sources"].items())
+    print(f"{out}: {sources} ({', '.join(parts)}; opset {meta['opset']}); "
           f"max |ONNX - torch| over {next(iter(meta['parity'].values()))['sentences']} sentences: {parity}")
     if meta["sentence_transformers"]:
         print(f"{out / meta['sentence_transformers']}: the Transformer part, for sentence-transformers' "

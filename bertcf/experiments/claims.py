@@ -107,10 +107,15 @@ def label(metric: str) -> str:
     return METRIC_LABELS.get(metric) or f"{metric.removeprefix('senteval_')} ρ×100"
 
 
-def claims_md(claims: list[dict], footer: str) -> str:
+def claims_table(claims: list[dict]) -> str:
+    """The tested claims (``test_claims``' entries) as a markdown table, one line a claim and metric."""
     rows = [[c["a"], c["b"], label(c["metric"]), fmt(c["mean_difference"], 3),
              f"[{fmt(c['ci95'][0], 3)}, {fmt(c['ci95'][1], 3)}]", str(len(c["seeds"])), f"**{c['verdict']}**",
              fmt(c["report_difference"], 3)] for c in claims]
+    return md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict", "(report)"], rows, "lllrrrlr")
+
+
+def claims_md(claims: list[dict], footer: str) -> str:
     claims_text = "".join(f"- **{c.a} > {c.b}** — {c.what}" + ("" if c.report else " (ours, not the report's)")
                           + "\n" for c in CLAIMS)
     one_seed = any(len(c["seeds"]) == 1 for c in claims)
@@ -130,8 +135,7 @@ def claims_md(claims: list[dict], footer: str) -> str:
             "et al. 2021), a linear map fitted in closed form on the same encoder's vectors: whitening has no "
             "randomness of its own, so its seeds are those of the encoder below it.\n\n"
             + claims_text + "\n"
-            + (md_table(["a", "b", "Metric", "a − b", "95% CI", "Seeds", "Verdict", "(report)"], rows, "lllrrrlr")
-               if rows else "No claim has both of its rows in this output directory yet.\n")
+            + (claims_table(claims) if claims else "No claim has both of its rows in this output directory yet.\n")
             + ("\nWith one seed an interval covers the noise of the evaluation pairs only, not that of training: "
                "run more seeds (--seeds) before reading a verdict as the method's.\n" if one_seed else "")
             + footer)

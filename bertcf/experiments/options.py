@@ -79,6 +79,9 @@ def build_parser() -> ArgumentParser:
                         "one epoch of the corpus each)")
     g.add_argument("--no-finetune", action="store_true",
                    help="no multitask fine-tuning in table1, all and mlm-base (the supervised columns stay empty)")
+    g.add_argument("--finetune-ablations", action="store_true",
+                   help="ablations, all, mlm-base: fine-tune the ablation rows too (Mirror-flow, Mirror-whitening, "
+                        "...), so that finetuned.md and the claims have their SST-5, QQP and STS columns")
     g.add_argument("--max-analysis-pairs", type=AT_LEAST_0, default=5000,
                    help="analysis: QQP train pairs sampled for alignment/uniformity (0: all; default %(default)s)")
     g.add_argument("--qualitative-pairs", type=AT_LEAST_1, default=10, help="examples in each qualitative table")
@@ -153,6 +156,7 @@ class Options:
     rows: str | None
     preset: str
     no_finetune: bool
+    finetune_ablations: bool
     max_analysis_pairs: int
     qualitative_pairs: int
     dry_run: bool
@@ -192,6 +196,10 @@ def parse_args(argv=None) -> Options:
         raise UsageError("lexical needs --lexical-dir DIR (word-similarity files, e.g. ../shared/data/lexical)")
     if args.command in ("mlm-base", "distill") and not args.config:
         raise UsageError(f"{args.command} needs --config DIR (a BERT config.json and a vocab.txt, no weights)")
+    if args.finetune_ablations and args.command not in ("ablations", "all", "mlm-base"):
+        raise UsageError(f"--finetune-ablations: {args.command} has no ablation rows (ablations, all and mlm-base have)")
+    if args.finetune_ablations and args.no_finetune:
+        raise UsageError("give either --finetune-ablations or --no-finetune, not both")
     if args.command == "distill" and not args.teacher:
         raise UsageError("distill needs --teacher DIR|NAME (the encoder the student learns from)")
     words = {}

@@ -51,9 +51,12 @@ class Plan:
         self.base = MLM_BASE.name if starts_from_base(args) else None  # args.model is then its best/
         self.commands = (list(ALL) if args.command == "all" else ["table1", "ablations"]
                          if args.command == "mlm-base" else [args.command])
-        self.finetune = "table1" in self.commands and not args.no_finetune
+        self.finetune = not args.no_finetune and ("table1" in self.commands or args.finetune_ablations)
         self.ft_scale = args.finetune_steps_scale or args.steps_scale
         self.table1_rows, self.ablation_rows, self.objective_rows = self._select_rows()
+        # stage 3's rows: table 1's, and the ablations' with --finetune-ablations
+        self.finetune_rows = (self.table1_rows + (self.ablation_rows if args.finetune_ablations else [])
+                              if self.finetune else [])
         self.lexical_rows = list(LEXICAL_ROWS) if "lexical" in self.commands else []
         self.device = None
 
@@ -99,8 +102,7 @@ class Plan:
     def finetune_dir(self, row: Row, seed: int) -> Path:
         return self.seed_dir(seed) / "finetune" / row.key
 
-    def labelled(self, name: str, seed: int) -> str:
-        """A row's name as printed; with several seeds, with its seed."""
+    def labelled(self, name: str, seed: int) -> str:  # a row's name as printed; with several seeds, its seed too
         return f"{name} [seed {seed}]" if len(self.seeds) > 1 else name
 
     def pretraining(self, name: str, seed: int) -> PlannedRun:
@@ -238,7 +240,7 @@ class Plan:
             task.depends = (self.pretraining_runs[seed, init] if init else None if PRETRAININGS[name].from_config
                             else self.base_run)
         self.finetune_runs = {(seed, row.key): self.finetune_run(row, seed)
-                              for seed in self.seeds for row in self.table1_rows}
+                              for seed in self.seeds for row in self.finetune_rows}
         every = [self.base_run] if self.base else []
         for t in every + list(self.pretraining_runs.values()) + list(self.finetune_runs.values()):
             checks.inspect(t)
@@ -259,8 +261,7 @@ class Plan:
             for row in wanted_rows:
                 if row.pretraining:
                     need(row.pretraining, seed, row)
-            if self.finetune:
-                tasks += [self.finetune_runs[seed, r.key] for r in self.table1_rows]
+            tasks += [self.finetune_runs[seed, r.key] for r in self.finetune_rows]
         return tasks
 
     # -- the runs on disk and what stands in their way (``checks``) ----------------------------------

@@ -85,6 +85,8 @@ def settings_md(plan: Plan) -> str:
         lines.append(f"- extra flags of every pretraining run: `{a.pretrain_args}`")
     if a.finetune_args:
         lines.append(f"- extra flags of every fine-tuning: `{a.finetune_args}`")
+    if a.finetune_ablations:
+        lines.append("- the ablation rows fine-tuned too (--finetune-ablations)")
     if a.max_train_examples:
         lines.append(f"- fine-tuning on at most {a.max_train_examples} training examples per task")
     return "\n".join(lines) + "\n"

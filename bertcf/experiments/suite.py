@@ -6,6 +6,7 @@ import time
 
 from ..utils import environment
 from ..utils.files import write_json_atomic
+from . import finetuned
 from .claims import claim_rows, test_claims
 from .execute import command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS
@@ -55,6 +56,8 @@ def run_suite(args, argv: list) -> dict:
         summary[command] = getattr(report, command)(plan.objective_rows, results)
     if "lexical" in plan.commands:
         summary["lexical"] = report.lexical(plan.lexical_rows, results, claims)
+    if plan.finetune_rows:
+        summary["finetuned"] = finetuned.write(report, plan.finetune_rows, results, claims)
     summary["claims"] = report.claims(claims)
     if "analysis" in plan.commands:
         summary["analysis"] = report.analysis(plan.table1_rows, results)

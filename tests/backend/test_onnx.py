@@ -141,9 +141,12 @@ def test_the_tokenizer_file_tokenises_as_the_checkpoint_tokenizer(flow_checkpoin
 
 
 def test_int8_quantises_every_weight_matrix_but_attention(flow_checkpoint):
-    """Each layer's attention is ONNX Runtime's fused Attention operator, left in float in the int8
-    graph (export.INT8_OPTIONS); every other MatMul with a weight initializer is quantised (the flow's
-    LU product is folded into an initializer at export, so it is too)."""
+    """A flow: minBERT's graph (--graph auto). Each layer's attention is ONNX Runtime's fused
+    Attention operator, left in float in the int8 graph (export.INT8_OPTIONS); every other MatMul
+    with a weight initializer is quantised (the flow's LU product is folded into an initializer at
+    export, so it is too)."""
+    sources = json.loads((flow_checkpoint / "onnx" / "onnx_encoder.json").read_text())["graph_sources"]
+    assert sources == dict.fromkeys(("fp32", "int8"), {"graph": "minbert", "attention": "fused"})
     layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
     fp32 = onnx.load(str(flow_checkpoint / "onnx" / "encoder.onnx"))
     assert sum(n.op_type == "Attention" and n.domain == "com.microsoft" for n in fp32.graph.node) == layers
@@ -159,6 +162,55 @@ def test_int8_quantises_every_weight_matrix_but_attention(flow_checkpoint):
     fp32 = OnnxEncoder(flow_checkpoint).encode(SENTENCES)
     int8 = OnnxEncoder(flow_checkpoint, quantized=True).encode(SENTENCES)
     assert 0 < max_diff(int8, fp32) < 0.1  # quantised, and close (unit vectors)
+
+
+@pytest.mark.parametrize("exclude", [True, False])
+def test_static_int8_fixes_each_weight_matmul_range_and_keeps_the_scores_float(tiny_bert_dir, tmp_path, exclude):
+    """quantize_static_graph on a plain graph (attention as standard operators): every MatMul with a
+    weight reads a DequantizeLinear of a QuantizeLinear whose scale and zero point are constants
+    (calibrated once, not per batch), weights int8, activations uint8; the attention's products of
+    two computed tensors stay float unless asked (``exclude_activation_products=False``). The vectors
+    stay close to fp32's."""
+    from onnx import numpy_helper
+
+    from bertcf.bench.onnx_variants import calibration_batches
+
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir).eval()
+    layers = encoder.bert.config.num_hidden_layers
+    path = tmp_path / "ckpt"
+    encoder.save_pretrained(path)
+    assert export([path, "--out", tmp_path / "plain", "--attention", "plain"]) == 0
+    fp32 = tmp_path / "plain" / "encoder.onnx"
+    products = exporter.activation_matmuls(fp32)
+    assert len(products) == 2 * layers  # Q·Kᵀ and the weighted sum of V, each layer
+    target = tmp_path / "plain" / "static.onnx"
+    exporter.quantize_static_graph(fp32, target, calibration_batches(encoder, [s for s in SENTENCES if s]),
+                                   exclude_activation_products=exclude)
+    model = onnx.load(str(target))
+    nodes = {o: n for n in model.graph.node for o in n.output}
+    constants = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    quantised = [n for n in matmuls if all(x in nodes and nodes[x].op_type == "DequantizeLinear" for x in n.input)]
+    assert len(matmuls) == sum(n.op_type == "MatMul" for n in onnx.load(str(fp32)).graph.node)
+    assert len(quantised) == len(matmuls) - (len(products) if exclude else 0)
+    for n in quantised:
+        for x in n.input:
+            dq = nodes[x]
+            assert dq.input[1] in constants and dq.input[2] in constants  # a fixed scale and zero point
+            source = dq.input[0]
+            if source in constants:  # the weight, stored int8
+                assert constants[source].dtype == np.int8
+            else:  # the activation, quantised to uint8 by a QuantizeLinear of constant range
+                q = nodes[source]
+                assert q.op_type == "QuantizeLinear" and constants[q.input[2]].dtype == np.uint8
+    assert not any(n.op_type in ("DynamicQuantizeLinear", "MatMulInteger") for n in model.graph.node)
+    assert {n.name for n in matmuls if n not in quantised} == (set(products) if exclude else set())
+    session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    batch = calibration_batches(encoder, [s for s in SENTENCES if s])[0]
+    int8 = session.run(["sentence_embedding"], batch)[0]
+    reference = ort.InferenceSession(str(fp32), providers=["CPUExecutionProvider"]).run(["sentence_embedding"], batch)[0]
+    cos = (int8 * reference).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(reference, axis=1)
+    assert 0 < max_diff(int8, reference) and cos.min() > 0.98
 
 
 def test_sentence_transformers_layout_holds_transformers_hidden_states(flow_checkpoint):
@@ -237,6 +289,56 @@ def test_export_refuses_bad_input_in_one_line(tmp_path, tiny_bert_dir, capsys):
     with pytest.raises(SystemExit) as stop:
         export_cli.run(["onnx", str(tiny_bert_dir), "--opset", "9"])
     assert stop.value.code == 2 and "--opset: must be from 18 to 20, not 9" in capsys.readouterr().err
+
+
+def test_graph_choice_refuses_what_it_cannot_write_in_one_line(flow_checkpoint, tiny_bert_dir, tmp_path, capsys):
+    """--graph transformers on an encoder with a flow, or with --attention (minBERT's): one line, exit 2,
+    nothing written."""
+    for argv, words in (([flow_checkpoint, "--graph", "transformers"], "cannot express this encoder"),
+                        ([tiny_bert_dir, "--graph", "transformers", "--attention", "plain"], "--graph minbert")):
+        assert export([*argv, "--out", tmp_path / "out"]) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1, err
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_the_default_fp32_graph_is_transformers_bert_and_int8_minberts(tiny_bert_dir, tmp_path, normalize):
+    """--graph auto, mean pooling without a flow: encoder.onnx from transformers' BertModel of the
+    weights (each layer's Q, K, V, output and two feed-forward MatMuls and the two attention
+    products; standard operators), with encode()'s vectors before and after Normalize; the int8
+    graph from minBERT's fused graph, its attention in float. --graph transformers quantises
+    transformers' graph instead (its six weight MatMuls a layer); --attention asks for minBERT's."""
+    encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    encoder.normalize = normalize
+    path = tmp_path / "ckpt"
+    encoder.save_pretrained(path)
+    assert export([path, "--out", tmp_path / "auto", "--quantize", "int8"]) == 0
+    meta = json.loads((tmp_path / "auto" / "onnx_encoder.json").read_text())
+    assert meta["graph_sources"] == {"fp32": {"graph": "transformers", "attention": None},
+                                     "int8": {"graph": "minbert", "attention": "fused"}}
+    assert sorted(p.name for p in (tmp_path / "auto").glob("*.onnx")) == ["encoder.onnx", "encoder_qint8.onnx"]
+    layers = encoder.bert.config.num_hidden_layers
+    fp32 = onnx.load(str(tmp_path / "auto" / "encoder.onnx"))
+    assert sum(n.op_type == "MatMul" for n in fp32.graph.node) == 8 * layers
+    assert not any(n.domain == "com.microsoft" for n in fp32.graph.node)
+    int8 = [n.op_type for n in onnx.load(str(tmp_path / "auto" / "encoder_qint8.onnx")).graph.node]
+    assert (int8.count("Attention"), int8.count("MatMulInteger")) == (layers, 3 * layers)
+    expected = encoder.eval().encode(SENTENCES).numpy()
+    served = OnnxEncoder(tmp_path / "auto")
+    assert max_diff(served.encode(SENTENCES), expected) < 1e-4
+    if normalize:  # the vector before Normalize, as the minBERT graph gives it
+        raw = served.encode(SENTENCES, normalize=False)
+        assert max_diff(raw / np.linalg.norm(raw, axis=1, keepdims=True), expected) < 1e-4
+        assert not np.allclose(np.linalg.norm(raw, axis=1), 1)
+    assert 0 < max_diff(OnnxEncoder(tmp_path / "auto", quantized=True).encode(SENTENCES), expected) < 0.2
+    assert export([path, "--out", tmp_path / "hf", "--graph", "transformers", "--quantize", "int8"]) == 0
+    int8 = [n.op_type for n in onnx.load(str(tmp_path / "hf" / "encoder_qint8.onnx")).graph.node]
+    assert (int8.count("Attention"), int8.count("MatMulInteger")) == (0, 6 * layers)
+    assert 0 < max_diff(OnnxEncoder(tmp_path / "hf", quantized=True).encode(SENTENCES), expected) < 0.2
+    assert export([path, "--out", tmp_path / "fused", "--attention", "fused"]) == 0
+    sources = json.loads((tmp_path / "fused" / "onnx_encoder.json").read_text())["graph_sources"]
+    assert sources == {"fp32": {"graph": "minbert", "attention": "fused"}}
 
 
 def test_onnx_encoder_refuses_a_directory_that_is_no_export(tmp_path, tiny_bert_dir):
@@ -397,7 +499,8 @@ def test_minilm_int8_keeps_stsb_within_a_fifth_of_a_point(minilm_export, shared_
 def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_bert_dir, tmp_path):
     """``python -m bertcf.bench --onnx``: torch and every graph variant on an STS-B test file, their
     fused operators counted, their JSON; a checkpoint without a flow adds transformers' engines."""
-    from bertcf.bench.onnx_variants import MINBERT_VARIANTS
+    from bertcf.bench.onnx_encode import PROFILED
+    from bertcf.bench.onnx_variants import MINBERT_VARIANTS, STATIC_VARIANTS
     from bertcf.commands import bench
 
     sts = tmp_path / "senteval" / "STS" / "STSBenchmark"
@@ -405,18 +508,28 @@ def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_bert
     texts = [s for s in SENTENCES if s]
     rows = [("main-captions", "MSRvid", "2012test", f"{i:04d}", f"{i % 6}.000", a, b)
             for i, (a, b) in enumerate(zip(texts, texts[1:] + texts[:1]))]
-    (sts / "sts-test.csv").write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    for split in ("train", "test"):  # train: the static graphs' calibration sentences
+        (sts / f"sts-{split}.csv").write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
     out = tmp_path / "bench.json"
     result = bench.run(["--allow-busy", "--load-check", "0", "--onnx", str(flow_checkpoint / "onnx"), "--senteval-dir", str(tmp_path / "senteval"),
                         "--steps", "2", "--warmup", "0", "--threads", "1", "--json", str(out)])
     engines = result["results"]["onnx_encode"]
     baseline = "torch fp32 (minBERT)"
-    assert list(engines) == [baseline, *MINBERT_VARIANTS]  # a flow: no transformers counterpart
+    assert list(engines) == [baseline, *MINBERT_VARIANTS, *STATIC_VARIANTS]  # a flow: no transformers counterpart
     assert result["info"]["sentences"] == 2 * len(texts)
     layers = SentenceEncoder.from_pretrained(flow_checkpoint).bert.config.num_hidden_layers
     assert engines["minBERT fused fp32"]["operators"] == {"Attention": layers}
     assert engines["minBERT fused int8"]["operators"]["QAttention"] == layers
     assert "Attention" not in engines["minBERT plain fp32"].get("operators", {})
+    static = engines["minBERT fused int8 static (attention in fp32)"]["operators"]
+    assert static["Attention"] == layers and static["QuantizeLinear"] > 0 and "MatMulInteger" not in static
+    for name in PROFILED:  # the profiled graphs: every operator type's share of the kernel time
+        if name in engines:
+            profile = engines[name]["profile"]
+            assert sum(p["share"] for p in profile.values()) == pytest.approx(1)
+            # the kernels as ONNX Runtime fused them (MatMulInteger runs as DynamicQuantizeMatMul, ...)
+            int8_kernels = {op for op in profile if "Integer" in op or "Quant" in op or op.startswith(("QLinear", "QAtt"))}
+            assert bool(int8_kernels) == ("int8" in name), (name, profile)
     for name, r in engines.items():
         assert len(r["times_s"]) == 2 and r["sentences_per_s"] > 0
         assert r["vs_torch_fp32"] == pytest.approx(engines[baseline]["seconds"] / r["seconds"])
@@ -439,7 +552,8 @@ def test_plain_attention_writes_standard_operators_only(tiny_bert_dir, tmp_path)
     assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
     expected = SentenceEncoder.from_pretrained(tiny_bert_dir).encode(SENTENCES).numpy()
     assert max_diff(OnnxEncoder(tmp_path / "plain").encode(SENTENCES), expected) < 1e-4
-    assert json.loads((tmp_path / "plain" / "onnx_encoder.json").read_text())["attention"] == "plain"
+    sources = json.loads((tmp_path / "plain" / "onnx_encoder.json").read_text())["graph_sources"]
+    assert sources == {"fp32": {"graph": "minbert", "attention": "plain"}}
 
 
 @pytest.mark.parametrize("attention", ["fused", "plain"])

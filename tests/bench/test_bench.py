@@ -149,7 +149,8 @@ def test_onnx_torch_rows_each_run_their_own_model(tiny_bert_dir, tmp_path, monke
              "A woman slices an onion on a wooden board in the kitchen.", "ok ok"]
     rows = [("main-captions", "MSRvid", "2012test", f"{i:04d}", f"{i % 6}.000", a, b)
             for i, (a, b) in enumerate(zip(texts, texts[1:] + texts[:1]))]
-    (sts / "sts-test.csv").write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+    for split in ("train", "test"):  # train: the static graphs' calibration (none built here)
+        (sts / f"sts-{split}.csv").write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
 
     calls, encoding = [], [None]
     for cls, model in ((minbert.BertModel, "minBERT"), (transformers.BertModel, "transformers")):

@@ -519,6 +519,42 @@ def test_one_row_fine_tuned(tiny_bert_dir, suite_data, tmp_path):
     assert len(predictions) == 10 and set(predictions) <= {"0", "1"}
 
 
+@pytest.mark.slow
+def test_ablation_rows_fine_tuned(tiny_bert_dir, suite_data, tmp_path, capsys):
+    """--finetune-ablations: Mirror-flow and Mirror-whitening fine-tuned as table 1's rows are;
+    finetuned.json holds each row's metrics.json values, and the claim between them is tested on the
+    fine-tuned columns (one seed: the difference is a − b itself). Without the flag the ablation
+    rows are not fine-tuned; with a command that has no ablation rows it is refused in one line."""
+    from bertcf.experiments.results import FINETUNED
+
+    out = tmp_path / "out"
+    rows = ("--rows", "Mirror-flow,Mirror-whitening", "--finetune-steps-scale", "0.0004", "--eval-every", "2")
+    plain = experiments.run(suite_argv("all", tiny_bert_dir, suite_data, tmp_path / "plain", *rows, "--dry-run"))
+    assert not [t for t in plain["tasks"] if t["kind"] == "finetune"]
+    experiments.run(suite_argv("all", tiny_bert_dir, suite_data, out, *rows, "--finetune-ablations"))
+    tuned = json.loads((out / "finetuned.json").read_text())
+    assert [r["name"] for r in tuned["rows"]] == ["Mirror-flow", "Mirror-whitening"]
+    metrics = {key: json.loads((out / "finetune" / key / "metrics.json").read_text())
+               for key in ("mirror-flow", "mirror-whitening")}
+    for row, key in zip(tuned["rows"], metrics):
+        assert row["ours"]["sts_pearson"]["mean"] == metrics[key]["sts_pearson"]
+        assert row["ours"]["mean_dev"]["mean"] == metrics[key]["mean_dev"]
+        assert row["report"]["sst_accuracy"] is None  # the report has no fine-tuned ablation rows
+        assert row["best_steps"] == [metrics[key]["step"]]
+    claims = {c["metric"]: c for c in tuned["claims"]}
+    assert set(claims) == set(FINETUNED)
+    assert {(c["a"], c["b"]) for c in claims.values()} == {("Mirror-flow", "Mirror-whitening")}
+    difference = metrics["mirror-flow"]["qqp_acc"] - metrics["mirror-whitening"]["qqp_acc"]
+    assert claims["qqp_accuracy"]["mean_difference"] == pytest.approx(difference)
+    text = (out / "finetuned.md").read_text()
+    assert "| Mirror-flow |" in text and "## The claims on these columns" in text
+    assert "--finetune-ablations" in text  # the command and its settings, under the table
+    capsys.readouterr()
+    assert experiments.main(suite_argv("table1", tiny_bert_dir, suite_data, tmp_path / "t", "--finetune-ablations")) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--finetune-ablations" in err and "\n" not in err
+
+
 # ---- SentEval columns ---------------------------------------------------------------------------------------
 def test_senteval_columns_and_per_set_table(tiny_bert_dir, suite_data, tmp_path):
     from bertcf import SentenceEncoder
