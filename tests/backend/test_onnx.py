@@ -476,7 +476,9 @@ def test_minilm_with_normalize_equals_encode(real_bert_dir, minilm_export):
 @pytest.mark.slow
 def test_minilm_int8_keeps_stsb_within_a_fifth_of_a_point(minilm_export, shared_dir):
     """SentEval's STS-B test: Spearman x 100 of the int8 graph within 0.2 of the fp32 graph's (issue
-    50's goal; the attention left in float is what keeps it there)."""
+    50's goal; the attention left in float is what keeps it there), on average over four batchings:
+    dynamic int8 quantises each batch's activations with that batch's range, so one batching alone
+    moves the score by up to 0.35 (docs/BENCHMARKS.md, issue 60). The fp32 graph is batch-independent."""
     from bertcf.data.senteval import read_stsb
     from bertcf.evaluation.metrics import spearman
 
@@ -484,15 +486,24 @@ def test_minilm_int8_keeps_stsb_within_a_fifth_of_a_point(minilm_export, shared_
     if not path.is_file():
         pytest.skip(f"{path} not present")
     pairs = read_stsb(path)
-    scores = {}
-    for quantized in (False, True):
-        encoder = OnnxEncoder(minilm_export, quantized=quantized)
-        u = encoder.encode([p.sentence1 for p in pairs], max_length=512).astype(np.float64)
-        v = encoder.encode([p.sentence2 for p in pairs], max_length=512).astype(np.float64)
+    gold = [p.label for p in pairs]
+
+    def stsb(u, v) -> float:
         cosines = (u * v).sum(1) / np.linalg.norm(u, axis=1) / np.linalg.norm(v, axis=1)
-        scores[quantized] = 100 * spearman(torch.from_numpy(cosines), [p.label for p in pairs])
-    assert scores[False] > 80  # the model is all-MiniLM-L6-v2
-    assert abs(scores[True] - scores[False]) < 0.2, scores
+        return 100 * spearman(torch.from_numpy(cosines), gold)
+
+    def batchings(encoder) -> list[float]:
+        apart = stsb(encoder.encode([p.sentence1 for p in pairs]).astype(np.float64),
+                     encoder.encode([p.sentence2 for p in pairs]).astype(np.float64))
+        both = [s for p in pairs for s in (p.sentence1, p.sentence2)]
+        together = [encoder.encode(both, batch_size=b).astype(np.float64) for b in (16, 64, 128)]
+        return [apart] + [stsb(w[0::2], w[1::2]) for w in together]
+
+    fp32 = batchings(OnnxEncoder(minilm_export))
+    int8 = batchings(OnnxEncoder(minilm_export, quantized=True))
+    assert max(fp32) - min(fp32) < 1e-3 and fp32[0] > 80  # all-MiniLM-L6-v2, whatever the batching
+    assert abs(np.mean(int8) - fp32[0]) < 0.2, int8
+    assert max(int8) - min(int8) > 0  # the int8 vectors do depend on the batch
 
 
 @pytest.mark.slow
