@@ -165,12 +165,9 @@ def _clean_value_info(model):
     return model
 
 
-def activation_matmuls(path: Path) -> list[str]:
-    """The MatMul nodes of the graph whose two inputs are both computed (no weight): the
-    attention's scores and weighted sum in a plain graph."""
-    import onnx
-
-    model = onnx.load(str(path))
+def activation_matmuls(model) -> list[str]:
+    """The MatMul nodes of the graph (an ``onnx.ModelProto``) whose two inputs are both computed (no
+    weight): the attention's scores and weighted sum in a plain graph."""
     weights = {i.name for i in model.graph.initializer}
     return [n.name for n in model.graph.node if n.op_type == "MatMul" and not weights & set(n.input)]
 
@@ -197,7 +194,7 @@ def quantize_static_graph(source: Path, target: Path, batches: list[dict], per_c
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     model = _clean_value_info(onnx.load(str(source)))
-    exclude = activation_matmuls(source) if exclude_activation_products else []
+    exclude = activation_matmuls(model) if exclude_activation_products else []
     logging.disable(logging.WARNING)  # its advice to pre-process the graph (symbolic shapes), which the fused operators refuse
     try:
         quantize_static(model, str(target), _Batches(batches), quant_format=QuantFormat.QDQ,
@@ -241,11 +238,10 @@ def write_graph(encoder: SentenceEncoder, path: Path, graph: str, attention: str
 
 
 def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | None, opset: int,
-                 sentence_transformers: bool, source: str, sources: dict | None = None) -> dict:
+                 sentence_transformers: bool, source: str, sources: dict) -> dict:
     """Write the export into ``directory`` (a fresh one); returns onnx_encoder.json's content.
     ``sources``: {"fp32" | "int8": (graph, attention)}, what each graph is written from
-    (``resolve_graph``; default minBERT's fused graph for both)."""
-    sources = sources or dict.fromkeys(("fp32", "int8"), ("minbert", "fused"))
+    (``resolve_graph``)."""
     config = encoder.bert.config
     inputs = example_inputs(encoder)
     write_graph(encoder, directory / GRAPH_FILE, *sources["fp32"], opset)

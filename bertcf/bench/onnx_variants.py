@@ -25,8 +25,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..backend.onnx_export import DEFAULT_OPSET, INT8_OPTIONS, output_names
-from ..backend.transformers_graph import TransformersEncoder, export_transformers
+from ..backend.onnx_export import DEFAULT_OPSET, INT8_OPTIONS
+from ..backend.transformers_graph import expressible
 
 #: name -> (attention, quantisation keywords, or None for the float graph)
 MINBERT_VARIANTS = {
@@ -78,17 +78,15 @@ def _file(scratch: Path, name: str) -> Path:
 def build(export_dir: Path, encoder, scratch: Path, calibration: list[str]) -> dict[str, Path]:
     """Every variant graph, written into ``scratch`` (a copy of the export, for its tokenizer and
     settings): name -> its file there. ``calibration``: the static variants' sentences."""
-    from ..backend.onnx_export import SentenceGraph, example_inputs, export_graph, quantize, quantize_static_graph
+    from ..backend.onnx_export import quantize, quantize_static_graph, write_graph
 
     shutil.copytree(export_dir, scratch, dirs_exist_ok=True)
-    config = encoder.bert.config
     graphs = {}
 
     def fp32(attention: str) -> Path:
         path = scratch / f"minbert-{attention}.onnx"
         if not path.is_file():
-            export_graph(SentenceGraph(encoder).eval(), example_inputs(encoder), output_names(encoder), path, 18,
-                         config.max_position_embeddings, attention)
+            write_graph(encoder, path, "minbert", attention, DEFAULT_OPSET)
         return path
 
     for name, (attention, quantized) in MINBERT_VARIANTS.items():
@@ -99,13 +97,11 @@ def build(export_dir: Path, encoder, scratch: Path, calibration: list[str]) -> d
     for name, (attention, options) in STATIC_VARIANTS.items():
         graphs[name] = _file(scratch, name)
         quantize_static_graph(fp32(attention), graphs[name], batches, **options)
-    try:
-        engine = TransformersEncoder(encoder)
-    except ValueError:
+    if not expressible(encoder):
         return graphs
     plain, optimized = scratch / "transformers.onnx", scratch / "transformers-optimized.onnx"
-    export_transformers(engine, plain, output_names(encoder), DEFAULT_OPSET)  # as `bertcf-export onnx` writes it
-    optimize_transformers(plain, optimized, config)
+    write_graph(encoder, plain, "transformers", None, DEFAULT_OPSET)  # as `bertcf-export onnx` writes it
+    optimize_transformers(plain, optimized, encoder.bert.config)
     for label, path in (("transformers export", plain), ("transformers export + ORT optimizer", optimized)):
         graphs[f"{label} fp32"] = path
         graphs[f"{label} int8"] = path.with_name(path.stem + "-int8.onnx")

@@ -3,10 +3,7 @@
 the report's, then the report's claims tested on those columns (``claims.test_claims``)."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from .claims import claims_table
-from .planned import read_json
 from .published import REPORT_TABLE1
 from .report import Report, whitening_note
 from .results import FINETUNE_METRICS, FINETUNED
@@ -32,16 +29,6 @@ def report_row(name: str) -> dict:
     return {k: published[k] for k in TASKS} | {"mean_dev": round(sum(published[k] for k in TASKS) / 3, 4)}
 
 
-def best_steps(per_seed: dict) -> list:
-    """The step of each seed's fine-tuned checkpoint (its metrics.json): 0 when no evaluation beat
-    the encoder as stage 3 found it, with its heads untrained."""
-    steps = []
-    for r in per_seed.values():
-        metrics = read_json(Path(r["info"]["finetune_dir"]) / "metrics.json") if r["finetune"] else None
-        steps.append(metrics.get("step") if isinstance(metrics, dict) else None)
-    return steps
-
-
 def write(report: Report, rows: list[Row], results: dict, claims: list[dict]) -> dict:
     """Write finetuned.md/json for ``rows`` (``results``: {row key: {seed: ...}}; ``claims``: every
     tested claim, of which those on the fine-tuned columns between two of ``rows`` are shown)."""
@@ -49,7 +36,8 @@ def write(report: Report, rows: list[Row], results: dict, claims: list[dict]) ->
     for row in rows:
         summary = report.summary(results, row)
         ours, published = {k: summary[k] for k in FINETUNE_METRICS}, report_row(row.name)
-        steps = best_steps(results[row.key])
+        # each seed's kept checkpoint: 0 when no evaluation beat the encoder as stage 3 found it
+        steps = [r["info"].get("finetune_best_step") for r in results[row.key].values()]
         rows_json.append({"name": row.name, "ours": ours, "report": published, "best_steps": steps}
                          | report.row_info(results, row))
         md_rows.append([row.name] + [c for k in TASKS for c in (report.cell(ours[k]), interval_cell(ours[k]),

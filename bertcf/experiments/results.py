@@ -287,7 +287,7 @@ class Evaluation:
 
     def info(self, row: Row, seed: int) -> dict:
         """The row's encoder, its pretraining run's record (best STS dev Spearman, step, wall time) and its
-        fine-tuning's directory and wall time."""
+        fine-tuning's directory, wall time and best step."""
         info = {"encoder": self.plan.encoder_of(row, seed)}
         if row.pretraining is not None:
             t = self.plan.pretraining(row.pretraining, seed)
@@ -296,5 +296,6 @@ class Evaluation:
                     "stage_best_step": s.get("best_step"), "stage_wall_s": t.marker.get("wall_s")}
         task = self.plan.finetune_runs.get((seed, row.key))
         if self.finetune(row, seed) is not None:
-            info |= {"finetune_dir": str(task.dir), "finetune_wall_s": task.marker.get("wall_s")}
+            info |= {"finetune_dir": str(task.dir), "finetune_wall_s": task.marker.get("wall_s"),
+                     "finetune_best_step": (task.marker.get("summary") or {}).get("best_step")}
         return info

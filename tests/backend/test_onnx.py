@@ -181,7 +181,7 @@ def test_static_int8_fixes_each_weight_matmul_range_and_keeps_the_scores_float(t
     encoder.save_pretrained(path)
     assert export([path, "--out", tmp_path / "plain", "--attention", "plain"]) == 0
     fp32 = tmp_path / "plain" / "encoder.onnx"
-    products = exporter.activation_matmuls(fp32)
+    products = exporter.activation_matmuls(onnx.load(str(fp32)))
     assert len(products) == 2 * layers  # Q·Kᵀ and the weighted sum of V, each layer
     target = tmp_path / "plain" / "static.onnx"
     exporter.quantize_static_graph(fp32, target, calibration_batches(encoder, [s for s in SENTENCES if s]),
