@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from contextlib import contextmanager
 from datetime import datetime
@@ -34,6 +35,7 @@ from .utils.files import write_json_atomic, write_text_atomic
 STATE_FILE = "training_state.pt"  # in last/: optimiser, scheduler, data order and RNG for --resume
 ENVIRONMENT_FILE = "environment.json"  # {"sessions": [the start's record, each --resume's]}
 RUN_ENTRIES = ("last", "metrics.jsonl", "tb")  # what a run directory holds before it has a best/
+ATTEMPT_ENTRIES = ("best", "metrics.jsonl", "tb")  # what a run writes before its first last/
 
 
 def resolve_encoder_path(path):
@@ -78,6 +80,14 @@ def run_settings(path) -> tuple[Path, dict] | None:
                               f"give its checkpoint, {run / 'best'}, with the data flags") from None
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether a run directory holds a run to keep: a last/ checkpoint to continue (or the old copy
+    that a kill between ``save_dir_atomic``'s two renames leaves, which ``recover_dir`` puts back),
+    or the results of a finished one (stage 3's metrics.json and predictions, kept without last/
+    by ``--keep-last none``)."""
+    return any((run_dir / name).exists() for name in ("last", ".last.old", "metrics.json", "predictions"))
+
+
 def default_out_dir(stage: str, method: str) -> str:
     return str(Path("runs") / f"{stage}-{method}-{datetime.now():%Y%m%d-%H%M%S}")
 
@@ -120,9 +130,13 @@ def read_environment(run_dir) -> list[dict]:
 
 
 class Run:
-    """A run directory: config.json, metrics.jsonl, tb/ (TensorBoard). Only rank 0 writes."""
+    """A run directory: config.json, metrics.jsonl, tb/ (TensorBoard). Only rank 0 writes.
 
-    def __init__(self, out_dir, config: dict, resume: bool = False):
+    ``record``: write config.json and this session's environment record now; a resumed run passes
+    False and calls ``record()`` once its checkpoint has loaded, so that a --resume refused on the
+    way leaves the run's record as it was."""
+
+    def __init__(self, out_dir, config: dict, resume: bool = False, record: bool = True):
         self.dir = check_out_dir(out_dir)
         self.config = config
         self.resume = resume
@@ -134,12 +148,33 @@ class Run:
             return
         if not lock.held(self.dir):  # the commands hold it already (``hold``); anyone else takes it here
             self._lock = lock.DirLock(self.dir, hint="wait for it to end, or choose another --out-dir").acquire()
-        if not resume and ((self.dir / "last").exists() or (self.dir / "metrics.jsonl").exists()):
+        if not resume and has_checkpoint(self.dir):
             self._release()
             raise UsageError(f"{self.dir} already holds a run: pass --resume to continue it, "
                              f"or choose another --out-dir")
-        write_json_atomic(self.dir / "config.json", config)
+        if not resume:
+            self._clear_attempt()
+        if record:
+            self.record()
+
+    def record(self) -> None:
+        """Write config.json (the settings --resume restores) and add this session to environment.json."""
+        if self.rank != 0:
+            return
+        write_json_atomic(self.dir / "config.json", self.config)
         self.environment = self._record_environment()
+
+    def _clear_attempt(self) -> None:
+        """What an attempt that stopped before its first checkpoint left (a crash, a kill): with no
+        last/ there is nothing to continue, so a new run takes the directory, starting afresh."""
+        left = [name for name in ATTEMPT_ENTRIES if (self.dir / name).exists()]
+        if not left:
+            return
+        print(f"note: {self.dir} holds an attempt that stopped before its first checkpoint (no last/); "
+              f"starting afresh: {', '.join(left)} removed", file=sys.stderr)
+        for name in left:
+            path = self.dir / name
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
 
     def _record_environment(self) -> dict:
         """Add this session's record to environment.json (kept apart from config.json, which holds

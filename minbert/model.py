@@ -233,9 +233,14 @@ class BertSelfAttention(nn.Module):
         """x: [b, t, D] and attn the [b, 1, 1, t] boolean mask (True = a real token to attend
         to); or, unpadded, x: [T, D] and attn a :class:`Packing`. Returns x's shape."""
         d = x.shape[-1]
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])  # [3D, D]
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        qkv = F.linear(x, weight, bias).unflatten(-1, (3, self.num_heads, d // self.num_heads))
+        projections = (self.query, self.key, self.value)
+        if all(type(p) is nn.Linear for p in projections):
+            weight = torch.cat([p.weight for p in projections])  # [3D, D]
+            bias = torch.cat([p.bias for p in projections])
+            qkv = F.linear(x, weight, bias)
+        else:  # wrapped (peft's LoRA, DoRA, IA3): each is called, so that its adapter applies
+            qkv = torch.cat([p(x) for p in projections], dim=-1)
+        qkv = qkv.unflatten(-1, (3, self.num_heads, d // self.num_heads))
         dropout_p = self.dropout_p if self.training else 0.0
         if not isinstance(attn, Packing):
             return self._attend(*qkv.unbind(2), attn, dropout_p)
@@ -483,12 +488,13 @@ class BertModel(nn.Module):
             print(f"minbert: ignored {len(unused)} tensors minBERT does not use ({', '.join(prefixes)})")
         self.load_state_dict({k: v.to(own[k].dtype) for k, v in mapped.items()}, strict=False)
 
-    def save_pretrained(self, directory, link_weights_from=None) -> None:
+    def save_pretrained(self, directory, link_weights_from=None, state_dict: dict | None = None) -> None:
         """Write ``config.json`` + ``model.safetensors`` that ``transformers.BertModel`` loads.
 
         ``link_weights_from``: a ``model.safetensors`` written earlier from these very weights
         (a frozen encoder's previous checkpoint); it is hard-linked rather than written again,
-        or copied where the file system has no hard links."""
+        or copied where the file system has no hard links. ``state_dict``: the tensors to write
+        instead of the model's own (an adapted model's base weights, under their own names)."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
@@ -502,7 +508,8 @@ class BertModel(nn.Module):
             except OSError:
                 shutil.copyfile(link_weights_from, tmp)
         else:
-            tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+            own = self.state_dict() if state_dict is None else state_dict
+            tensors = {k: v.detach().contiguous().cpu() for k, v in own.items()}
             save_file(tensors, str(tmp), metadata={"format": "pt"})
             os.chmod(tmp, default_file_mode())  # readable by others on a shared server, like config.json
         os.replace(tmp, directory / "model.safetensors")

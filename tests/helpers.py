@@ -504,3 +504,22 @@ def quiet_multitask(argv) -> dict:
 
     with contextlib.redirect_stdout(io.StringIO()):
         return command.run(argv)
+
+
+def refused(argv, capsys, *needles) -> str:
+    """Run stage 3's command on ``argv``: exit status 2 and one line on stderr, no traceback, holding
+    each of ``needles``; returns the line."""
+    from bertcf.cli import run_main
+    from bertcf.multitask import command
+    capsys.readouterr()
+    try:
+        status = run_main(command.run, [str(a) for a in argv])
+    except SystemExit as e:  # argparse's own refusals
+        status = e.code
+    captured = capsys.readouterr()
+    assert status == 2, captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err, captured.err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]

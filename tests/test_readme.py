@@ -1,6 +1,7 @@
 """The README's commands, walked in order as a newcomer runs them (issue 59), so that the page cannot
 drift from the code: every command of its shell blocks and every Python block runs, in this
-process, through the command's own entry point, and must end with exit status 0.
+process, through the command's own entry point, and must end with exit status 0. The stage-3
+page, docs/multitask.md, is walked the same way (issue 66), after the Quick start's stage-1 run.
 
 What is substituted, and why (``SUBSTITUTIONS``, ``BOUNDS``, ``SKIPPED``):
 
@@ -9,10 +10,15 @@ What is substituted, and why (``SUBSTITUTIONS``, ``BOUNDS``, ``SKIPPED``):
 | ``bert-base-uncased`` (named, or ``run_pretrain.py``'s default ``--model``) | a tiny random BERT | no download, seconds a run |
 | ``data/`` | ``data/`` of a scratch directory (the working directory): the nine CS224N files, a few rows each, a small ``wiki1m_for_simcse.txt`` and SentEval's layout | what ``python -m bertcf.data download`` (with ``--senteval``) leaves, in small |
 | ``runs/<...>`` (``runs/<run>``, ``runs/<mirror run>``) | ``runs/mirror``: the Quick start's stage-1 run (given that ``--out-dir``) | the run the page means |
+| ``runs/<multitask run>`` | ``runs/stage3``: the walk's first stage-3 run (given that ``--out-dir``) | the run the page means |
 | ``examples/`` | the repository's ``examples/`` | the sample files |
 | a training command's length | ``BOUNDS``: a few steps of small batches, on the CPU, no progress; ``steps=`` of a Python block: 2 | bounded steps |
 | ``python -m bertcf.experiments`` | ``--dry-run`` | its plan, not hours of runs |
 | ``pip install``, ``python -m pytest``, ``python -m bertcf.data download`` | skipped | the install and the tests are this; the download is the data above |
+| ``python -m bertcf.multitask.compare``, ``python -m bertcf.multitask.curves`` | skipped | they read runs over seeds (``RUNS_DIR``); tests/multitask/test_compare.py and test_curves.py run them |
+
+A block indented in a list item is walked as any other; its YAML task files are checked against
+the files in ``examples/`` by tests/multitask/test_first_run.py.
 
 A command of a form the walk does not know (a new tool, a new script) fails the test: extend the
 tables rather than let the page go unchecked. It takes about a minute on a small CPU: marked slow.
@@ -36,10 +42,12 @@ from helpers import make_hf_bert_dir, write_cs224n_files, write_lines, write_sen
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+STAGE3_PAGE = ROOT / "docs" / "multitask.md"
 
 #: Commands not run, by their first words: the install and the tests (this is them), and the
 #: downloads (the scratch data directory stands for what they fetch).
-SKIPPED = (("pip",), ("python", "-m", "pytest"), ("python", "-m", "bertcf.data", "download"))
+SKIPPED = (("pip",), ("python", "-m", "pytest"), ("python", "-m", "bertcf.data", "download"),
+           ("python", "-m", "bertcf.multitask.compare"), ("python", "-m", "bertcf.multitask.curves"))
 #: Flags added to a command (after the README's, so that they win), by the command and, for a
 #: command with subcommands, its subcommand.
 BOUNDS = {
@@ -55,19 +63,27 @@ BOUNDS = {
 #: Commands that write a run directory, and where it goes when the README gives no --out-dir.
 TRAINING = ("run_pretrain.py", "run_multitask.py", "bertcf.cross train")
 RUN = "runs/mirror"  # the Quick start's stage-1 run: what runs/<run> and runs/<mirror run> name
+STAGE3_RUN = "runs/stage3"  # the walk's first stage-3 run: what runs/<multitask run> names
 MODEL_NAMES = ("bert-base-uncased", "MODEL")
 
 
 def code_blocks(text: str) -> list[tuple[str, str]]:
-    """(language, body) of each fenced block, in order; language "" for a bare fence."""
-    return [(m.group(1).strip(), m.group(2)) for m in re.finditer(r"^```([^\n]*)\n(.*?)^```", text, re.M | re.S)]
+    """(language, body) of each fenced block, in order; language "" for a bare fence. A block
+    indented in a list item loses its indentation."""
+    blocks = re.finditer(r"^( *)```([^\n]*)\n(.*?)^\1```", text, re.M | re.S)
+    return [(m.group(2).strip(), re.sub(rf"^{m.group(1)}", "", m.group(3), flags=re.M)) for m in blocks]
+
+
+def placeholders(text: str) -> str:
+    """``runs/<multitask run>`` the walk's stage-3 run, any other ``runs/<...>`` its stage-1 run."""
+    return re.sub(r"runs/<[^>]+>", RUN, text.replace("runs/<multitask run>", STAGE3_RUN))
 
 
 def shell_commands(body: str) -> list[list[str]]:
     """The commands of a shell block, each split as the shell does (comments dropped, lines ending
     in a backslash joined), the placeholders ``runs/<...>`` (which a reader replaces, and a shell
     would read as a redirection) the walk's run first."""
-    body = re.sub(r"runs/<[^>]+>", RUN, body.replace("\\\n", " "))
+    body = placeholders(body.replace("\\\n", " "))
     return [words for line in body.splitlines() if (words := shlex.split(line, comments=True))]
 
 
@@ -110,8 +126,8 @@ def bounded(key: str, args: list[str], tiny: Path, index: int) -> list[str]:
     if key == "run_pretrain.py" and not {"--model", "--init", "--resume"} & set(args):
         args += ["--model", str(tiny)]
     if any(key.startswith(t) for t in TRAINING) and "--out-dir" not in args:
-        first = key == "run_pretrain.py" and not (Path.cwd() / RUN).exists()
-        args += ["--out-dir", RUN if first else f"runs/walk-{index}"]
+        first = {"run_pretrain.py": RUN, "run_multitask.py": STAGE3_RUN}.get(key)
+        args += ["--out-dir", first if first and not (Path.cwd() / first).exists() else f"runs/walk-{index}"]
     for name, extra in BOUNDS.items():
         if key == name or key.startswith(name + " "):
             args += extra
@@ -142,8 +158,9 @@ def run(kind: str, key: str, words: list[str], args: list[str]) -> int:
 
 
 def python_block(body: str, tiny: Path) -> str:
-    """A Python block as the walk runs it: the model named in it the tiny BERT, ``steps=`` 2."""
-    body = body.replace('"bert-base-uncased"', repr(str(tiny)))
+    """A Python block as the walk runs it: the model named in it the tiny BERT, the runs the
+    walk's, ``steps=`` 2."""
+    body = placeholders(body.replace('"bert-base-uncased"', repr(str(tiny))))
     return re.sub(r"\bsteps=[\d_]+", "steps=2", body)
 
 
@@ -171,25 +188,25 @@ def test_the_tables_name_commands_that_exist():
         assert (ROOT / module).is_file() if module.endswith(".py") else import_module(module), key
 
 
-def test_the_walk_parses_the_readme():
-    blocks = code_blocks(README.read_text(encoding="utf-8"))
+@pytest.mark.parametrize("page", [README, STAGE3_PAGE], ids=["README", "multitask"])
+def test_the_walk_parses_the_page(page):
+    blocks = code_blocks(page.read_text(encoding="utf-8"))
     commands = [w for lang, body in blocks if lang in ("", "bash", "sh") for w in shell_commands(body)]
-    assert any(w[:2] == ["python", "run_pretrain.py"] for w in commands)
+    assert any(w[:2] == ["python", "run_pretrain.py" if page == README else "run_multitask.py"] for w in commands)
     assert any(lang == "python" for lang, _ in blocks)
     for words in commands:  # every command is one the walk can run, or one it skips on purpose
         if not skipped(words):
             command_key(words)
 
 
-@pytest.mark.slow
-def test_every_readme_command_runs_as_written(scratch, capsys):
-    pytest.importorskip("faiss", reason="the README's search commands need the [search] extra")
-    _, tiny = scratch
+def walk(blocks: list[tuple[str, str]], tiny: Path, capsys, page: str) -> list[str]:
+    """Run every command of the shell blocks and every Python block of ``blocks``, in order, each
+    to exit status 0 (see the module's docstring); returns what ran."""
     ran = []
-    for index, (lang, body) in enumerate(code_blocks(README.read_text(encoding="utf-8"))):
+    for index, (lang, body) in enumerate(blocks):
         if lang == "python":
             with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(python_block(body, tiny), f"README.md block {index}", "exec"), {"__name__": "readme"})
+                exec(compile(python_block(body, tiny), f"{page} block {index}", "exec"), {"__name__": "readme"})
             ran.append(f"python block {index}")
             continue
         if lang not in ("", "bash", "sh"):
@@ -202,9 +219,29 @@ def test_every_readme_command_runs_as_written(scratch, capsys):
             capsys.readouterr()
             status = run(kind, key, words, args)
             captured = capsys.readouterr()
-            assert status == 0, f"{shlex.join(words)}\n  ran as {shlex.join(args)}\n  exit {status}: " \
+            assert status == 0, f"{page}: {shlex.join(words)}\n  ran as {shlex.join(args)}\n  exit {status}: " \
                                 f"{(captured.err or captured.out)[-1500:]}"
             ran.append(shlex.join(words))
-    print("README walk:", *ran, sep="\n  ")
+    print(f"{page} walk:", *ran, sep="\n  ")
+    return ran
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_written(scratch, capsys):
+    pytest.importorskip("faiss", reason="the README's search commands need the [search] extra")
+    _, tiny = scratch
+    ran = walk(code_blocks(README.read_text(encoding="utf-8")), tiny, capsys, "README.md")
     assert len(ran) >= 10, ran  # the walk reached the stages, the evaluation, the Python API and serving
     assert os.path.isdir(RUN)
+
+
+@pytest.mark.slow
+def test_every_stage3_page_command_runs_as_written(scratch, capsys):
+    """docs/multitask.md from a clone, after the Quick start's stage-1 run: its task files and the
+    samples in examples/, the --task example, the Python example, --predict-only of its run."""
+    _, tiny = scratch
+    walk([("", "python run_pretrain.py --stage mirror\n")], tiny, capsys, "the Quick start")
+    ran = walk(code_blocks(STAGE3_PAGE.read_text(encoding="utf-8")), tiny, capsys, "docs/multitask.md")
+    assert sum("run_multitask.py" in r for r in ran) >= 5 and any(r.startswith("python block") for r in ran), ran
+    assert (Path(STAGE3_RUN) / "predictions" / "para-dev-output.csv").is_file()
+    assert (Path("runs") / "mt-python" / "metrics.json").is_file()

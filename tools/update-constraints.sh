@@ -48,7 +48,7 @@ echo "update-constraints: pip install $torch_spec ${TORCH_PIP_ARGS:-}" >&2
 # shellcheck disable=SC2086  # TORCH_PIP_ARGS is a list of arguments
 "$venv_python" -m pip install -q "$torch_spec" ${TORCH_PIP_ARGS:-}
 # The test extra and the optional ones (their tests run in CI too), so every package CI installs is pinned.
-extras=test,search,mteb,mtl-solvers
+extras=test,search,mteb,mtl-solvers,references,peft
 echo "update-constraints: pip install -e \"$repo[$extras]\"" >&2
 if [[ ${KEEP_PINS:-} == 1 ]]; then keep=(-c "$out"); else keep=(); fi
 "$venv_python" -m pip install -q -e "$repo[$extras]" "${keep[@]}"

@@ -6,8 +6,8 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
                          -> sentence_embedding [batch, D] (float32): the BERT, the pooling, the flow
                          and the linear head (Dense) when the checkpoint has them, and Normalize when
                          it normalises (then also unnormalized_embedding, the vector before Normalize)
-    encoder_qint8.onnx   the same with int8 weights (``--quantize int8``: ONNX Runtime's dynamic
-                         quantisation, ``quantize_dynamic``)
+    encoder_qint8.onnx   the same with int8 weights and int8 arithmetic (``--quantize int8``: ONNX
+                         Runtime's MatMulNBits, 8 bits in blocks of 32; ``quantize``)
     model.onnx           only in CHECKPOINT/onnx: the Transformer part alone, input_ids,
                          attention_mask, token_type_ids -> last_hidden_state [batch, sequence, D],
                          the file sentence-transformers' ``backend="onnx"`` loads from a checkpoint's
@@ -21,23 +21,20 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
     bertcf_quantization.py  a copy of bertcf/search/quantization.py, which bertcf_onnx.py imports (numpy only):
                          OnnxEncoder.encode's int8 and binary vectors
 
-Each graph comes from one of two models (``resolve_graph``). ``"transformers"``: transformers'
-BertModel with the checkpoint's weights, exported by torch.onnx's TorchScript exporter
-(``backend.transformers_graph``), the fastest fp32 graph measured on the CPU and encoder.onnx's
-source by default where it expresses the encoder (mean or [CLS] pooling, no flow).
-``"minbert"``: minBERT's padded path (``unpad=False``), the int8 graph's source by default, each layer's
-attention as ONNX Runtime's fused ``com.microsoft::Attention`` operator (``attention="fused"``:
-``backend.fused_attention``; ``QAttention`` once quantised) or as standard operators
-(``"plain"``: scaled_dot_product_attention with a boolean key mask, for other runtimes). Every
-graph gives the same values at the real tokens as the unpadded training path; the export checks
-that on a batch (``onnx_encoder.json``: "parity").
+The graphs are minBERT's padded forward as ``backend.bert_graph`` writes it for ONNX Runtime (each
+layer's attention as ``MultiHeadAttention`` on three projection MatMuls, GELU as ``Gelu``,
+LayerNormalization on [tokens, D]; ``attention="plain"``: standard operators only, for other
+runtimes), the int8 graph that graph quantised (``quantize``, ``INT8``); ``graph="transformers"``
+writes transformers' BertModel of the same weights instead (``backend.transformers_graph``).
+Every graph gives the same values at the real tokens as the unpadded training path; the export
+checks that on a batch (``onnx_encoder.json``: "parity").
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -49,19 +46,22 @@ from ..models.encoder import FIRST_LAST_AVG, SentenceEncoder, pool
 from ..runs import resolve_encoder_path
 from ..search import quantization
 from ..utils.files import save_dir_atomic, write_json_atomic
+from . import bert_graph
 
 CONFIG_FILE = "onnx_encoder.json"  # onnx_runtime.py reads it (its own copy of these names)
 GRAPH_FILE = "encoder.onnx"
 ST_GRAPH_FILE = "model.onnx"  # sentence-transformers' name in a checkpoint's onnx/ folder
 QUANTIZED_SUFFIX = {"int8": "_qint8"}
-#: The int8 graphs' quantisation: every MatMul with a weight, but each layer's fused Attention operator
-#: (its Q/K/V projection and the scores) stays in float, which keeps the vectors closer to fp32 at
-#: most of the speed (the variants side by side: docs/BENCHMARKS.md, `bench --onnx`).
-INT8_OPTIONS = {"op_types_to_quantize": ["MatMul"]}
+#: The int8 graphs' quantisation (``quantize``): every weight matrix in int8, in blocks of 32 rows
+#: with a scale each, and each row of the activations quantised in blocks as the product runs. On
+#: all-MiniLM-L6-v2 this kept STS-B test at fp32's score (+0.03, the same under every batching)
+#: where per-tensor dynamic int8 lost 0.21 on average over four batchings (docs/serving.md, issue 69;
+#: docs/bench/onnx_int8_batching.py has every setting tried). ``bench --onnx`` times the others beside it.
+INT8 = {"method": "blockwise", "block_size": 32}
 RUNTIME_FILE = "bertcf_onnx.py"  # the copy of onnx_runtime.py
 QUANTIZATION_FILE = "bertcf_quantization.py"  # the copy of search/quantization.py, which bertcf_onnx.py imports
 DEFAULT_OPSET = 18
-ATTENTIONS = ("fused", "plain")  # how a layer's attention is written (``export_graph``)
+ATTENTIONS = ("fused", "plain")  # ONNX Runtime's fused operators or standard ones (``write_graph``)
 GRAPHS = ("auto", "transformers", "minbert")  # what the graphs are written from (``resolve_graph``)
 #: A sentence of each kind for the export's own parity check (and the traced example batch).
 CHECK_SENTENCES = ["A man is playing a guitar.", "Hello", "Two dogs run across the park in the morning sun, "
@@ -72,21 +72,19 @@ PARITY_LIMIT = 1e-3  # fp32 max abs difference above which the export is refused
 class SentenceGraph(nn.Module):
     """What encoder.onnx computes: token ids and mask -> the sentence vector, as
     ``SentenceEncoder.encode`` computes it (pooling, flow, linear head, Normalize), through
-    minBERT's padded path."""
+    minBERT's padded forward as ``bert_graph`` writes it (``fused``: ONNX Runtime's operators;
+    ``flat``: the layers on [tokens, D])."""
 
-    def __init__(self, encoder: SentenceEncoder):
+    def __init__(self, encoder: SentenceEncoder, fused: bool = True, flat: bool = True):
         super().__init__()
-        self.encoder = encoder
-
-    @property
-    def bert(self):
-        return self.encoder.bert
+        self.encoder, self.fused, self.flat = encoder, fused, flat
 
     def forward(self, input_ids, attention_mask):
         encoder = self.encoder
-        first = {"output_first_layer": True} if encoder.pooling == FIRST_LAST_AVG else {}
-        out = encoder.bert(input_ids, attention_mask, unpad=False, **first)
-        vector = pool(out["last_hidden_state"], attention_mask, encoder.pooling, out.get("first_layer_hidden_state"))
+        out = bert_graph.forward(encoder.bert, input_ids, attention_mask, fused=self.fused, flat=self.flat,
+                                 first_layer=encoder.pooling == FIRST_LAST_AVG)
+        last, first = out if encoder.pooling == FIRST_LAST_AVG else (out, None)
+        vector = pool(last, attention_mask, encoder.pooling, first)
         if encoder.flow is not None:
             vector = encoder.flow(vector)[0]
         if encoder.dense is not None:  # the linear head (a whitening map, a projection), last
@@ -99,12 +97,12 @@ class SentenceGraph(nn.Module):
 class TransformerGraph(nn.Module):
     """sentence-transformers' Transformer module: ids, mask, token types -> last_hidden_state."""
 
-    def __init__(self, encoder: SentenceEncoder):
+    def __init__(self, encoder: SentenceEncoder, fused: bool = True):
         super().__init__()
-        self.bert = encoder.bert
+        self.bert, self.fused = encoder.bert, fused
 
     def forward(self, input_ids, attention_mask, token_type_ids):
-        return self.bert(input_ids, attention_mask, token_type_ids, unpad=False)["last_hidden_state"]
+        return bert_graph.forward(self.bert, input_ids, attention_mask, token_type_ids, fused=self.fused)
 
 
 def output_names(encoder: SentenceEncoder) -> list[str]:
@@ -112,43 +110,61 @@ def output_names(encoder: SentenceEncoder) -> list[str]:
 
 
 def export_graph(module: nn.Module, inputs: dict, outputs: list[str], path: Path, opset: int,
-                 max_positions: int, attention: str = "fused") -> None:
+                 max_positions: int) -> None:
     """torch.onnx's exporter (torch.export + onnxscript) with the batch and sequence axes dynamic,
-    every constant subgraph folded (the fused Q/K/V weight of each layer, the flow's LU product:
-    onnxscript folds only small ones by default, and an unfolded weight is neither precomputed nor
-    quantised), then ``onnx.checker``. ``attention``: fused, each layer's attention as ONNX
-    Runtime's ``Attention`` operator (``fused_attention``); plain, as the exporter writes
-    ``scaled_dot_product_attention`` in standard operators (any ONNX runtime runs it)."""
+    ``bert_graph``'s contrib operators translated, every constant subgraph folded (each weight's
+    transpose, the position table plus the type-0 embedding, the flow's LU product: onnxscript folds
+    only small ones by default, and an unfolded weight is neither precomputed nor quantised), then
+    ``onnx.checker``."""
     import onnx
     import onnxscript.optimizer
 
-    from .fused_attention import TRANSLATION, fused_attention
-
     batch, sequence = torch.export.Dim("batch", max=2**20), torch.export.Dim("sequence", max=max_positions)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # its notes on optional torchvision ops
-    fused = attention == "fused"
-    with warnings.catch_warnings(), fused_attention(module.bert) if fused else contextlib.nullcontext():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.export's notes on axis names and deprecations, not the user's business
         program = torch.onnx.export(module, tuple(inputs.values()), input_names=list(inputs), output_names=outputs,
                                     dynamic_shapes=tuple({0: batch, 1: sequence} for _ in inputs),
                                     opset_version=opset, dynamo=True, external_data=False, verbose=False,
-                                    optimize=False, custom_translation_table=TRANSLATION if fused else None)
+                                    optimize=False, custom_translation_table=bert_graph.TRANSLATION)
     onnxscript.optimizer.optimize(program.model, input_size_limit=2**40, output_size_limit=2**40)
     program.save(str(path), external_data=False)
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def quantize(source: Path, target: Path, **options) -> None:
-    """Dynamic int8 quantisation (ONNX Runtime): int8 weights, activations quantised per batch;
-    ``options``: quantize_dynamic's (per_channel, op_types_to_quantize: the bench's variants)."""
+def quantize(source: Path, target: Path, method: str, block_size: int = 32, **options) -> None:
+    """The int8 graph of ``source`` at ``target``, every MatMul with a weight quantised (the flow's
+    and the linear head's too; the attention's products and the fused operators stay in float).
+    ``blockwise`` (the export's, ``INT8``): ONNX Runtime's ``MatMulNBits`` with 8-bit symmetric
+    weights in blocks of ``block_size`` rows, and int8 arithmetic (``accuracy_level=4``: each row of
+    the activations quantised per block, so a sentence's vector does not depend on its batch).
+    ``dynamic``: ``quantize_dynamic`` (int8 weights, one uint8 range for a whole batch's activations;
+    ``options``: its keywords, e.g. per_channel, reduce_range, nodes_to_exclude)."""
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = _clean_value_info(onnx.load(str(source)))
-    logging.disable(logging.WARNING)  # its advice to pre-process, meant for static quantisation
-    try:  # the fused operators' outputs have no type for shape inference: they are float
-        quantize_dynamic(model, str(target), weight_type=QuantType.QInt8,
-                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}, **options)
+    logging.disable(logging.WARNING)  # the quantisers' progress notes and advice to pre-process
+    try:
+        if method == "blockwise":
+            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+            from onnxruntime.quantization.onnx_model import ONNXModel
+
+            # F.linear on a matrix (the layers' output and feed-forward projections on [tokens, D], the
+            # flow's, the head's) exports as Gemm, which MatMulNBits takes only as a MatMul (and an Add);
+            # quantize_dynamic makes the same change itself
+            ONNXModel(model).replace_gemm_with_matmul()
+            quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=block_size, is_symmetric=True,
+                                             accuracy_level=4, **options)
+            quantizer.process()
+            quantizer.model.save_model_to_file(str(target))
+        elif method == "dynamic":
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            # the contrib operators' outputs have no type for shape inference: they are float
+            quantize_dynamic(model, str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}, **options)
+        else:
+            raise ValueError(f"quantisation method {method!r}: blockwise or dynamic")
     finally:
         logging.disable(logging.NOTSET)
 
@@ -188,8 +204,8 @@ def quantize_static_graph(source: Path, target: Path, batches: list[dict], per_c
     activations get a fixed uint8 range measured once on ``batches`` (input dicts of numpy arrays,
     the calibration sentences: min/max), its weight int8 (per channel with ``per_channel``), no
     reduced range (the VNNI kernels need none). ``exclude_activation_products``: the MatMuls of two
-    computed tensors (the attention scores of a plain graph) stay in float; a fused ``Attention``
-    operator always does."""
+    computed tensors (the attention scores of a plain graph) stay in float; the fused
+    ``MultiHeadAttention`` always does."""
     import onnx
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
@@ -203,6 +219,24 @@ def quantize_static_graph(source: Path, target: Path, batches: list[dict], per_c
                         extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     finally:
         logging.disable(logging.NOTSET)
+
+
+def runtime_operators(path: Path) -> Counter:
+    """The operator types of the graph ONNX Runtime runs for the file ``path``, counted: the graph
+    after the optimisations a default CPU session applies (its fusions: MultiHeadAttention stays,
+    Add + Gelu becomes BiasGelu, MatMul + Add Gemm, 3-D Add + LayerNormalization
+    SkipLayerNormalization, int8 MatMuls DynamicQuantizeMatMul, ...)."""
+    import tempfile
+
+    import onnx
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="bertcf-ort-") as scratch:
+        options = ort.SessionOptions()
+        options.optimized_model_filepath = str(Path(scratch) / "optimized.onnx")
+        options.log_severity_level = 3  # not its warning that the saved graph is for this CPU only: it is only counted
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return Counter(node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node)
 
 
 def example_inputs(encoder: SentenceEncoder) -> dict:
@@ -222,9 +256,11 @@ def parity(encoder: SentenceEncoder, path: Path, reference: torch.Tensor) -> flo
     return float((torch.from_numpy(out) - reference).abs().max())
 
 
-def write_graph(encoder: SentenceEncoder, path: Path, graph: str, attention: str | None, opset: int) -> None:
-    """encoder.onnx's graph at ``path``: from minBERT (its padded path, ``attention`` fused or plain)
-    or from transformers' BertModel of the same weights (``transformers_graph``)."""
+def write_graph(encoder: SentenceEncoder, path: Path, graph: str = "minbert", attention: str = "fused",
+                opset: int = DEFAULT_OPSET, flat: bool = True) -> None:
+    """encoder.onnx's graph at ``path``: from minBERT (``bert_graph``: ``attention`` fused, ONNX
+    Runtime's operators, or plain, standard ones; ``flat``: the layers on [tokens, D]) or from
+    transformers' BertModel of the same weights (``transformers_graph``)."""
     import onnx
 
     from .transformers_graph import TransformersEncoder, export_transformers
@@ -233,37 +269,30 @@ def write_graph(encoder: SentenceEncoder, path: Path, graph: str, attention: str
         export_transformers(TransformersEncoder(encoder), path, output_names(encoder), opset)
         onnx.checker.check_model(str(path), full_check=True)
     else:
-        export_graph(SentenceGraph(encoder).eval(), example_inputs(encoder), output_names(encoder), path, opset,
-                     encoder.bert.config.max_position_embeddings, attention)
+        export_graph(SentenceGraph(encoder, attention == "fused", flat).eval(), example_inputs(encoder),
+                     output_names(encoder), path, opset, encoder.bert.config.max_position_embeddings)
 
 
 def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | None, opset: int,
-                 sentence_transformers: bool, source: str, sources: dict) -> dict:
+                 sentence_transformers: bool, source: str, graph: str, attention: str | None) -> dict:
     """Write the export into ``directory`` (a fresh one); returns onnx_encoder.json's content.
-    ``sources``: {"fp32" | "int8": (graph, attention)}, what each graph is written from
-    (``resolve_graph``)."""
+    ``graph``, ``attention``: what the graphs are written from (``resolve_graph``); the int8 graph
+    is the fp32 graph quantised."""
     config = encoder.bert.config
     inputs = example_inputs(encoder)
-    write_graph(encoder, directory / GRAPH_FILE, *sources["fp32"], opset)
+    write_graph(encoder, directory / GRAPH_FILE, graph, attention, opset)
     graphs = {"fp32": GRAPH_FILE}
-    attention = next((a for _, a in sources.values() if a), "fused")  # minBERT's, for model.onnx
-    if sentence_transformers:
+    if sentence_transformers:  # minBERT's, whatever encoder.onnx came from
         st_inputs = inputs | {"token_type_ids": torch.zeros_like(inputs["input_ids"])}
-        export_graph(TransformerGraph(encoder).eval(), st_inputs, ["last_hidden_state"], directory / ST_GRAPH_FILE,
-                     opset, config.max_position_embeddings, attention)
+        export_graph(TransformerGraph(encoder, attention != "plain").eval(), st_inputs, ["last_hidden_state"],
+                     directory / ST_GRAPH_FILE, opset, config.max_position_embeddings)
     if quantize_to:
         suffix = QUANTIZED_SUFFIX[quantize_to]
         graphs[quantize_to] = GRAPH_FILE.replace(".onnx", f"{suffix}.onnx")
-        source_graph = directory / GRAPH_FILE
-        if sources[quantize_to] != sources["fp32"]:  # quantised from another graph, written aside and removed
-            source_graph = directory / f"{quantize_to}-source.onnx"
-            write_graph(encoder, source_graph, *sources[quantize_to], opset)
-        quantize(source_graph, directory / graphs[quantize_to], **INT8_OPTIONS)
-        if source_graph.name != GRAPH_FILE:
-            source_graph.unlink()
+        quantize(directory / GRAPH_FILE, directory / graphs[quantize_to], **INT8)
         if sentence_transformers:
             quantize(directory / ST_GRAPH_FILE, directory / ST_GRAPH_FILE.replace(".onnx", f"{suffix}.onnx"),
-                     **INT8_OPTIONS)
+                     **INT8)
     with torch.inference_mode():
         reference = encoder.encode(CHECK_SENTENCES)
     checked = {name: parity(encoder, directory / file, reference) for name, file in graphs.items()}
@@ -279,20 +308,18 @@ def write_export(encoder: SentenceEncoder, directory: Path, quantize_to: str | N
             "pad_token_id": encoder.tokenizer.pad_token_id, "pooling": encoder.pooling,
             "flow": encoder.flow is not None, "dense": encoder.dense is not None,
             "normalize": encoder.normalize, "opset": opset, "source": source,
-            "graph_sources": {kind: {"graph": g, "attention": a} for kind, (g, a) in sources.items() if kind in graphs},
+            "graph_sources": dict.fromkeys(graphs, {"graph": graph, "attention": attention}),
             "sentence_transformers": ST_GRAPH_FILE if sentence_transformers else None,
             "parity": {name: {"max_abs_diff": diff, "sentences": len(CHECK_SENTENCES)} for name, diff in checked.items()}}
     write_json_atomic(directory / CONFIG_FILE, meta)
     return meta
 
 
-def resolve_graph(encoder: SentenceEncoder, graph: str, attention: str | None) -> dict:
-    """What each graph is written from: {"fp32" | "int8": (graph, attention)}. ``transformers`` or
-    ``minbert`` (``attention``: fused, the default, or plain) for both; ``auto``: the fp32 graph
-    from transformers where it expresses the encoder (mean or [CLS] pooling, no flow) and no
-    ``--attention`` was asked for, the int8 graph from minBERT's fused graph, the attention left
-    in float. Each is the fastest measured that keeps its accuracy: transformers' int8 graph is
-    faster still but moved STS-B test by up to 0.25 points with the batching (docs/BENCHMARKS.md)."""
+def resolve_graph(encoder: SentenceEncoder, graph: str, attention: str | None) -> tuple[str, str | None]:
+    """What the graphs are written from: (graph, attention). ``minbert`` (``attention``: fused, the
+    default, or plain) or ``transformers``; ``auto``: minBERT's fused graph, the fastest measured
+    in fp32 and int8 (docs/BENCHMARKS.md, issue 69), and the one graph that expresses every encoder
+    (a flow, first-last-avg pooling)."""
     from .transformers_graph import expressible
 
     if graph == "transformers" and attention is not None:
@@ -300,11 +327,7 @@ def resolve_graph(encoder: SentenceEncoder, graph: str, attention: str | None) -
     if graph == "transformers" and not expressible(encoder):
         raise UsageError(f"--graph transformers: transformers' BertModel cannot express this encoder (pooling "
                          f"{encoder.pooling}{', a flow' if encoder.flow is not None else ''}); use --graph minbert")
-    minbert = ("minbert", attention or "fused")
-    if graph == "auto":
-        fp32 = ("transformers", None) if expressible(encoder) and attention is None else minbert
-        return {"fp32": fp32, "int8": minbert}
-    return dict.fromkeys(("fp32", "int8"), ("transformers", None) if graph == "transformers" else minbert)
+    return ("transformers", None) if graph == "transformers" else ("minbert", attention or "fused")
 
 
 def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = DEFAULT_OPSET,
@@ -319,13 +342,13 @@ def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = D
     out = Path(out) if out is not None else default_out
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / CONFIG_FILE).is_file()):
         raise UsageError(f"--out {out} exists and is not an ONNX export of BERT-CF; give a new or empty directory")
-    sources = resolve_graph(encoder, graph, attention)
+    graph, attention = resolve_graph(encoder, graph, attention)
     sentence_transformers = out.resolve() == default_out.resolve()
     meta = {}
 
     def write(tmp: Path) -> None:
         # the checkpoint the export came from, for ``python -m bertcf.bench --onnx`` (absolute: it runs anywhere)
         origin = str(path.resolve()) if path.exists() else str(source)
-        meta.update(write_export(encoder, tmp, quantize_to, opset, sentence_transformers, origin, sources))
+        meta.update(write_export(encoder, tmp, quantize_to, opset, sentence_transformers, origin, graph, attention))
     save_dir_atomic(out, write)
     return out, meta

@@ -1,6 +1,6 @@
 """A checkpoint's weights in transformers' ``BertModel``: the torch engine the bench sets beside
-minBERT, and the export's ``--graph transformers`` (``export_transformers``), the fastest graph
-measured on the CPU (docs/BENCHMARKS.md, ``bench --onnx``).
+minBERT, and the export's ``--graph transformers`` (``export_transformers``): the graph a user
+exporting transformers' model would write, which ``bench --onnx`` sets beside minBERT's.
 
 transformers can express an encoder with mean or [CLS] pooling and no flow (``expressible``): its
 BertModel (sdpa attention) takes minBERT's weights by name, then the pooling, the linear head and

@@ -3,6 +3,7 @@
     python -m bertcf.bench --model NAME_OR_DIR --device cpu|cuda [--precision bf16|fp16|fp32]
                            [--steps N] [--warmup N] [--workloads mirror,joint,multitask,encode] [--json OUT]
     python -m bertcf.bench --onnx EXPORT_DIR --senteval-dir DIR [--threads N] [--steps N] [--warmup N]
+                           [--onnx-graph NAME=FILE ...]
     python -m bertcf.bench --search VECTORS.npy|random [--search-n N] [--search-queries Q] [--search-k K]
 
 One process, one run: both models get the same config, the same weights (minBERT's state dict
@@ -25,10 +26,12 @@ Workloads (the report's settings):
 ``--onnx EXPORT_DIR`` times something else, on the CPU: ``encode()`` of STS-B test's 2,758
 sentences (length-sorted batches of 64) by the exported checkpoint under torch fp32, by
 transformers' BertModel of the same weights, and under ONNX Runtime (``OnnxEncoder``) by each graph
-of ``bench.onnx_variants``: minBERT's export with plain and fused attention, fp32 and int8 (per
-tensor, per channel, attention left in fp32), and transformers' export with and without ONNX
-Runtime's optimizer, fp32 and int8; one round of each in turn. It reports sentences/s, the ratio
-to torch fp32, each engine's STS-B test Spearman and its max abs difference from torch.
+of ``bench.onnx_variants``: minBERT's export (fused and plain, 2-D and 3-D LayerNorm inputs, int8
+blockwise and dynamic: per tensor, per channel, reduce_range, Q/K/V left in fp32, static), transformers'
+export with and without ONNX Runtime's optimizer, fp32 and int8, and each ``--onnx-graph`` file; one
+round of each in turn. It reports sentences/s, the ratio to torch fp32, each engine's STS-B test
+Spearman, its max abs difference from torch and the operators ONNX Runtime runs for its graph, and
+breaks the time of the main graphs down by operator (ONNX Runtime's profiler).
 ``--search VECTORS.npy|random`` times the search indexes (``bertcf.search.index``: exact float32,
 HNSW float32, int8 HNSW and binary, rescored or not) on the vectors of a .npy or on random unit
 vectors: each one's build time, size in bytes, queries per second and recall@k against exact

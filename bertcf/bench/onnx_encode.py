@@ -36,10 +36,10 @@ def stsb_train_sentences(senteval_dir, n: int) -> list[str]:
     return list(dict.fromkeys(s for p in read_stsb(path) for s in (p.sentence1, p.sentence2)))[:n]
 
 
-#: The graphs whose time --onnx breaks down by operator (ONNX Runtime's profiler, one extra encode each).
-PROFILED = ("minBERT fused fp32", "minBERT fused int8", "minBERT fused int8 (attention in fp32)",
-            "minBERT fused int8 static (attention in fp32)", "minBERT plain int8 static (scores in fp32)",
-            "transformers export int8")
+#: The graphs whose time --onnx breaks down by operator (ONNX Runtime's profiler, one extra encode each),
+#: besides every --onnx-graph.
+PROFILED = ("minBERT fp32", "minBERT int8", "minBERT int8 SkipLayerNorm", "minBERT int8 dynamic",
+            "transformers export + ORT optimizer fp32", "transformers export + ORT optimizer int8")
 
 
 def operator_profile(scratch: Path, graph: Path, threads: int | None, sentences: list[str]) -> dict:
@@ -75,11 +75,13 @@ def padding(lengths: list[int], batch_size: int = 64) -> int:
     return sum(ordered[i] * len(ordered[i:i + batch_size]) for i in range(0, len(ordered), batch_size))
 
 
-def onnx_engines(export_dir, threads: int | None, scratch: Path, calibration: list[str]) -> tuple[dict, dict, dict]:
-    """(name -> engine, name -> the fused operators its graph holds, name -> its graph file):
-    minBERT in torch fp32 (the exported checkpoint, on the CPU; the baseline), transformers'
+def onnx_engines(export_dir, threads: int | None, scratch: Path, calibration: list[str],
+                 extra: dict | None = None) -> tuple[dict, dict, dict]:
+    """(name -> engine, name -> the operators ONNX Runtime runs for its graph, name -> its graph
+    file): minBERT in torch fp32 (the exported checkpoint, on the CPU; the baseline), transformers'
     BertModel in torch, and ONNX Runtime (CPU execution provider) on every graph variant, written
-    into ``scratch`` (``calibration``: the static int8 graphs' sentences)."""
+    into ``scratch`` (``calibration``: the static int8 graphs' sentences; ``extra``: name -> another
+    graph file to time)."""
     from minbert import CheckpointError
 
     from ..backend.onnx_runtime import OnnxEncoder, OnnxModelError, read_config
@@ -98,7 +100,7 @@ def onnx_engines(export_dir, threads: int | None, scratch: Path, calibration: li
         engines["transformers torch fp32"] = TransformersEncoder(torch_encoder)
     except ValueError:  # a flow or first-last-avg: no transformers counterpart
         pass
-    graphs = onnx_variants.build(Path(export_dir), torch_encoder, scratch, calibration)
+    graphs = onnx_variants.build(Path(export_dir), torch_encoder, scratch, calibration, extra)
     for name, graph in graphs.items():
         engines[name] = OnnxEncoder(scratch, threads=threads, providers=["CPUExecutionProvider"], graph=graph.name)
         operators[name] = onnx_variants.operator_counts(graph)
@@ -148,7 +150,8 @@ def run_onnx(args) -> dict:
     sentences, pairs = stsb_test_sentences(args.senteval_dir)
     calibration = stsb_train_sentences(args.senteval_dir, CALIBRATION_SENTENCES)
     with tempfile.TemporaryDirectory(prefix="bertcf-bench-onnx-") as scratch:
-        engines, operators, graphs = onnx_engines(args.onnx, args.threads, Path(scratch), calibration)
+        extra = dict(args.onnx_graph or [])
+        engines, operators, graphs = onnx_engines(args.onnx, args.threads, Path(scratch), calibration, extra)
         info = {"export": str(args.onnx), "device": device_name(torch.device("cpu")), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
                 "torch": torch.__version__, "onnxruntime": onnxruntime.__version__, "python": platform.python_version(),
                 "threads": args.threads, "sentences": len(sentences), "batch_size": 64, "steps": args.steps,
@@ -163,7 +166,7 @@ def run_onnx(args) -> dict:
         print(f"device: {info['device']} ({info['cpu_capability']}); torch {torch.__version__}, onnxruntime "
               f"{onnxruntime.__version__}", flush=True)
         results = time_onnx_encode(engines, sentences, pairs, args.steps, args.warmup)
-        for name in PROFILED:
+        for name in (*PROFILED, *extra):
             if name in graphs:
                 results[name]["profile"] = operator_profile(Path(scratch), graphs[name], args.threads, sentences)
     for name, ops in operators.items():
@@ -173,7 +176,8 @@ def run_onnx(args) -> dict:
 
 def print_onnx(out: dict) -> None:
     """``--onnx``'s table, once the run's load was judged (``bertcf.commands.bench.run``)."""
-    print("\n| engine | sentences/s | x torch fp32 | STS-B test Spearman x100 | max abs diff vs torch | fused operators |")
+    print("\n| engine | sentences/s | x torch fp32 | STS-B test Spearman x100 | max abs diff vs torch | "
+          "operators as ONNX Runtime runs the graph |")
     print("|---|---|---|---|---|---|")
     for name, r in out["results"]["onnx_encode"].items():
         ops = ", ".join(f"{k} {v}" for k, v in r.get("operators", {}).items())
@@ -182,8 +186,9 @@ def print_onnx(out: dict) -> None:
     profiled = {name: r["profile"] for name, r in out["results"]["onnx_encode"].items() if "profile" in r}
     if profiled:
         print("\nWhere the time goes (ONNX Runtime's profiler, one encode of the same sentences): each operator "
-              "type's share of the kernel time, those of 2% or more")
+              "type's kernel time and share, those of 2% or more")
         for name, profile in profiled.items():
             total = sum(p["ms"] for p in profile.values())
-            shares = ", ".join(f"{op} {100 * p['share']:.0f}%" for op, p in profile.items() if p["share"] >= 0.02)
+            shares = ", ".join(f"{op} {p['ms']:,.0f} ms ({100 * p['share']:.0f}%)" for op, p in profile.items()
+                               if p["share"] >= 0.02)
             print(f"- {name} ({total:,.0f} ms): {shares}")

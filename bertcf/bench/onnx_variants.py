@@ -1,23 +1,25 @@
-"""``--onnx``'s engines: what each change to the graph gives, measured in one run beside the
+"""``--onnx``'s engines: what each choice of the export gives, measured in one run beside the
 exported checkpoint in torch and a plain export of transformers' BertModel of the same weights.
 
 Each engine has ``encode(sentences, batch_size)`` (tokenisation, length-sorted batches, rows in
 input order): minBERT in torch (``SentenceEncoder``), transformers' BertModel in torch, and ONNX
 Runtime on these graphs, each written into a scratch copy of the export:
 
-    minBERT plain        ``scaled_dot_product_attention`` as the exporter writes it (standard operators)
-    minBERT fused        each layer's attention as the ``Attention`` contrib operator (``--graph minbert``'s default)
-    ... int8             ONNX Runtime's dynamic quantisation (int8 weights, activations per batch):
-                         per tensor; per channel; or the attention left in float (MatMul only: what
-                         ``bertcf-export onnx --graph minbert --quantize int8`` writes)
-    ... int8 static      static quantisation (QDQ: each MatMul's activations in a uint8 range fixed
-                         once on calibration sentences, STS-B train's, not the test set timed), the
-                         attention's products in float; the plain graph's Q/K/V projections quantised
-    transformers export  the TorchScript export of transformers' BertModel with the same pooling
-                         (and Normalize), as a user would write it: what ``bertcf-export onnx`` writes
-                         by default for an encoder transformers can express (``--graph transformers``);
-                         then its int8 form (the export's), and ONNX Runtime's transformer optimizer
-                         on it (its BERT fusions)
+    minBERT fp32          the export's fp32 graph (``backend.bert_graph``: MultiHeadAttention, Gelu,
+                          LayerNormalization on [tokens, D])
+    ... SkipLayerNorm     the same on [batch, sequence, D], which ONNX Runtime fuses into
+                          SkipLayerNormalization (the graph's alternative, kept to measure it)
+    minBERT plain         standard operators only (``--attention plain``)
+    minBERT int8          the export's int8 graph (``INT8``: MatMulNBits, 8 bits in blocks of 32),
+                          then other blocks and ONNX Runtime's dynamic quantisation (per tensor, per
+                          channel, reduce_range, the Q/K/V projections left in float)
+    ... int8 static       static quantisation (QDQ: each MatMul's activations in a uint8 range fixed
+                          once on calibration sentences, STS-B train's, not the test set timed)
+    transformers export   the TorchScript export of transformers' BertModel with the same pooling
+                          (and Normalize), as a user would write it (``--graph transformers``), its
+                          dynamic int8 form, and ONNX Runtime's transformer optimizer on it
+    --onnx-graph NAME=FILE  any other graph with the export's inputs and outputs (an earlier
+                          release's export, to compare with)
 """
 from __future__ import annotations
 
@@ -25,26 +27,33 @@ import logging
 import shutil
 from pathlib import Path
 
-from ..backend.onnx_export import DEFAULT_OPSET, INT8_OPTIONS
+from ..backend.onnx_export import INT8
 from ..backend.transformers_graph import expressible
 
-#: name -> (attention, quantisation keywords, or None for the float graph)
+DYNAMIC = {"method": "dynamic"}
+#: name -> (write_graph's keywords, quantize's keywords or None for the float graph; "Q/K/V": the
+#: projections that feed MultiHeadAttention, left out of the quantisation)
 MINBERT_VARIANTS = {
-    "minBERT plain fp32": ("plain", None),
-    "minBERT plain int8": ("plain", {}),
-    "minBERT fused fp32": ("fused", None),
-    "minBERT fused int8": ("fused", {}),
-    "minBERT fused int8 per-channel": ("fused", {"per_channel": True}),
-    "minBERT fused int8 (attention in fp32)": ("fused", INT8_OPTIONS),  # the export's int8 graph
+    "minBERT fp32": ({}, None),  # the export's fp32 graph
+    "minBERT fp32 SkipLayerNorm": ({"flat": False}, None),
+    "minBERT plain fp32": ({"attention": "plain"}, None),
+    "minBERT int8": ({}, INT8),  # the export's int8 graph
+    "minBERT int8 SkipLayerNorm": ({"flat": False}, INT8),
+    "minBERT int8 blocks of 128": ({}, INT8 | {"block_size": 128}),
+    "minBERT int8 dynamic": ({}, DYNAMIC),
+    "minBERT int8 dynamic per-channel": ({}, DYNAMIC | {"per_channel": True}),
+    "minBERT int8 dynamic reduce_range": ({}, DYNAMIC | {"reduce_range": True}),
+    "minBERT int8 dynamic, Q/K/V left in float": ({}, DYNAMIC | {"nodes_to_exclude": "Q/K/V"}),
 }
-#: name -> (attention, quantize_static_graph's keywords)
+#: name -> (write_graph's keywords, quantize_static_graph's keywords)
 STATIC_VARIANTS = {
-    "minBERT fused int8 static (attention in fp32)": ("fused", {}),
-    "minBERT fused int8 static per-channel (attention in fp32)": ("fused", {"per_channel": True}),
-    "minBERT plain int8 static (scores in fp32)": ("plain", {}),
-    "minBERT plain int8 static (all MatMuls)": ("plain", {"exclude_activation_products": False}),
+    "minBERT int8 static per-channel": ({}, {"per_channel": True}),
 }
 CALIBRATION_SENTENCES = 320  # STS-B train's first, in batches of 32
+#: The operator types the table counts in each graph as ONNX Runtime runs it (``runtime_operators``).
+OPERATORS = ("MultiHeadAttention", "Attention", "QAttention", "Gelu", "BiasGelu", "FastGelu", "LayerNormalization",
+             "SkipLayerNormalization", "EmbedLayerNormalization", "MatMulNBits", "DynamicQuantizeMatMul",
+             "MatMulIntegerToFloat", "QLinearMatMul", "MatMul", "FusedMatMul", "Gemm")
 
 
 def calibration_batches(encoder, sentences: list[str], batch_size: int = 32) -> list[dict]:
@@ -57,6 +66,17 @@ def calibration_batches(encoder, sentences: list[str], batch_size: int = 32) -> 
         input_ids, mask = pad_batch(ids[start:start + batch_size], encoder.tokenizer.pad_token_id)
         batches.append({"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
     return batches
+
+
+def attention_projections(path: Path) -> list[str]:
+    """The MatMuls of minBERT's fused graph whose output reaches a MultiHeadAttention through a
+    Reshape: each layer's Q, K and V projections."""
+    import onnx
+
+    nodes = onnx.load(str(path)).graph.node
+    readers = {name: n.op_type for n in nodes for name in n.input}
+    reshaped = {n.input[0] for n in nodes if n.op_type == "Reshape" and readers.get(n.output[0]) == "MultiHeadAttention"}
+    return [n.name for n in nodes if n.op_type == "MatMul" and n.output[0] in reshaped]
 
 
 def optimize_transformers(source: Path, target: Path, config) -> None:
@@ -75,45 +95,51 @@ def _file(scratch: Path, name: str) -> Path:
     return scratch / f"{''.join(c if c.isalnum() else '-' for c in name)}.onnx"
 
 
-def build(export_dir: Path, encoder, scratch: Path, calibration: list[str]) -> dict[str, Path]:
+def build(export_dir: Path, encoder, scratch: Path, calibration: list[str], extra: dict | None = None) -> dict[str, Path]:
     """Every variant graph, written into ``scratch`` (a copy of the export, for its tokenizer and
-    settings): name -> its file there. ``calibration``: the static variants' sentences."""
+    settings): name -> its file there. ``calibration``: the static variants' sentences; ``extra``:
+    name -> another graph file, copied in."""
     from ..backend.onnx_export import quantize, quantize_static_graph, write_graph
 
     shutil.copytree(export_dir, scratch, dirs_exist_ok=True)
-    graphs = {}
+    graphs, written = {}, {}
 
-    def fp32(attention: str) -> Path:
-        path = scratch / f"minbert-{attention}.onnx"
-        if not path.is_file():
-            write_graph(encoder, path, "minbert", attention, DEFAULT_OPSET)
-        return path
+    def fp32(options: dict) -> Path:  # each float graph written once, whatever quantises it
+        key = tuple(sorted(options.items()))
+        if key not in written:
+            written[key] = _file(scratch, f"minbert {key}")
+            write_graph(encoder, written[key], **options)
+        return written[key]
 
-    for name, (attention, quantized) in MINBERT_VARIANTS.items():
-        graphs[name] = fp32(attention) if quantized is None else _file(scratch, name)
-        if quantized is not None:
-            quantize(fp32(attention), graphs[name], **quantized)
-    batches = calibration_batches(encoder, calibration)
-    for name, (attention, options) in STATIC_VARIANTS.items():
+    for name, (options, quantized) in MINBERT_VARIANTS.items():
+        if quantized is None:
+            graphs[name] = fp32(options)
+            continue
+        if quantized.get("nodes_to_exclude") == "Q/K/V":
+            quantized = quantized | {"nodes_to_exclude": attention_projections(fp32(options))}
         graphs[name] = _file(scratch, name)
-        quantize_static_graph(fp32(attention), graphs[name], batches, **options)
-    if not expressible(encoder):
-        return graphs
-    plain, optimized = scratch / "transformers.onnx", scratch / "transformers-optimized.onnx"
-    write_graph(encoder, plain, "transformers", None, DEFAULT_OPSET)  # as `bertcf-export onnx` writes it
-    optimize_transformers(plain, optimized, encoder.bert.config)
-    for label, path in (("transformers export", plain), ("transformers export + ORT optimizer", optimized)):
-        graphs[f"{label} fp32"] = path
-        graphs[f"{label} int8"] = path.with_name(path.stem + "-int8.onnx")
-        quantize(path, graphs[f"{label} int8"], **INT8_OPTIONS)
+        quantize(fp32(options), graphs[name], **quantized)
+    batches = calibration_batches(encoder, calibration)
+    for name, (options, static) in STATIC_VARIANTS.items():
+        graphs[name] = _file(scratch, name)
+        quantize_static_graph(fp32(options), graphs[name], batches, **static)
+    if expressible(encoder):
+        plain, optimized = scratch / "transformers.onnx", scratch / "transformers-optimized.onnx"
+        write_graph(encoder, plain, "transformers")  # as `bertcf-export onnx --graph transformers` writes it
+        optimize_transformers(plain, optimized, encoder.bert.config)
+        for label, path in (("transformers export", plain), ("transformers export + ORT optimizer", optimized)):
+            graphs[f"{label} fp32"] = path
+            graphs[f"{label} int8"] = path.with_name(path.stem + "-int8.onnx")
+            quantize(path, graphs[f"{label} int8"], **DYNAMIC)  # per tensor: what issue 60 measured
+    for name, path in (extra or {}).items():
+        graphs[name] = _file(scratch, f"extra {name}")
+        shutil.copyfile(path, graphs[name])
     return graphs
 
 
-def operator_counts(path: Path, kinds=("Attention", "QAttention", "SkipLayerNormalization", "BiasGelu",
-                                       "FastGelu", "Gelu", "EmbedLayerNormalization", "MatMulInteger",
-                                       "QuantizeLinear")) -> dict:
-    """How many of ONNX Runtime's fused (and int8) operators the graph holds."""
-    import onnx
+def operator_counts(path: Path) -> dict:
+    """How many of each of ``OPERATORS`` the graph holds once ONNX Runtime has optimised it."""
+    from ..backend.onnx_export import runtime_operators
 
-    ops = [n.op_type for n in onnx.load(str(path)).graph.node]
-    return {k: ops.count(k) for k in kinds if ops.count(k)}
+    counts = runtime_operators(path)
+    return {k: counts[k] for k in OPERATORS if counts[k]}

@@ -16,6 +16,16 @@ from ..bench.timing import device_name, time_workload
 from ..bench.workloads import DEFAULT_WORKLOADS, MULTITASK_VARIANTS, WORKLOAD_CLASSES, WORKLOADS
 
 
+def named_graph(text: str) -> tuple[str, str]:
+    """--onnx-graph's NAME=FILE, the file an existing one."""
+    from pathlib import Path
+
+    name, _, path = text.partition("=")
+    if not name or not Path(path).is_file():
+        raise argparse.ArgumentTypeError(f"give NAME=FILE with an existing .onnx file, not {text}")
+    return name, path
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..cli import AT_LEAST_0, AT_LEAST_1, NON_NEGATIVE, ArgumentParser
 
@@ -52,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "directory written by bertcf-export onnx in torch (minBERT, transformers) and by ONNX Runtime "
                         "on fp32 and int8 graphs of it (python -m bertcf.bench --help's epilogue: docs/benchmark.md)")
     p.add_argument("--senteval-dir", default="data/SentEval", help="--onnx: SentEval's data, for STS-B test")
+    p.add_argument("--onnx-graph", action="append", type=named_graph, default=None, metavar="NAME=FILE",
+                   help="--onnx: also time this graph file (the export's inputs and outputs: an earlier export's "
+                        "encoder.onnx, say) under NAME, and profile it; repeatable")
     p.add_argument("--allow-busy", action="store_true",
                    help=f"run and report even when other processes take more than {LIMIT_CORES} of a core, before "
                         f"or during the run (a one-line warning; the JSON's info.load says busy); without it the "

@@ -29,16 +29,17 @@ def build_parser() -> ArgumentParser:
                       help="the export directory (default: MODEL_DIR/onnx, which also gets model.onnx, the "
                            "Transformer part that sentence-transformers' backend='onnx' loads)")
     onnx.add_argument("--quantize", choices=tuple(QUANTIZED_SUFFIX), default=None,
-                      help="also write the graphs with int8 weights (ONNX Runtime's dynamic quantisation)")
+                      help="also write the graphs with int8 weights and int8 arithmetic (ONNX Runtime's MatMulNBits, "
+                           "8 bits in blocks of 32)")
     onnx.add_argument("--opset", type=OPSET, default=DEFAULT_OPSET, help="the ONNX opset of the graphs")
     onnx.add_argument("--graph", choices=GRAPHS, default="auto",
-                      help="what the graphs are written from: transformers (transformers' BertModel with the "
-                           "checkpoint's weights) or minbert (minBERT's own padded path); auto (default): the fp32 graph "
-                           "from transformers where it expresses the encoder (mean or [CLS] pooling, no flow), the "
-                           "int8 graph from minBERT, the attention left in float (docs/serving.md says why)")
+                      help="what the graphs are written from: minbert (minBERT's own padded forward, written for "
+                           "ONNX Runtime's fused operators) or transformers (transformers' BertModel with the "
+                           "checkpoint's weights, standard operators); auto (default): minbert "
+                           "(docs/serving.md says why)")
     onnx.add_argument("--attention", choices=ATTENTIONS, default=None,
-                      help="--graph minbert: fused (default), each layer's attention as ONNX Runtime's Attention "
-                           "operator (and QAttention in the int8 graph); plain: standard ONNX operators only")
+                      help="minBERT's graph: fused (default), each layer's attention and GELU as ONNX Runtime's "
+                           "MultiHeadAttention and Gelu operators; plain: standard ONNX operators only")
     return parser
 
 

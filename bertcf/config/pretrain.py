@@ -17,6 +17,7 @@ from pathlib import Path
 from .. import cli, runs
 from ..errors import UsageError
 from ..models.encoder import POOLINGS
+from ..models.peft import PeftSettings
 from ..objectives import METHODS as OBJECTIVE_METHODS
 from ..objectives import FAMILIES as OBJECTIVE_FAMILIES
 from ..objectives import MINI_BATCH_METHODS, SIMCSE_VIEWS, SUPERVISED, methods_taking, objective_class
@@ -140,7 +141,7 @@ STAGE_LR_HELP = ", ".join(f"{lr:g} {stage}" for stage, lr in STAGE_LR.items())
 
 
 @dataclass(frozen=True)
-class PretrainConfig(MixConfig, WhitenConfig, MLMSettings, TSDAESettings, CTSettings, BSLSettings, JointLossSettings, FlowSettings,
+class PretrainConfig(PeftSettings, MixConfig, WhitenConfig, MLMSettings, TSDAESettings, CTSettings, BSLSettings, JointLossSettings, FlowSettings,
                      MatryoshkaSettings, MarginMSESettings, CoSENTSettings, TrainFilesConfig, MemorySettings, InfoNCESettings, SpanSettings,
                      SelectionConfig, TrainConfig, ModelConfig, CorpusConfig, DataConfig, StageConfig):
     """Every setting of a ``run_pretrain.py`` run (the bases, one per concern, in --help's order
@@ -330,6 +331,7 @@ def check(config: PretrainConfig) -> None:
             raise UsageError("--mini-batch-size is for the training stages: --stage whiten has no batches")
     check_mix(config)
     check_families(config)
+    check_peft(config)
     cls = objective_class(config.stage, config.method) if config.stage not in ("whiten", "mix") else None
     if config.mini_batch_size and cls is not None and not cls.mini_batches:
         raise UsageError(f"--mini-batch-size is for the objectives that compare a batch's sentence vectors "
@@ -340,6 +342,16 @@ def check(config: PretrainConfig) -> None:
         raise UsageError("--pooling cls-mlp (SimCSE's training head) is for --stage mirror --method mirror|simcse and "
                          "--stage supervised --method simcse-sup")
     check_supervised(config)
+
+
+def check_peft(config: PretrainConfig) -> None:
+    """--peft: not for the stages that train no encoder weight or all of it (whiten, flow, joint), nor
+    for CT, whose second encoder is a copy trained whole."""
+    parts = [p[1:3] for p in config.mix_parts()] if config.stage == "mix" else [(config.stage, config.method)]
+    what = next((f"--stage {s}" if s in ("whiten", "flow", "joint") else f"--method {m}" for s, m in parts
+                 if s in ("whiten", "flow", "joint") or m == "ct"), None)
+    if config.peft and what:
+        raise UsageError(f"--peft {config.peft} does not apply to {what}: it trains no adapter in the encoder")
 
 
 def check_mix(config: PretrainConfig) -> None:

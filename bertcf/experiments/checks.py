@@ -13,7 +13,7 @@ from ..data.words import word_similarity_files
 from ..errors import DataError, UsageError
 from ..runs import ENVIRONMENT_FILE, STATE_FILE
 from ..utils.files import recover_dir
-from .planned import MARKER, PlannedRun, pretraining_config, read_json
+from .planned import MARKER, PlannedRun, finetune_config, pretraining_config, read_json
 
 #: What a run directory of this command may hold (anything else: files it did not write).
 RUN_ENTRIES = {"config.json", ENVIRONMENT_FILE, "metrics.jsonl", "tb", "best", "last", "predictions", "metrics.json",
@@ -109,21 +109,52 @@ def input_problems(plan, tasks: list[PlannedRun]) -> list[Exception]:
     return problems
 
 
-def validate_flags(task: PlannedRun) -> None:
-    """A pretraining's config built and resolved now as it will be run (``planned.pretraining_config``:
-    its settings checked as its command checks them, its notes not shown); a fine-tuning's command
-    line parsed with its own parser."""
-    from ..multitask import config as multitask
+class BadFlags(UsageError):
+    """A planned run that its own command would refuse for its flags (a row's, --pretrain-args',
+    --finetune-args'): a dry run lists it, and exits with status 2."""
 
+
+#: The fine-tuning settings the plan gives each row and seed. In --finetune-args one would be every
+#: row's: one directory for all of them (--out-dir), one encoder, one seed, or a run the plan does
+#: not manage (--resume, --predict-only).
+PLANNED_FINETUNE_SETTINGS = ("out_dir", "encoder", "init", "model", "seed", "resume", "predict_only", "checkpoint")
+
+
+def validate_flags(task: PlannedRun) -> None:
+    """A run's config built and resolved now as it will be run (``planned.pretraining_config``,
+    ``planned.finetune_config``: its settings checked as its command checks them, its notes not
+    shown); a fine-tuning's tasks declared and checked too (``check_finetune``). BadFlags, naming
+    the run, for what its command would refuse."""
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
             if task.kind == "pretraining":
                 pretraining_config(task)
             else:
-                multitask.build_parser().parse_args(task.argv)
+                check_finetune(task)
     except SystemExit:
         message = stderr.getvalue().strip().splitlines()
-        raise UsageError(f"{task.description.split(',')[0]}: {message[-1] if message else 'bad flags'}") from None
-    except UsageError as e:
-        raise UsageError(f"{task.description.split(',')[0]}: {e}") from None
+        raise BadFlags(f"{task.description.split(',')[0]}: {message[-1] if message else 'bad flags'}") from None
+    except (UsageError, DataError) as e:
+        raise BadFlags(f"{task.description.split(',')[0]}: {e}") from None
+
+
+def check_finetune(task: PlannedRun) -> None:
+    """What ``run_multitask.py`` checks before it writes anything, on the config the plan will run
+    (its flags, then --finetune-args'): the settings, the declared tasks and their files, the
+    methods on them; and no --finetune-args flag that is the plan's (``PLANNED_FINETUNE_SETTINGS``)."""
+    from ..cli import given_flags
+    from ..multitask import config as multitask
+    from ..multitask.data import check_files
+    from ..multitask.tasks import declared_tasks
+    from ..multitask.trainer import check_run
+
+    config = finetune_config(task, task.state == "resume")  # parses the words: an unknown flag ends here
+    planned = [name for name in PLANNED_FINETUNE_SETTINGS
+               if name in given_flags(multitask.build_parser(), task.words)]
+    if planned:
+        raise UsageError(f"--finetune-args: --{planned[0].replace('_', '-')} is set by the plan for each row and "
+                         f"seed; given here, every fine-tuning would share it")
+    tasks = declared_tasks(config)
+    check_run(config, tasks)
+    check_files([t for t in tasks if not t.reader])  # the built-in tasks' files: input_problems

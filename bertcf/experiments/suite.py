@@ -7,6 +7,7 @@ import time
 from ..utils import environment
 from ..utils.files import write_json_atomic
 from . import finetuned
+from .checks import BadFlags
 from .claims import claim_rows, test_claims
 from .execute import command_line, execute
 from .options import SUITE_FILE, SUITE_KEYS
@@ -68,7 +69,8 @@ def run_suite(args, argv: list) -> dict:
 
 def dry_run(plan: Plan, tasks: list[PlannedRun]) -> dict:
     """Print the plan and each run's command, then what is missing before it can run (inputs, runs
-    on disk that cannot be used, bad flags); run nothing."""
+    on disk that cannot be used, bad flags); run nothing. A run that its command would refuse for
+    its flags ends the dry run with that line (exit status 2)."""
     n = len(tasks)
     for i, task in enumerate(tasks, 1):
         state = {"done": "finished, would be reused", "resume": "would continue with --resume",
@@ -78,8 +80,12 @@ def dry_run(plan: Plan, tasks: list[PlannedRun]) -> dict:
             print(f"    {command_line(task)}")
     rows = ", ".join(r.name for r in plan.rows)
     print(f"then: evaluate {rows} and write the {', '.join(plan.commands)} outputs into {plan.out}")
-    problems = [str(p) for p in plan.problems(tasks)]
+    found = plan.problems(tasks)
+    problems = [str(p) for p in found]
     if problems:
         print("missing before this can run:\n" + "".join(f"  - {p}\n" for p in problems), end="")
+    bad_flags = [p for p in found if isinstance(p, BadFlags)]
+    if bad_flags:  # inputs can be fetched before the real run; flags would be refused as they are
+        raise bad_flags[0]
     return {"tasks": [{"label": t.label, "kind": t.kind, "dir": str(t.dir), "state": t.state,
                        "command": command_line(t)} for t in tasks], "problems": problems}

@@ -22,7 +22,7 @@ from ..runs import resolve_encoder_path
 from ..utils.files import atomic_path, write_json_atomic
 from ..utils.precision import autocast
 from ..utils.progress import Progress, mode_of
-from . import st_format
+from . import peft, st_format
 
 ENCODER_FILE = "sentence_encoder.json"  # pooling and max_length of a saved SentenceEncoder
 FLOW_FILE = "flow.safetensors"
@@ -102,6 +102,7 @@ class SentenceEncoder(nn.Module):
         self.precision = None  # autocast in encode(): bf16|fp16|fp32; None: bf16 on a GPU that has it, else fp32
         self.matryoshka_dims = None  # the widths it was trained at (Matryoshka), kept in its checkpoint
         self.truncate_dim = None  # encode() returns the first k dimensions (after any normalisation)
+        self.adapters = None  # peft's adapters in ``bert`` (models/peft.py), saved beside its base weights
 
     @property
     def dim(self) -> int:
@@ -233,7 +234,11 @@ class SentenceEncoder(nn.Module):
         :meth:`encode`. ``link_weights_from``: see :meth:`minbert.BertModel.save_pretrained`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.bert.save_pretrained(directory, link_weights_from)
+        if self.adapters is not None:
+            self.adapters.save(directory, link_weights_from)
+        else:
+            self.bert.save_pretrained(directory, link_weights_from)
+            peft.remove_adapter(directory)  # an adapter saved there before is not these weights
         self.tokenizer.save_pretrained(str(directory))
         meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None,
                 "normalize": self.normalize, "dense": self.dense is not None}
@@ -266,7 +271,7 @@ class SentenceEncoder(nn.Module):
                 except ValueError:
                     raise CheckpointError(f"{Path(path) / ENCODER_FILE} is not a readable JSON file") from None
             layout = {k: v for k, v in (st_format.read(path) or {}).items() if v is not None}
-        bert = BertModel.from_pretrained(path, **config_overrides)
+        bert = peft.load_merged(path, BertModel.from_pretrained(path, **config_overrides))  # an adapter merged
         tokenizer = load_tokenizer(path, vocab_fallback=vocab)
         flow_file = Path(path) / FLOW_FILE if (Path(path) / FLOW_FILE).is_file() else layout.get("flow")
         flow = None

@@ -69,6 +69,7 @@ import torch
 from torch import Tensor
 from torchjd import Stateful
 from torchjd import aggregation as tja
+from torchjd.autojac import backward as autojac_backward
 from torchjd.autojac import mtl_backward
 
 from ..errors import UsageError
@@ -194,8 +195,11 @@ def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Te
     # the other (parallel_chunk_size=1): torchjd's default batches them with torch.vmap, which has
     # no batching rule for attention's backward on the CPU and does not run through the
     # torch.compile'd layers minBERT uses on a GPU (compile_layers).
-    mtl_backward(losses, features=features, tasks_params=task_params, shared_params=shared,
-                 parallel_chunk_size=1)
+    if _nested(features):
+        _jacobian_backward(losses, shared, task_params)
+    else:
+        mtl_backward(losses, features=features, tasks_params=task_params, shared_params=shared,
+                     parallel_chunk_size=1)
     jacobian = torch.cat([p.jac.flatten(1) for p in shared], dim=1)  # [m, n]
     for p in shared:
         del p.jac  # as torchjd's jac_to_grad does: free them, and keep them from adding to the next step's
@@ -231,17 +235,52 @@ def _aggregate(aggregator: tja.Aggregator, jacobian: Tensor) -> tuple[Tensor, Te
 
 def _leaves_of(tensors: Sequence[Tensor]) -> set[int]:
     """The ids of the leaf tensors (parameters) that ``tensors`` were computed from."""
-    leaves = {id(t) for t in tensors if t.is_leaf and t.requires_grad}
-    stack, seen = [t.grad_fn for t in tensors if t.grad_fn is not None], set()
+    return set(_leaves(tensors))
+
+
+def _leaves(tensors: Sequence[Tensor]) -> dict[int, Tensor]:
+    """The leaf tensors (parameters) that ``tensors`` were computed from, by id."""
+    leaves = {id(t): t for t in tensors if t.is_leaf and t.requires_grad}
+    for node in _graph([t.grad_fn for t in tensors if t.grad_fn is not None]):
+        if hasattr(node, "variable"):  # AccumulateGrad: where a leaf's gradient lands
+            leaves[id(node.variable)] = node.variable
+    return leaves
+
+
+def _graph(roots: list) -> set:
+    """The autograd nodes that ``roots`` reach, themselves included."""
+    stack, seen = list(roots), set()
     while stack:
         node = stack.pop()
         if node in seen:
             continue
         seen.add(node)
-        if hasattr(node, "variable"):  # AccumulateGrad: where a leaf's gradient lands
-            leaves.add(id(node.variable))
         stack.extend(child for child, _ in node.next_functions if child is not None)
-    return leaves
+    return seen
+
+
+def _nested(features: Sequence[Tensor]) -> bool:
+    """Whether a feature is computed from another: BERT's pooled [CLS] vector from its last hidden
+    state (jointly encoded pairs), the last layer from the first (first-last-avg pooling). Such
+    features are no cut of the graph, which ``mtl_backward`` needs: it would go back through the
+    part between them once per feature."""
+    nodes = [f.grad_fn for f in features if f.grad_fn is not None]
+    return any(other in _graph([child for child, _ in node.next_functions if child is not None])
+               for node in nodes for other in nodes if other is not node)
+
+
+def _jacobian_backward(losses: list[Tensor], shared: list[Tensor], task_params=None) -> None:
+    """What ``mtl_backward`` does, without features: each loss's gradient on the parameters it
+    reaches beyond ``shared`` into their ``.grad`` (a head's own task's; a part several heads read,
+    their sum), and the Jacobian of the losses on ``shared`` into each one's ``.jac``."""
+    ids = {id(p) for p in shared}
+    if task_params is None:
+        own = [p for i, p in _leaves(losses).items() if i not in ids]
+    else:
+        own = list({id(p): p for params in task_params for p in params if p.requires_grad}.values())
+    if own:
+        torch.autograd.backward(sum(losses), inputs=own, retain_graph=True)
+    autojac_backward(losses, inputs=shared, parallel_chunk_size=1)
 
 
 # ---- resuming --------------------------------------------------------------------------------------

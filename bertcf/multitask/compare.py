@@ -9,6 +9,10 @@ the task's dev metric: the difference is averaged over the seeds both labels ran
 the same examples for both). **supported**: the interval lies above 0; **contradicted**: below 0;
 **inconclusive**: it holds 0. The predictions are the runs' ``predictions/*-dev-output.csv``
 (the best checkpoint's), the gold labels the dev files the runs' config.json names.
+
+A label whose runs trained some of the baseline's tasks (a single-task run, ``--tasks sst``, or
+an independent fine-tune of one task) is compared on those tasks alone: single-task runs are
+baselines of a joint run's tasks, or the joint run theirs.
 """
 from __future__ import annotations
 
@@ -23,8 +27,8 @@ from ..data.tasks import READERS
 from ..errors import DataError, UsageError
 from ..evaluation.bootstrap import paired_difference
 from ..utils.files import write_json_atomic, write_text_atomic
-from .data import read_rows
-from .evaluation import prediction_file, task_metric
+from .data import check_unique_ids, read_rows
+from .evaluation import prediction_file, read_predictions, task_metric
 from .model import renamed_from_para
 from .tasks import Task, builtin_tasks
 
@@ -32,12 +36,13 @@ RUN_NAME = re.compile(r"(?P<label>.+)-seed(?P<seed>\d+)\Z")
 RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
-def runs_by_label(runs_dir) -> dict[str, dict[int, Path]]:
-    """label -> {seed: run directory} of the finished runs (with a metrics.json) in ``runs_dir``."""
+def runs_by_label(runs_dir, finished: bool = True) -> dict[str, dict[int, Path]]:
+    """label -> {seed: run directory} of the finished runs (with a metrics.json) in ``runs_dir``
+    (``finished=False``: of the others)."""
     found: dict[str, dict[int, Path]] = {}
     for path in sorted(Path(runs_dir).iterdir()):
         match = RUN_NAME.match(path.name)
-        if match and (path / "metrics.json").is_file():
+        if match and path.is_dir() and (path / "metrics.json").is_file() == finished:
             found.setdefault(match["label"], {})[int(match["seed"])] = path
     return found
 
@@ -45,7 +50,11 @@ def runs_by_label(runs_dir) -> dict[str, dict[int, Path]]:
 def run_tasks(run_dir: Path) -> list[Task]:
     """The tasks a run trained, from its config.json (a run from before tasks were declared: the
     report's three)."""
-    config = renamed_from_para(json.loads((run_dir / "config.json").read_text()))
+    try:
+        config = renamed_from_para(json.loads((run_dir / "config.json").read_text()))
+    except (OSError, ValueError):
+        raise DataError(f"{run_dir / 'config.json'} is missing or not valid JSON: the run's settings name its "
+                        f"tasks and dev files") from None
     if "declared_tasks" in config:
         return [Task(**d) for d in config["declared_tasks"]]
     files = {(t, s): config.get(f"{t}_{s}") for t in ("sst", "qqp", "sts") for s in ("train", "dev", "test")}
@@ -57,6 +66,7 @@ def gold_labels(task: Task) -> dict:
     if task.reader:
         return {r.id: r.label for r in READERS[task.reader](task.dev, labeled=True)}
     ids, _, labels = read_rows(task, task.dev, labeled=True)
+    check_unique_ids(task, Path(task.dev), ids)  # keyed by id: two rows of one id would be one
     return {i: label for i, label in zip(ids, labels) if label is not None}
 
 
@@ -65,11 +75,58 @@ def dev_predictions(run_dir: Path, task: Task) -> dict:
     path = run_dir / "predictions" / prediction_file(task.name, "dev")
     if not path.is_file():
         raise DataError(f"{path} not found: {run_dir} has no {task.name} dev predictions")
-    out = {}
-    for line in path.read_text().splitlines()[1:]:
-        i, value = line.split(" , ")
-        out[i.strip()] = float(value)
-    return out
+    try:
+        return read_predictions(path, task)
+    except DataError as e:
+        raise DataError(f"{e}; write it again with run_multitask.py --predict-only --checkpoint {run_dir}") from None
+
+
+def predictions_of(run_dir: Path, task: Task, ids: list) -> list:
+    """The run's dev predictions for ``ids`` (the gold rows), in their order; DataError when one is missing."""
+    found = dev_predictions(run_dir, task)
+    missing = [i for i in ids if i not in found]
+    if missing:
+        raise DataError(f"{run_dir / 'predictions' / prediction_file(task.name, 'dev')} has no prediction for id "
+                        f"{missing[0]!r} ({len(missing)} of the {len(ids)} dev rows missing): the file is cut short, "
+                        f"or the run read another dev file")
+    return [found[i] for i in ids]
+
+
+def trained_tasks(label: str, seeds: dict[int, Path]) -> set[str]:
+    """The tasks the runs of ``label`` trained: the same in every seed's run, or UsageError (a
+    seed's run of other tasks would be compared as if it were another seed of the same run)."""
+    found = {seed: {t.name for t in run_tasks(d)} for seed, d in seeds.items()}
+    first, *others = found.items()
+    for seed, names in others:
+        if names != first[1]:
+            raise UsageError(f"{label}: {seeds[seed].name} trained {', '.join(sorted(names))}, "
+                             f"{seeds[first[0]].name} {', '.join(sorted(first[1]))}: one label's seeds must be runs "
+                             f"of the same tasks (rename one)")
+    return first[1]
+
+
+def selected(groups: dict, labels: list[str], runs_dir) -> dict:
+    """``groups`` (label -> runs) of ``labels`` alone, in their order; UsageError for a label
+    without finished runs."""
+    missing = [label for label in labels if label not in groups]
+    if missing:
+        raise UsageError(f"--labels: no finished runs named {missing[0]}-seedN in {runs_dir}")
+    return {label: groups[label] for label in labels}
+
+
+def runs_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The arguments of a command on the runs of a directory (compare, curves): RUNS_DIR [--labels]."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("runs_dir", help="a directory of run directories named LABEL-seedN")
+    parser.add_argument("--labels", help="only these labels, comma-separated (default: all)")
+    return parser
+
+
+def labels_of(options) -> list[str] | None:
+    """--labels as a list (None: all); UsageError when RUNS_DIR is no directory."""
+    if not Path(options.runs_dir).is_dir():
+        raise UsageError(f"{options.runs_dir} is not a directory")
+    return [x.strip() for x in options.labels.split(",") if x.strip()] if options.labels else None
 
 
 def compare(runs_dir, baseline: str, labels=None) -> dict:
@@ -80,18 +137,25 @@ def compare(runs_dir, baseline: str, labels=None) -> dict:
         raise UsageError(f"--baseline {baseline}: no finished runs named {baseline}-seedN in {runs_dir} "
                          f"(found: {', '.join(groups) or 'none'})")
     if labels:
-        missing = [label for label in labels if label not in groups]
-        if missing:
-            raise UsageError(f"--labels: no finished runs named {missing[0]}-seedN in {runs_dir}")
-        groups = {label: groups[label] for label in [baseline, *[x for x in labels if x != baseline]]}
+        groups = selected(groups, [baseline, *[x for x in labels if x != baseline]], runs_dir)
+    # a seed left out is one fewer in the comparison: said, and recorded with the result
+    left_out = [d.name for label, seeds in runs_by_label(runs_dir, finished=False).items()
+                if not labels or label in groups for d in seeds.values()]
+    if left_out:
+        print(f"note: left out, no metrics.json (unfinished or stopped): {', '.join(left_out)}", file=sys.stderr)
     tasks = run_tasks(next(iter(groups[baseline].values())))
     gold = {t.name: gold_labels(t) for t in tasks}
+    names = {label: trained_tasks(label, seeds) for label, seeds in groups.items()}
+    for label, trained in names.items():
+        if not trained & set(gold):
+            raise UsageError(f"{label}: its runs trained {', '.join(sorted(trained))}, none of the tasks of "
+                             f"--baseline {baseline} ({', '.join(gold)})")
     rows, scores = [], {}
     for label, seeds in groups.items():
         scores[label] = {}
-        for task in tasks:
+        for task in (t for t in tasks if t.name in names[label]):
             ids = sorted(gold[task.name])
-            per_seed = {s: [dev_predictions(d, task)[i] for i in ids] for s, d in seeds.items()}
+            per_seed = {s: predictions_of(d, task, ids) for s, d in seeds.items()}
             values = [task_metric(task, p, [gold[task.name][i] for i in ids]) for p in per_seed.values()]
             scores[label][task.name] = {"mean": statistics.mean(values), "sd": statistics.stdev(values)
                                         if len(values) > 1 else 0.0, "seeds": sorted(seeds), "per_seed": per_seed}
@@ -99,7 +163,7 @@ def compare(runs_dir, baseline: str, labels=None) -> dict:
         if label == baseline:
             continue
         common = sorted(set(groups[label]) & set(groups[baseline]))
-        for task in tasks:
+        for task in (t for t in tasks if t.name in scores[label]):
             ids = sorted(gold[task.name])
             a = [scores[label][task.name]["per_seed"][s] for s in common]
             b = [scores[baseline][task.name]["per_seed"][s] for s in common]
@@ -111,9 +175,10 @@ def compare(runs_dir, baseline: str, labels=None) -> dict:
     summary = {label: {t: {k: v for k, v in s.items() if k != "per_seed"} for t, s in by_task.items()}
                for label, by_task in scores.items()}
     for label, by_task in summary.items():
-        means = [by_task[t.name]["mean"] for t in tasks]
-        by_task["mean"] = {"mean": sum(means) / len(means)}
-    return {"baseline": baseline, "tasks": [t.name for t in tasks], "scores": summary, "claims": rows}
+        if all(t.name in by_task for t in tasks):  # a mean of every task, or none
+            by_task["mean"] = {"mean": statistics.mean(by_task[t.name]["mean"] for t in tasks)}
+    return {"baseline": baseline, "tasks": [t.name for t in tasks], "scores": summary, "claims": rows,
+            "left_out": left_out}
 
 
 def markdown(result: dict) -> str:
@@ -121,9 +186,10 @@ def markdown(result: dict) -> str:
     tasks = result["tasks"]
     lines = ["| run | " + " | ".join(tasks) + " | mean | seeds |", "| --- |" + " ---: |" * (len(tasks) + 2)]
     for label, by_task in result["scores"].items():
-        cells = [f"{by_task[t]['mean']:.4f} ± {by_task[t]['sd']:.4f}" for t in tasks]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {by_task['mean']['mean']:.4f} | "
-                     f"{len(by_task[tasks[0]]['seeds'])} |")
+        cells = [f"{by_task[t]['mean']:.4f} ± {by_task[t]['sd']:.4f}" if t in by_task else "—" for t in tasks]
+        mean = f"{by_task['mean']['mean']:.4f}" if "mean" in by_task else "—"
+        seeds = max(len(s["seeds"]) for t, s in by_task.items() if t != "mean")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {mean} | {seeds} |")
     lines += ["", "| a | b | metric | a − b | 95% CI | seeds | verdict |", "| --- | --- | --- | ---: | ---: | ---: | --- |"]
     for c in result["claims"]:
         lo, hi = c["ci95"]
@@ -136,16 +202,11 @@ def main(argv=None) -> int:
     from ..cli import run_main
 
     def run(args):
-        parser = argparse.ArgumentParser(prog="python -m bertcf.multitask.compare", description=__doc__.split("\n")[0])
-        parser.add_argument("runs_dir", help="a directory of run directories named LABEL-seedN")
+        parser = runs_parser("python -m bertcf.multitask.compare", __doc__.split("\n")[0])
         parser.add_argument("--baseline", required=True, help="the label the others are compared with")
-        parser.add_argument("--labels", help="compare only these labels, comma-separated (default: all)")
         parser.add_argument("--out", help="also write OUT.json and OUT.md")
         options = parser.parse_args(args)
-        if not Path(options.runs_dir).is_dir():
-            raise UsageError(f"{options.runs_dir} is not a directory")
-        labels = [x.strip() for x in options.labels.split(",") if x.strip()] if options.labels else None
-        result = compare(options.runs_dir, options.baseline, labels)
+        result = compare(options.runs_dir, options.baseline, labels_of(options))
         text = markdown(result)
         if options.out:
             write_json_atomic(Path(options.out + ".json"), result)

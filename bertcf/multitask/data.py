@@ -14,13 +14,25 @@ from pathlib import Path
 import torch
 
 from ..data.download import fetch_missing
-from ..data.reading import open_text
+from ..data.reading import not_text, open_text
 from ..data.tasks import READERS, TASK_FILES
 from ..models.cross_encoder import tokenize_pairs
 from ..errors import DataError
-from .tasks import SPLITS, Task
+from .tasks import JSON_SUFFIXES, SPLITS, Task
 
 logger = logging.getLogger("bertcf.multitask")
+
+
+EVAL_SAMPLE_SEED = 0  # the dev rows of a capped evaluation: one draw for every run, whatever --seed
+
+
+def eval_sample(n: int, limit: int | None) -> list[int]:
+    """The indices, in order, of the ``limit`` rows of ``n`` that a capped evaluation reads (all
+    ``n`` without a limit): a draw with a fixed seed, so every run, and any other program that
+    wants to score on the same rows, gets the same ones."""
+    if not limit or limit >= n:
+        return list(range(n))
+    return sorted(torch.randperm(n, generator=torch.Generator().manual_seed(EVAL_SAMPLE_SEED))[:limit].tolist())
 
 
 @dataclass
@@ -47,9 +59,11 @@ class TaskData:
                         tuple([col[i] for i in rows] for col in self.tokens), [self.labels[i] for i in rows], types)
 
     def labeled(self, limit: int | None = None) -> "TaskData":
-        """The rows with a label (the first ``limit`` of them)."""
+        """The rows with a label; with ``limit``, that many of them drawn at random, in file order,
+        the same rows in every run (a file's first rows need not be like the rest: the CS224N SST
+        dev file opens with 169 positive sentences in its first 200)."""
         rows = [i for i, label in enumerate(self.labels) if label is not None]
-        return self.subset(rows[:limit] if limit else rows)
+        return self.subset([rows[i] for i in eval_sample(len(rows), limit)])
 
     @cached_property
     def label_tensor(self) -> torch.Tensor:
@@ -85,34 +99,69 @@ def _label(task: Task, text, where: str):
     return int(value)
 
 
-def _records(task: Task, path: Path):
-    """(line number, {column: text}) of a task file: JSON lines, or a delimited file with a header."""
-    if path.suffix.lower() in (".jsonl", ".json"):
-        with open_text(path, what=f"task {task.name!r}") as handle:
-            for number, line in enumerate(handle, start=1):
-                if line.strip():
-                    try:
-                        record = json.loads(line)
-                    except ValueError:
-                        raise DataError(f"task {task.name!r}: {path} line {number}: not a JSON object") from None
-                    if not isinstance(record, dict):
-                        raise DataError(f"task {task.name!r}: {path} line {number}: not a JSON object")
-                    yield number, record
-        return
+def _records(task: Task, path: Path, needed: list):
+    """(line number, {column: text}) of a task file: JSON lines, or a delimited file, whose header
+    must hold the ``needed`` columns (without one, ``header: false``, the columns are positions)."""
+    what = f"task {task.name!r}:"  # open_text's messages: "task 'x': PATH not found"
+    try:
+        with open_text(path, what=what) as handle:
+            if path.suffix.lower() in JSON_SUFFIXES:
+                yield from _json_records(task, path, handle)
+            else:
+                yield from _delimited_records(task, path, handle, needed)
+    except UnicodeDecodeError as error:  # a binary file, or another encoding
+        raise not_text(path, error, what) from None
+    except csv.Error as error:  # a NUL byte, a field over csv's size limit
+        raise DataError(f"{what} {path}: not a delimited text file ({error})") from None
+
+
+def _json_records(task: Task, path: Path, handle):
+    for number, line in enumerate(handle, start=1):
+        if line.strip():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                raise DataError(f"task {task.name!r}: {path} line {number}: not a JSON object") from None
+            if not isinstance(record, dict):
+                raise DataError(f"task {task.name!r}: {path} line {number}: not a JSON object")
+            yield number, record
+
+
+def _delimited_records(task: Task, path: Path, handle, needed: list):
     comma = path.suffix.lower() == ".csv"
-    with open_text(path, what=f"task {task.name!r}") as handle:
-        reader = csv.reader(handle, delimiter="," if comma else "\t", quoting=csv.QUOTE_MINIMAL if comma else csv.QUOTE_NONE)
+    reader = csv.reader(handle, delimiter="," if comma else "\t", quoting=csv.QUOTE_MINIMAL if comma else csv.QUOTE_NONE)
+    if task.header:
         header = next(reader, None)
         if header is None:
             raise DataError(f"task {task.name!r}: {path} is empty (expected a header line)")
         header = [h.strip() for h in header]
-        for fields in reader:
-            if not fields:
-                continue
-            if len(fields) != len(header):
-                raise DataError(f"task {task.name!r}: {path} line {reader.line_num}: expected {len(header)} fields, "
-                                f"found {len(fields)}")
-            yield reader.line_num, dict(zip(header, fields))
+        missing = [c for c in needed if c not in header]
+        if missing:
+            raise DataError(f"task {task.name!r}: {path}: no column {missing[0]!r} in its header line (found: "
+                            f"{', '.join(header)})" + (LOOKS_LIKE_DATA if any(map(_looks_like_data, header)) else ""))
+    for fields in reader:
+        if not fields:
+            continue
+        if task.header and len(fields) != len(header):
+            raise DataError(f"task {task.name!r}: {path} line {reader.line_num}: expected {len(header)} fields, "
+                            f"found {len(fields)}")
+        if not task.header and len(fields) <= max(needed):
+            raise DataError(f"task {task.name!r}: {path} line {reader.line_num}: no column {max(needed)} (found "
+                            f"{len(fields)} fields; positions start at 0)")
+        yield reader.line_num, dict(zip(header, fields)) if task.header else dict(enumerate(fields))
+
+
+LOOKS_LIKE_DATA = ("; its first line looks like data, not column names: if the file has no header line, declare "
+                   "header: false and give the columns by position (0 the first)")
+
+
+def _looks_like_data(cell: str) -> bool:
+    """A header cell that reads as a value: a number, or a sentence (column names are a word or two)."""
+    try:
+        float(cell)
+        return True
+    except ValueError:
+        return len(cell.split()) > 2
 
 
 def read_rows(task: Task, path, labeled: bool) -> tuple[list[str], list[tuple[str, ...]], list]:
@@ -121,8 +170,8 @@ def read_rows(task: Task, path, labeled: bool) -> tuple[list[str], list[tuple[st
     path = Path(path)
     ids, texts, labels, blank = [], [], [], []
     needed = list(task.text_columns) + ([task.label_column] if labeled else []) + \
-        ([task.id_column] if task.id_column else [])
-    for number, record in _records(task, path):
+        ([task.id_column] if task.id_column is not None else [])
+    for number, record in _records(task, path, needed):
         missing = [c for c in needed if c not in record]
         if missing:
             raise DataError(f"task {task.name!r}: {path} line {number}: no column {missing[0]!r} "
@@ -133,7 +182,7 @@ def read_rows(task: Task, path, labeled: bool) -> tuple[list[str], list[tuple[st
             continue
         has_label = task.label_column in record and str(record[task.label_column]).strip() != ""
         labels.append(_label(task, record[task.label_column], f"{path} line {number}") if has_label else None)
-        ids.append(str(record[task.id_column]).strip() if task.id_column else str(number))
+        ids.append(str(record[task.id_column]).strip() if task.id_column is not None else str(number))
         texts.append(row)
     if blank:
         logger.warning("warning: task %r: %s: skipped %d row(s) with a blank text", task.name, path, len(blank))
@@ -167,6 +216,9 @@ def _builtin_rows(task: Task, split: str, path: Path, limit: int | None):
         texts = [(r.sentence,) for r in rows]
     else:
         texts = [(r.sentence1, r.sentence2) for r in rows]
+    # The reader knows the file's labels, the declaration what they mean: a task file may have
+    # changed its classes or label_range, so each label is checked against them as any task's is.
+    labels = [None if label is None else _label(task, label, f"{path} id {r.id}") for r, label in zip(rows, labels)]
     return [r.id for r in rows], texts, labels
 
 
@@ -193,12 +245,26 @@ def load_task(task: Task, split: str, tokenizer, max_length: int, limit: int | N
             labels = [None] * len(ids)
     if split == "train" and not ids:
         raise DataError(f"task {task.name!r}: {path} has no training rows")
+    if split != "train":
+        check_unique_ids(task, path, ids)
     columns = list(zip(*texts)) if texts else [[] for _ in task.text_columns]
     if joint and task.pair:
         token_ids, types = tokenize_pairs(tokenizer, columns[0], columns[1], max_length)
         return TaskData(task, path, ids, (token_ids,), labels, types)
     tokens = tuple(tokenize_column(tokenizer, col, max_length) for col in columns)
     return TaskData(task, path, ids, tokens, labels)
+
+
+def check_unique_ids(task: Task, path: Path, ids: list[str]) -> None:
+    """DataError for an id that two rows share: a prediction file, and the comparison of runs,
+    key the rows by id, so one of the two would be lost."""
+    seen = set()
+    for i in ids:
+        if i in seen:
+            column = f"column {task.id_column!r}" if task.id_column is not None else "its id column"
+            raise DataError(f"task {task.name!r}: {path}: id {i!r} appears on more than one row ({column}); "
+                            f"each row's id must be its own")
+        seen.add(i)
 
 
 # ---- a run's data ----------------------------------------------------------------------------------
@@ -208,6 +274,8 @@ def check_files(tasks: list[Task], splits=SPLITS, why: str | None = None) -> Non
     for task in tasks:
         for split in splits:
             path = task.file(split)
+            if path is not None and Path(path).is_dir():
+                raise DataError(f"task {task.name!r}: {split} file {path} is a directory, not a file")
             if split != "test" and not Path(path).is_file():
                 because = f"; {why}" if why else ""
                 if task.reader:  # a built-in task: its flags say where

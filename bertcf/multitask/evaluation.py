@@ -1,21 +1,29 @@
 """Stage 3's predictions and dev metrics (the report's section 5.3): each task's metric (SST-5
 accuracy, QQP accuracy, STS Pearson r, ...), its interval, and the mean of the tasks' metrics that
-selects the best checkpoint; the prediction files (the CS224N names for the built-in tasks)."""
+selects the best checkpoint; the prediction files (the CS224N names for the built-in tasks).
+
+Scoring shows its progress in sentences (``Progress``), one count over every set it scores: the
+rows are encoded in chunks of whole batches (``in_chunks``), the very batches of one call, so the
+outputs do not depend on it."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
 
+from ..errors import DataError
 from ..evaluation.bootstrap import interval
 from ..evaluation.metrics import accuracy, pearson, spearman
 from ..utils.files import save_dir_atomic, write_json_atomic
+from ..utils.progress import Progress, mode_of
 from .data import TaskData
 from .losses import clamped_cosine
 from .model import MultitaskModel
 from .tasks import Task
 
 SELECTION_METRIC = "mean_dev"
+#: Batches encoded between two updates of the scoring's progress.
+CHUNK_BATCHES = 8
 PREDICTION_HEADERS = {"sst": "Predicted_Sentiment", "qqp": "Predicted_Is_Paraphrase",
                       "sts": "Predicted_Similiary"}  # sic: the CS224N starter's spelling
 
@@ -54,19 +62,58 @@ def mean_dev(metrics: dict, tasks: list[Task]) -> float:
 
 
 # ---- outputs and predictions -----------------------------------------------------------------------
-def raw_outputs(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None):
+def in_chunks(encode, lengths: list[int], batch_size: int, shown: Progress | None = None) -> torch.Tensor:
+    """``encode(rows)`` (rows: indices) of every row, ``lengths`` their lengths in tokens, called on
+    chunks of ``CHUNK_BATCHES`` whole batches in the longest-first order that the encoders here
+    batch by (``encode_ids``, ``joint_outputs``): a chunk is already in that order, so its batches
+    are those of one call over every row, and so are the outputs. ``shown`` advances after each."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    size = batch_size * CHUNK_BATCHES
+    parts = []
+    for start in range(0, len(order), size):
+        parts.append(encode(order[start:start + size]))
+        if shown is not None:
+            shown.advance(len(parts[-1]))
+    if not parts:
+        return encode([])
+    outputs = torch.cat(parts)
+    result = torch.empty_like(outputs)
+    result[torch.tensor(order)] = outputs
+    return result
+
+
+def sentences(data: TaskData) -> int:
+    """The encoder's inputs that scoring ``data`` takes: a row per sentence (a pair read jointly: one)."""
+    return len(data) * len(data.tokens)
+
+
+def sentence_vectors(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None,
+                     shown: Progress | None = None) -> torch.Tensor:
+    """The encoder's vectors of every sentence of ``data``, column after column ([columns·n, D],
+    float32, CPU): a pair task's two columns in one length-sorted pass."""
+    rows = [t for col in data.tokens for t in col]
+    return in_chunks(lambda chunk: model.encoder.encode_ids([rows[i] for i in chunk], batch_size, precision),
+                     [len(t) for t in rows], batch_size, shown)
+
+
+def raw_outputs(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None,
+                shown: Progress | None = None, vectors: torch.Tensor | None = None):
     """A task's head outputs for every row, float32 on the CPU: logits [n, C] (classification, a
     softmax pair, several classes read jointly), y = max(cos, h) [n] (a cosine pair), or the
-    joint head's logit or score [n]."""
+    joint head's logit or score [n]. ``vectors``: its :func:`sentence_vectors`, when computed
+    already (the projector's)."""
     task = model.tasks[data.task.name]
     was_training = model.training
     model.eval()
     try:
         if task.pair and model.pair_encoding == "cross":
-            return model.joint_outputs(task.name, data.tokens[0], data.token_types, batch_size, precision)
+            ids, types = data.tokens[0], data.token_types
+            return in_chunks(lambda chunk: model.joint_outputs(task.name, [ids[i] for i in chunk],
+                                                               [types[i] for i in chunk], batch_size, precision),
+                             [len(t) for t in ids], batch_size, shown)
+        if vectors is None:
+            vectors = sentence_vectors(model, data, batch_size, precision, shown)
         with torch.inference_mode():
-            # Both columns of a pair task in one length-sorted pass, then split again.
-            vectors = model.encoder.encode_ids([t for col in data.tokens for t in col], batch_size, precision)
             vectors = vectors.to(model.device)
             if not task.pair:
                 return model.head(task.name)(vectors).float().cpu()
@@ -77,6 +124,21 @@ def raw_outputs(model: MultitaskModel, data: TaskData, batch_size: int = 128, pr
             return clamped_cosine(head(first), head(second), task.margin).cpu()
     finally:
         model.train(was_training)
+
+
+def score(model: MultitaskModel, sets: dict, batch_size: int = 128, precision: str | None = None,
+          show="none", name: str = "score", vectors_of=()) -> tuple[dict, dict]:
+    """(key -> :func:`raw_outputs`, key -> :func:`sentence_vectors` for the keys of ``vectors_of``)
+    of every set of ``sets`` (key -> TaskData; None is skipped), with one progress over all their
+    sentences (``show``: a mode, or True/False), in lines once it takes a few seconds."""
+    sets = {key: data for key, data in sets.items() if data is not None}
+    outputs, vectors = {}, {}
+    with Progress(mode_of(show), name, sum(map(sentences, sets.values())), unit="sentence", quiet=True) as shown:
+        for key, data in sets.items():
+            if key in vectors_of:
+                vectors[key] = sentence_vectors(model, data, batch_size, precision, shown)
+            outputs[key] = raw_outputs(model, data, batch_size, precision, shown, vectors.get(key))
+    return outputs, vectors
 
 
 def predictions_from(task: Task, y: torch.Tensor, pair_encoding: str = "bi") -> torch.Tensor:
@@ -96,12 +158,6 @@ def predictions_from(task: Task, y: torch.Tensor, pair_encoding: str = "bi") -> 
     return (y >= (1 + task.margin) / 2).long()
 
 
-def predict(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None) -> torch.Tensor:
-    """Predictions for every row of ``data`` (see :func:`predictions_from`)."""
-    return predictions_from(model.tasks[data.task.name], raw_outputs(model, data, batch_size, precision),
-                            model.pair_encoding)
-
-
 def positive_scores(task: Task, y: torch.Tensor, pair_encoding: str = "bi") -> torch.Tensor:
     """A pair-classification task's raw outputs as scores in [0, 1] per class, for precision-recall
     curves: [n, C] class probabilities (softmax of logits; [n, 2] from a binary score)."""
@@ -112,37 +168,67 @@ def positive_scores(task: Task, y: torch.Tensor, pair_encoding: str = "bi") -> t
 
 
 def evaluate(model: MultitaskModel, dev: dict, batch_size: int = 128, precision: str | None = None,
-             limit: int | None = None) -> dict:
+             limit: int | None = None, show="none", name: str = "evaluate") -> dict:
     """Each task's metric on the labeled rows of its dev set (``dev``: task -> TaskData; ``limit``:
-    the first rows of each only), and their mean (``mean_dev``)."""
-    metrics = {}
-    for name, data in dev.items():
-        data = data.labeled(limit)
-        metrics[data.task.metric_key] = task_metric(data.task, predict(model, data, batch_size, precision), data.labels)
+    that many of them, the same random draw every time), and their mean (``mean_dev``); its
+    progress as :func:`score` shows it."""
+    dev = {task: data.labeled(limit) for task, data in dev.items()}
+    outputs, _ = score(model, dev, batch_size, precision, show, name)
+    metrics = {data.task.metric_key: task_metric(data.task, predictions_from(model.tasks[task], outputs[task],
+                                                                                model.pair_encoding), data.labels)
+               for task, data in dev.items()}
     metrics[SELECTION_METRIC] = mean_dev(metrics, [d.task for d in dev.values()])
     return metrics
 
 
-def format_prediction(task: Task, value) -> str:
-    return f"{float(value):.4f}" if task.regression else str(int(value))
+def format_prediction(task: Task, value, label_names: bool = False) -> str:
+    """A prediction as its file holds it: a score with four decimals, a class index, or with
+    ``label_names`` the class's name where the task names its classes (``labels``)."""
+    if task.regression:
+        return f"{float(value):.4f}"
+    return task.labels[int(value)] if label_names and task.labels else str(int(value))
+
+
+def read_predictions(path, task: Task) -> dict:
+    """id -> the prediction of a prediction file (a score, or a class index, a class's name read
+    back); DataError naming the line that is not ``id , value`` (a file cut short or damaged)."""
+    out = {}
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8", errors="replace").splitlines()[1:], 2):
+        i, _, value = line.partition(" , ")
+        value = value.strip()
+        try:
+            out[i.strip()] = float(task.labels.index(value) if task.labels and value in task.labels else value)
+        except ValueError:
+            raise DataError(f"{path} line {number}: not 'id , prediction' ({line[:60]!r}): the file is cut short "
+                            f"or damaged") from None
+    return out
+
+
+def final_sets(data: dict) -> dict:
+    """The sets a run's end scores: every dev and test file, whole ((task, split) -> TaskData)."""
+    return {key: d for key, d in data.items() if d is not None and key[1] in ("dev", "test")}
 
 
 def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: int = 128,
-                      precision: str | None = None, meta: dict | None = None) -> dict:
-    """Write OUT/predictions/ (per task and split: 'id \\t Predicted_... ' then 'id , value' per
-    row, the CS224N files for SST, QQP and STS; an absent test set is left out) and
-    OUT/metrics.json (the dev metrics of every labeled row, each with its bootstrap interval
-    ``*_ci95``), both atomically. ``data``: (task, split) -> TaskData or None. Returns the metrics."""
+                      precision: str | None = None, meta: dict | None = None, outputs: dict | None = None,
+                      label_names: bool = False, show="none") -> dict:
+    """Write OUT/predictions/ (per task and split: a header 'id \\t Predicted_... ', then 'id , value'
+    per row, as the CS224N files for SST, QQP and STS; an absent test set is left out; values as
+    :func:`format_prediction`) and OUT/metrics.json (the dev metrics of every labeled row, each with
+    its bootstrap interval ``*_ci95``), both atomically. ``data``: (task, split) -> TaskData or
+    None; ``outputs``: their :func:`raw_outputs` when scored already (else scored here, its
+    progress shown as ``show`` says). Returns the metrics."""
     out_dir = Path(out_dir)
+    data = final_sets(data)
+    if outputs is None:
+        outputs, _ = score(model, data, batch_size, precision, show, f"score {out_dir.name}")
     files, metrics, tasks = {}, {}, []
     for (name, split), d in data.items():
-        if d is None or split not in ("dev", "test"):
-            continue
         task = d.task
-        predicted = predict(model, d, batch_size, precision)
+        predicted = predictions_from(model.tasks[name], outputs[name, split], model.pair_encoding)
         header = PREDICTION_HEADERS.get(name, "Predicted_Label" if not task.regression else "Predicted_Score")
         lines = [f"id \t {header} \n"]
-        lines += [f"{i} , {format_prediction(task, v)} \n" for i, v in zip(d.ids, predicted.tolist())]
+        lines += [f"{i} , {format_prediction(task, v, label_names)} \n" for i, v in zip(d.ids, predicted.tolist())]
         files[prediction_file(name, split)] = "".join(lines)
         if split == "dev":
             tasks.append(task)

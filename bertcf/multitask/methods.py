@@ -30,9 +30,13 @@ class StepMethods:
     @staticmethod
     def check(config, tasks, world_size: int) -> None:
         """Refuse, in one line, what cannot run: an unknown aggregator or one without its solver, an
-        aggregator with one task or under DDP, SMART's weight not finite or under DDP, an adaptive
-        weighting with one task a step."""
+        aggregator with one task, under DDP or on a frozen encoder, SMART's weight not finite or under
+        DDP, an adaptive weighting with one task a step."""
         aggregation.check_aggregator(config.aggregator, len(tasks), world_size)
+        if config.aggregator != aggregation.SUM and config.freeze_encoder:
+            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients on the encoder, which "
+                             f"--freeze-encoder freezes: there is nothing to aggregate; use --aggregator "
+                             f"{aggregation.SUM}")
         check_smart_weight(config.smart_weight)
         if config.smart_weight > 0 and world_size > 1:
             raise UsageError("--smart-weight cannot train on several processes: its extra forward passes run "

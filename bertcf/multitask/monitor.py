@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from .evaluation import positive_scores, raw_outputs
+from .evaluation import positive_scores, raw_outputs, sentence_vectors
 from .model import MultitaskModel
 
 #: The most dev sentences of a task the projector shows (it loads them all in the browser).
@@ -61,23 +61,27 @@ def write_hparams(writer, settings: dict, metrics: dict) -> None:
 
 
 def write_best_views(writer, model: MultitaskModel, dev: dict, step: int, batch_size: int = 128,
-                     precision: str | None = None) -> None:
+                     precision: str | None = None, outputs: dict | None = None, vectors: dict | None = None) -> None:
     """The embedding projector (classification tasks' dev sentences, labelled by class) and the
     precision-recall curves (pair-classification tasks' dev predictions) of ``model``, the best
     checkpoint, at ``step``, through ``writer`` (a SummaryWriter on the run's tb/). ``dev``:
-    task -> TaskData."""
+    task -> TaskData; ``outputs`` and ``vectors``: task -> their raw outputs and sentence vectors
+    (``evaluation.score``), when the dev sets are scored already (else they are scored here)."""
+    outputs, vectors = outputs or {}, vectors or {}
     for name, data in dev.items():
-        task, data = data.task, data.labeled()
+        task = data.task
+        rows = [i for i, label in enumerate(data.labels) if label is not None]
+        names = task.labels or [str(c) for c in range(task.num_classes or 0)]
         if not task.pair:
-            rows = data.subset(range(min(len(data), PROJECTOR_ROWS)))
-            vectors = model.encoder.encode_ids(rows.tokens[0], batch_size, precision).float().cpu()
-            names = task.labels or [str(c) for c in range(task.num_classes)]
-            writer.add_embedding(vectors, metadata=[names[label] for label in rows.labels], global_step=step,
-                                     tag=f"{name}_dev")
+            rows = rows[:PROJECTOR_ROWS]
+            shown = data.subset(rows)
+            found = vectors[name][rows] if name in vectors else sentence_vectors(model, shown, batch_size, precision)
+            writer.add_embedding(found, metadata=[names[label] for label in shown.labels], global_step=step,
+                                 tag=f"{name}_dev")
         elif not task.regression:
-            scores = positive_scores(task, raw_outputs(model, data, batch_size, precision), model.pair_encoding)
-            gold = torch.tensor(data.labels).long()
-            names = task.labels or [str(c) for c in range(task.num_classes)]
+            y = outputs[name][rows] if name in outputs else raw_outputs(model, data.subset(rows), batch_size, precision)
+            scores = positive_scores(task, y, model.pair_encoding)
+            gold = torch.tensor([data.labels[i] for i in rows]).long()
             for c in range(scores.shape[1]) if scores.shape[1] > 2 else [1]:
                 writer.add_pr_curve(f"pr/{name}_{names[c]}", (gold == c).int(), scores[:, c].clamp(0, 1), step)
     writer.flush()

@@ -32,6 +32,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 
 from ..data.tasks import TASK_FILES
@@ -49,6 +50,10 @@ METRIC_KEYS = {"accuracy": "acc", "pearson": "pearson", "spearman": "spearman"}
 BUILTIN = ("sst", "qqp", "sts")
 SPLITS = ("train", "dev", "test")
 NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+JSON_SUFFIXES = (".jsonl", ".json")  # a task's file of JSON lines; any other suffix is delimited
+#: The columns each built-in task's CS224N reader reads (a declaration cannot change them).
+READER_COLUMNS = {"sst": {}, "qqp": {"text_columns": ("sentence1", "sentence2"), "label_column": "is_duplicate"},
+                  "sts": {"text_columns": ("sentence1", "sentence2"), "label_column": "similarity"}}
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,10 @@ class Task:
     names as they appear in the files, in class order (default: the labels are the integers
     0..C-1); ``label_range`` (regression): the scores' range, scaled to [h, 1] for the loss;
     ``weight``: its loss's weight in the step's sum; ``batch_size``: examples of it per step;
-    ``dropout`` before its head; ``margin``: h of the cosine losses; ``reader``: the CS224N reader
-    of a built-in task (None for any other file)."""
+    ``dropout`` before its head; ``margin``: h of the cosine losses; ``header``: whether a delimited
+    file's first line names its columns (False: every line is data, and the columns are named by
+    position, 0 the first); ``reader``: the CS224N reader of a built-in task (None for any other
+    file)."""
 
     name: str
     kind: str
@@ -81,10 +88,17 @@ class Task:
     batch_size: int = 32
     dropout: float = 0.1
     margin: float = 0.0
+    header: bool = True
     reader: str | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
+        check_types(self)  # before the conversions below, which would fail on a wrong type with no task named
+        for split in SPLITS:
+            if isinstance(getattr(self, split), PathLike):
+                set_(split, str(getattr(self, split)))
+        if isinstance(self.text_columns, (str, int)):  # one column, as a task file may say it
+            set_("text_columns", (self.text_columns,))
         set_("text_columns", tuple(self.text_columns))
         if self.labels is not None:
             set_("labels", tuple(str(label) for label in self.labels))
@@ -121,12 +135,56 @@ class Task:
         return dataclasses.replace(self, **changes)
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)  # YAML's yes/no are not numbers
+
+
+def _integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _column(value) -> bool:
+    """A column's name, or its position (0 the first) in a file without a header."""
+    return (isinstance(value, str) and value != "") or (_integer(value) and value >= 0)
+
+
+def check_types(task: Task) -> None:
+    """UsageError, naming the task and the field, for a value of the wrong type: what a task file
+    or a keyword can get wrong (a word where a number belongs, one number where a list does)."""
+    def bad(field, what):
+        raise UsageError(f"task {task.name!r}: {field} must be {what}, not {getattr(task, field)!r}")
+    if not isinstance(task.name, str) or not NAME.match(task.name):
+        raise UsageError(f"task name {task.name!r}: use lowercase letters, digits and _ (starting with a letter)")
+    for field in ("kind", "loss", "metric", *SPLITS):
+        value = getattr(task, field)
+        if value is not None and not isinstance(value, (str, PathLike) if field in SPLITS else str):
+            bad(field, "a file's path" if field in SPLITS else "a word")
+    columns = task.text_columns
+    if not (_column(columns) or isinstance(columns, (list, tuple)) and columns and all(map(_column, columns))):
+        bad("text_columns", "a list of column names (or positions, with header: false)")
+    for field in ("label_column", "id_column"):
+        if not (_column(getattr(task, field)) or field == "id_column" and task.id_column is None):
+            bad(field, "a column's name (or position, with header: false)")
+    if task.labels is not None and not (isinstance(task.labels, (list, tuple))
+                                        and all(isinstance(x, str) or _integer(x) for x in task.labels)):
+        bad("labels", "a list of the class names")
+    if not (isinstance(task.label_range, (list, tuple)) and len(task.label_range) == 2
+            and all(map(_number, task.label_range))):
+        bad("label_range", "two numbers [low, high]")
+    for field in ("weight", "dropout", "margin"):
+        if not _number(getattr(task, field)):
+            bad(field, "a number")
+    for field in ("batch_size", "num_classes"):
+        if getattr(task, field) is not None and not _integer(getattr(task, field)):
+            bad(field, "an integer")
+    if not isinstance(task.header, bool):
+        bad("header", "true or false")
+
+
 def check(task: Task) -> None:
     """UsageError, one line naming the task and the problem, for a declaration that cannot run."""
     def bad(problem):
         raise UsageError(f"task {task.name!r}: {problem}")
-    if not isinstance(task.name, str) or not NAME.match(task.name):
-        raise UsageError(f"task name {task.name!r}: use lowercase letters, digits and _ (starting with a letter)")
     if task.kind not in KINDS:
         bad(f"unknown kind {task.kind!r} (kinds: {', '.join(KINDS)})")
     if task.loss not in LOSSES[task.kind]:
@@ -158,6 +216,28 @@ def check(task: Task) -> None:
         bad("no train file")
     if task.reader is None and task.dev is None:
         bad("no dev file")
+    if task.reader is not None and task.reader not in READER_COLUMNS:
+        bad(f"reader {task.reader!r} is not a built-in task's ({', '.join(READER_COLUMNS)})")
+    if task.reader is not None:
+        given = {"text_columns": task.text_columns, "label_column": task.label_column, "id_column": task.id_column,
+                 "header": task.header}
+        for field, value in given.items():
+            if value != READER_COLUMNS[task.reader].get(field, DEFAULTS[field]):
+                value = list(value) if isinstance(value, tuple) else value
+                bad(f"{field} {value!r} does not apply: the built-in {task.reader} task reads the CS224N "
+                    f"file's own columns (declare a task with another name to read other columns)")
+        return
+    columns = [*task.text_columns, task.label_column, *([] if task.id_column is None else [task.id_column])]
+    positions = [c for c in columns if isinstance(c, int)]
+    if task.header and positions:
+        bad(f"column {positions[0]} is a position: name the columns by position only with header: false "
+            f"(then every line is data)")
+    if not task.header and len(positions) != len(columns):
+        named = next(c for c in columns if not isinstance(c, int))
+        bad(f"header: false, so the file's columns have no names: give column {named!r} by position (0 the first)")
+    jsonl = [p for p in (task.train, task.dev, task.test) if p and Path(p).suffix.lower() in JSON_SUFFIXES]
+    if not task.header and jsonl:
+        bad(f"header: false is for delimited files; {jsonl[0]} holds JSON objects, whose fields have names")
 
 
 #: The report's settings of the built-in tasks (section 4.3), the defaults of their flags.
@@ -181,17 +261,17 @@ def builtin_tasks(data_dir="data", files: dict | None = None, **settings) -> dic
     return {
         "sst": Task("sst", "classification", **paths("sst"), num_classes=5, weight=s["sst_weight"],
                     batch_size=s["sst_batch_size"], dropout=s["sst_dropout"], reader="sst"),
-        "qqp": Task("qqp", "pair-classification", **paths("qqp"), text_columns=("sentence1", "sentence2"),
-                    label_column="is_duplicate", num_classes=2, loss="cosine-hinge", weight=s["qqp_weight"],
-                    batch_size=s["qqp_batch_size"], dropout=s["qqp_dropout"], margin=s["qqp_margin"], reader="qqp"),
-        "sts": Task("sts", "pair-regression", **paths("sts"), text_columns=("sentence1", "sentence2"),
-                    label_column="similarity", weight=s["sts_weight"], batch_size=s["sts_batch_size"],
-                    dropout=s["sts_dropout"], margin=s["sts_margin"], reader="sts"),
+        "qqp": Task("qqp", "pair-classification", **paths("qqp"), **READER_COLUMNS["qqp"], num_classes=2,
+                    loss="cosine-hinge", weight=s["qqp_weight"], batch_size=s["qqp_batch_size"],
+                    dropout=s["qqp_dropout"], margin=s["qqp_margin"], reader="qqp"),
+        "sts": Task("sts", "pair-regression", **paths("sts"), **READER_COLUMNS["sts"], weight=s["sts_weight"],
+                    batch_size=s["sts_batch_size"], dropout=s["sts_dropout"], margin=s["sts_margin"], reader="sts"),
     }
 
 
 # ---- declarations from files and flags ---------------------------------------------------------------
 FIELDS = {f.name for f in dataclasses.fields(Task)} - {"reader"}
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Task) if f.default is not dataclasses.MISSING}
 LIST_FIELDS = ("text_columns", "labels", "label_range")
 
 
@@ -247,7 +327,8 @@ def read_task_file(path) -> list[dict]:
 
 def parse_task_flag(text: str) -> dict:
     """``name=snli,kind=pair-classification,text_columns=premise;hypothesis,num_classes=3`` -> a
-    declaration (numbers as numbers; ``;`` separates a list's items)."""
+    declaration (numbers as numbers, a column's digits as its position, header=false as False;
+    ``;`` separates a list's items)."""
     entry = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
@@ -257,13 +338,25 @@ def parse_task_flag(text: str) -> dict:
         value = value.strip()
         if key in LIST_FIELDS:
             items = [v.strip() for v in value.split(";")]
-            entry[key] = [_number(v) for v in items] if key == "label_range" else items
+            entry[key] = [_word_or_number(v) for v in items] if key == "label_range" else \
+                [_position(v) for v in items] if key == "text_columns" else items
+        elif key in ("label_column", "id_column"):
+            entry[key] = _position(value)
+        elif key == "header":
+            entry[key] = {"true": True, "false": False}.get(value.lower(), value)
         else:
-            entry[key] = _number(value) if key in ("num_classes", "weight", "batch_size", "dropout", "margin") else value
+            entry[key] = _word_or_number(value) if key in ("num_classes", "weight", "batch_size", "dropout",
+                                                           "margin") else value
     return entry
 
 
-def _number(text: str):
+def _position(text: str):
+    """A column given on the command line: its position when it is digits (header=false), else its name."""
+    return int(text) if text.isdigit() else text
+
+
+def _word_or_number(text: str):
+    """A number given on the command line as a number; anything else as it is (the check names it)."""
     try:
         return int(text)
     except ValueError:
@@ -294,8 +387,10 @@ def declared_tasks(config) -> list[Task]:
                 raise UsageError(f"task {task.name!r} is declared twice in {where}")
             seen.add(task.name)
             tasks[task.name] = task
-    if config.tasks:
+    if config.tasks is not None:  # "" too: a --tasks that names nothing is a mistake, not "every task"
         names = [n.strip() for n in config.tasks.split(",") if n.strip()]
+        if not names:
+            raise UsageError(f"--tasks {config.tasks!r} names no task (declared: {', '.join(tasks)})")
         unknown = [n for n in names if n not in tasks]
         if unknown:
             raise UsageError(f"--tasks: task {unknown[0]!r} is not declared (declared: {', '.join(tasks)})")

@@ -8,13 +8,17 @@ sentences in one pass, and minimises the weighted sum of the tasks' losses (5 L_
 a torchjd aggregator; ``--task-weighting`` learns or adapts the weights and ``--smart-weight``
 adds SMART's smoothness regulariser. With a flow or a linear head (``SentenceEncoder.dense``,
 e.g. a whitening map), they are fine-tuned with the encoder unless frozen. Every --eval-every
-steps the dev sets are scored and the checkpoint with the best mean of the tasks' dev metrics is
-kept as ``best/``; at the end the best checkpoint writes the prediction files to ``predictions/``
-and ``metrics.json``.
+steps the dev sets are scored (``--max-eval-examples N``: a fixed random draw of N rows of each,
+so that evaluating fits a short run) and the checkpoint with the best mean of the tasks' dev
+metrics is kept as ``best/``; at the end the best checkpoint scores every dev and test row once,
+for the prediction files in ``predictions/``, ``metrics.json`` and TensorBoard's views. The run
+says what its evaluations will cost before it starts, and each phase after training in a line.
 """
 from __future__ import annotations
 
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -22,16 +26,20 @@ import torch
 from minbert import pad_batch
 
 from .. import runs
+from ..errors import UsageError
 from ..models.cross_encoder import pad_pairs
 from ..models.encoder import SentenceEncoder
-from ..training.loop import TrainingLoop, set_seed
+from ..models.peft import Adapters, PeftSettings, budget, budget_line, check_targets
+from ..training.loop import TrainingLoop, evaluation_steps, set_seed
 from ..training.optim import make_optimizer, make_scheduler
 from ..training.sampler import EpochSampler
 from ..utils.distributed import dist_info, local_rows, run_distributed, wrap_ddp
+from ..utils.files import save_dir_atomic
+from ..utils.progress import clock, note
 from . import monitor
-from .config import MultitaskConfig
+from .config import MultitaskConfig, check_resumable, check_task_settings
 from .data import check_files, fetch_data, load_data
-from .evaluation import SELECTION_METRIC, evaluate, summary_line, write_predictions
+from .evaluation import SELECTION_METRIC, evaluate, final_sets, score, sentences, summary_line, write_predictions
 from .losses import build_loss
 from .methods import StepMethods
 from .model import MultitaskModel, checkpoint_meta, renamed_from_para, resolve_checkpoint, run_dir_of
@@ -75,6 +83,27 @@ def effective_max_length(config: MultitaskConfig, encoder) -> int:
     return min(config.max_length, encoder.bert.config.max_position_embeddings)
 
 
+def check_task_list(tasks) -> list[Task]:
+    """``tasks`` (what ``MultitaskTrainer`` is given) as a list: Task objects with distinct names,
+    at least one; UsageError otherwise."""
+    given = repr(tasks) if len(repr(tasks)) < 60 else f"a {type(tasks).__name__}"
+    if not isinstance(tasks, (str, dict)) and hasattr(tasks, "__iter__"):  # a dict: its values were meant?
+        tasks = list(tasks)
+    if not isinstance(tasks, list) or not tasks:
+        raise UsageError(f"MultitaskTrainer needs a list of tasks (Task objects; "
+                         f"list(builtin_tasks(data_dir).values()) gives the report's), not {given}")
+    for task in tasks:
+        if not isinstance(task, Task):
+            raise UsageError(f"MultitaskTrainer: the tasks are Task objects, not {task!r} ({type(task).__name__}); "
+                             f"builtin_tasks(data_dir)[name] gives a built-in one")
+    names = [t.name for t in tasks]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice:
+        raise UsageError(f"MultitaskTrainer: task {twice!r} is given twice (each task's name names its head, metric "
+                         f"and files)")
+    return tasks
+
+
 class MultitaskTrainer:
     """Stage 3 from Python: ``encoder`` (a :class:`SentenceEncoder`) fine-tuned on ``tasks`` (a list
     of :class:`Task`; ``builtin_tasks(data_dir)`` gives the report's three) with the settings of
@@ -89,8 +118,10 @@ class MultitaskTrainer:
         config = MultitaskConfig(**settings) if config is None else config.replace(**settings)
         if config.out_dir is None:
             config = config.replace(out_dir=runs.default_out_dir("multitask", "python"))
-        self.encoder, self.tasks, self.config = encoder, list(tasks), config.on_device()
-        StepMethods.check(self.config, self.tasks, dist_info()[1])
+        self.encoder, self.tasks, self.config = encoder, check_task_list(tasks), config.on_device()
+        check_run(self.config, self.tasks)
+        if self.config.peft:
+            check_targets(encoder.bert, self.config.target_modules)
 
     def fit(self) -> dict:
         with runs.hold(self.config.out_dir):
@@ -102,6 +133,8 @@ class MultitaskTrainer:
         """The encoder and a head per task, frozen as asked, on ``device``."""
         config, encoder = self.config, self.encoder
         model = MultitaskModel(encoder, self.tasks, config.proj_dim, config.pair_encoding)
+        if config.peft:  # BERT's weights frozen, adapters in its Linear layers trained (after the heads' draws)
+            encoder.adapters = Adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)))
         if config.freeze_encoder:
             encoder.requires_grad_(False)
         elif config.freeze_flow:
@@ -126,8 +159,10 @@ class MultitaskTrainer:
         samplers = make_samplers({t: len(d) for t, d in train_sets.items()}, config.seed)
         task_sampler = TaskSampler(config.task_sampling, {t: len(d) for t, d in train_sets.items()}, config.steps,
                                    config.seed, config.sampling_temperature)
+        # A resumed run's record is written once its checkpoint has loaded (below): a state that does
+        # not load leaves config.json and environment.json as they were.
         run = runs.Run(config.out_dir, config.to_dict() | {"declared_tasks": [t.to_dict() for t in self.tasks]},
-                       resume=config.resume)
+                       resume=config.resume, record=not config.resume)
         methods = StepMethods(config, model)
         step = Step(config, model, wrap_ddp(model, device), train_sets, samplers, task_sampler, methods, run, device)
         optimizer = make_optimizer([*model.parameters(), *methods.parameters()], config.lr, config.weight_decay, device)
@@ -138,16 +173,27 @@ class MultitaskTrainer:
             model.save_pretrained(directory, extra={"step": loop.step})
 
         def evaluate_fn(step_number):
-            metrics = evaluate(model, dev_sets, config.batch_size, config.precision, config.max_eval_examples)
+            metrics = evaluate(model, dev_sets, config.batch_size, config.precision, config.max_eval_examples,
+                               config.progress, f"{run.dir.name}: evaluate step {step_number}")
             return metrics | {f"batches_{t}": n for t, n in task_sampler.counts.items()}
 
+        # What scoring costs, in sentences: an evaluation's (a sample with --max-eval-examples), and the end's
+        per_evaluation = sum(sentences(d.labeled(config.max_eval_examples)) for d in dev_sets.values())
+        at_end = sum(sentences(d) for d in final_sets(data).values())
         loop = TrainingLoop(config, run, {"model": model, **methods.modules()}, optimizer, scheduler, samplers,
                             metric=SELECTION_METRIC, save_model=save_model, evaluate=evaluate_fn,
                             items_per_step=sum(t.batch_size * model.columns(t.name) for t in self.tasks),
                             extra_state={"task_sampler": task_sampler, **methods.extra_state()},
-                            upgrade_state=upgrade_state)
+                            upgrade_state=upgrade_state, finish=at_end / per_evaluation)
         if config.resume:
+            check_state_kept(run.dir, config)
             loop.resume()
+            run.record()
+        step.budget = budget(model, optimizer)
+        if dist_info()[0] == 0:
+            note(config.progress, f"{run.dir.name}: {budget_line(step.budget, encoder.adapters)}")
+            at = [s for s in evaluation_steps(config.steps, config.eval_every) if s > loop.step or s == loop.step == 0]
+            note(config.progress, evaluation_plan(run.dir.name, config, at, per_evaluation, at_end))
         summary = loop.fit(step, backward=methods.backward if methods.custom_backward else None)
         rank, world = dist_info()
         if rank == 0:
@@ -157,21 +203,48 @@ class MultitaskTrainer:
         return summary
 
     def finish(self, summary: dict, run: runs.Run, data: dict, dev_sets: dict, device) -> dict:
-        """After training: the best checkpoint's predictions, metrics.json and TensorBoard views (not
-        after a stop)."""
+        """After training: the best checkpoint scores every dev and test row once, for its
+        predictions, metrics.json and TensorBoard views; then last/ keeps what --keep-last says
+        (nothing of this after a stop). Each phase says so in a line (``--progress``)."""
         config, run_dir = self.config, run.dir
         if summary["interrupted"]:
             print(f"no predictions written (interrupted); continue with --resume --out-dir {run_dir}", file=sys.stderr)
             return summary
+        started = time.perf_counter()
+
+        def say(text, timed=True):
+            took = f" ({clock(time.perf_counter() - started)} since training ended)" if timed else ""
+            note(config.progress, f"{run_dir.name}: {text}{took}")
+
         best = MultitaskModel.from_pretrained(run_dir / "best", vocab=config.vocab).to(device)
         meta = {"checkpoint": str(run_dir / "best"), "step": checkpoint_meta(run_dir / "best").get("step")}
-        summary["metrics"] = write_predictions(best, data, run_dir, config.batch_size, config.precision, meta)
+        sets = final_sets(data)
+        projector = [(t, "dev") for t, d in dev_sets.items() if not d.task.pair]
+        say(f"training done; the best checkpoint (step {meta['step']}) scores every dev and test row: "
+            f"{sum(map(sentences, sets.values())):,} sentences", timed=False)
+        outputs, vectors = score(best, sets, config.batch_size, config.precision, config.progress,
+                                 f"{run_dir.name}: score step {meta['step']}", vectors_of=projector)
+        summary["metrics"] = write_predictions(best, data, run_dir, config.batch_size, config.precision, meta, outputs,
+                                               label_names=config.prediction_labels == "name")
+        say(f"predictions and metrics.json written to {run_dir}")
+        if config.merge:  # best was loaded with its adapter merged (SentenceEncoder.from_pretrained)
+            save_dir_atomic(run_dir / "merged", lambda tmp: best.save_pretrained(tmp, extra={"step": meta["step"]}))
+            say(f"{run_dir / 'merged'} written: the best checkpoint with its adapter merged (--merge)")
         from torch.utils.tensorboard import SummaryWriter
 
         with SummaryWriter(str(run_dir / "tb")) as writer:  # the best checkpoint's views beside the curves
-            monitor.write_best_views(writer, best, dev_sets, meta["step"] or 0, config.batch_size, config.precision)
+            monitor.write_best_views(writer, best, dev_sets, meta["step"] or 0, config.batch_size, config.precision,
+                                     {t: outputs[t, "dev"] for t in dev_sets}, {t: v for (t, _), v in vectors.items()})
             monitor.write_hparams(writer, config.to_dict(), {k: v for k, v in summary["metrics"].items()
                                                              if isinstance(v, float)})
+        curves = [t for t, d in dev_sets.items() if d.task.pair and not d.task.regression]
+        views = ([f"the projector ({', '.join(t for t, _ in projector)})"] * bool(projector)
+                 + [f"PR curves ({', '.join(curves)})"] * bool(curves) + ["HParams"])
+        say(f"TensorBoard: {', '.join(views)} written to {run_dir / 'tb'}")
+        if config.keep_last != "state":
+            keep_last(run_dir, config.keep_last)
+            say(f"last/ {'removed' if config.keep_last == 'none' else 'keeps its weights alone'} "
+                f"(--keep-last {config.keep_last})", timed=False)
         print(f"mean dev (during training): step 0 {summary['first']:.4f}, best {summary['best']:.4f} "
               f"at step {summary['best_step']}")
         print(summary_line(summary["metrics"], self.tasks, run_dir))
@@ -189,6 +262,7 @@ class Step:
         self.losses = {name: build_loss(task, config.pair_encoding) for name, task in model.tasks.items()}
         self.rank, self.world = dist_info()
         self.pad_id = model.encoder.tokenizer.pad_token_id
+        self.budget = {}  # models.peft.budget: parameters, trainable ones, the optimiser's state
 
     def __call__(self, step: int):
         chosen = self.task_sampler.tasks_at(step)
@@ -207,6 +281,9 @@ class Step:
         loss, scalars = self.methods.combine(parts, features, inputs, out)
         scalars |= {f"loss_{t}": parts[t].detach() for t in chosen}
         scalars |= {f"batches_{t}": float(n) for t, n in self.task_sampler.counts.items()}
+        scalars |= self.budget  # what training costs, in TensorBoard beside the losses (constant)
+        if torch.device(self.device).type == "cuda":
+            scalars["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
         return loss, scalars
 
     def log_conflicts(self, step: int, parts: dict) -> None:
@@ -214,6 +291,35 @@ class Step:
         shared = monitor.shared_parameters(self.model)
         if len(parts) > 1 and shared:
             self.run.scalars(step, monitor.gradient_cosines(parts, shared), prefix="conflict/")
+
+
+def evaluation_plan(name: str, config: MultitaskConfig, at: list[int], per_evaluation: int, at_end: int) -> str:
+    """The line a run starts with: what its evaluations will score, in sentences (``at``: the steps
+    it evaluates at), so that a short run, whose time goes mostly there, says so before it starts."""
+    sample = (f"a sample, --max-eval-examples {config.max_eval_examples} rows a task" if config.max_eval_examples
+              else "every dev row; --max-eval-examples N scores a sample")
+    when = ", ".join(map(str, at)) if len(at) <= 4 else f"{at[0]} to {at[-1]} every {config.eval_every}"
+    during = f"evaluates at steps {when} ({per_evaluation:,} sentences each: {sample}); " if at else ""
+    return (f"{name}: {config.steps} steps; {during}at the end the best checkpoint scores every dev and test row "
+            f"({at_end:,} sentences)")
+
+
+def keep_last(run_dir: Path, keep: str) -> None:
+    """--keep-last: what a finished run's last/ keeps (``state``: all of it; ``weights``: not the
+    training state, about three times the weights' size; ``none``: nothing)."""
+    last = run_dir / "last"
+    if keep == "none":
+        shutil.rmtree(last, ignore_errors=True)
+    elif keep == "weights":
+        (last / runs.STATE_FILE).unlink(missing_ok=True)
+
+
+def check_state_kept(run_dir: Path, config: MultitaskConfig) -> None:
+    """--resume of a finished run (metrics.json) whose last/ kept no training state (--keep-last):
+    UsageError, saying so, rather than the loop's 'never reached its first checkpoint'."""
+    if (run_dir / "metrics.json").is_file() and not (run_dir / "last" / runs.STATE_FILE).is_file():
+        raise UsageError(f"--resume: {run_dir} finished and kept no training state (--keep-last weights or none); "
+                         f"start a new run, from its best checkpoint with --encoder {run_dir / 'best'}")
 
 
 def upgrade_state(state: dict) -> dict:
@@ -231,10 +337,19 @@ def run(config: MultitaskConfig) -> dict:
     if config.predict_only:
         return predict_only(config)
     tasks = declared_tasks(config)  # a bad declaration is refused before anything is written
-    StepMethods.check(config, tasks, dist_info()[1])
+    check_run(config, tasks)
     with runs.hold(config.out_dir):  # one run per directory, from before anything is written
         check_files(tasks, why=fetch_data(tasks, config.data_dir))
         return run_distributed(command_train, config)
+
+
+def check_run(config: MultitaskConfig, tasks: list[Task]) -> None:
+    """What is refused before a run writes anything (UsageError, one line): a --resume whose
+    settings or tasks are not the run's, methods that cannot run on these tasks, settings that
+    would be recorded but not applied."""
+    check_resumable(config, tasks)
+    StepMethods.check(config, tasks, dist_info()[1])
+    check_task_settings(config, tasks)
 
 
 def command_train(config: MultitaskConfig, device) -> dict:
@@ -253,7 +368,8 @@ def predict_only(config: MultitaskConfig) -> dict:
                      splits=("dev", "test"), pair_encoding=model.pair_encoding)
     meta = {"checkpoint": str(checkpoint), "step": checkpoint_meta(checkpoint).get("step")}
     with runs.hold(out_dir):  # not into a run directory that a run is writing
-        metrics = write_predictions(model, data, out_dir, config.batch_size, config.precision, meta)
+        metrics = write_predictions(model, data, out_dir, config.batch_size, config.precision, meta,
+                                    label_names=config.prediction_labels == "name", show=config.progress)
     print(summary_line(metrics, tasks, out_dir))
     return metrics
 

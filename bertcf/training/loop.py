@@ -61,6 +61,20 @@ def set_rng_state(state: dict) -> None:
 
 
 # ---- the loop ------------------------------------------------------------------------------------
+def evaluation_steps(steps: int, eval_every: int) -> list[int]:
+    """The steps a run of ``steps`` evaluates at: 0, every ``eval_every``, and the last."""
+    return sorted({0, steps, *range(eval_every, steps + 1, eval_every)})
+
+
+def stopped_line(signal_name: str | None, step: int, run_dir) -> str:
+    """What a run stopped by a signal says: where its checkpoint is and how to go on."""
+    if signal_name == "SIGINT":
+        return (f"interrupted at step {step}: state saved in {run_dir / 'last'}; "
+                f"continue with --resume --out-dir {run_dir}")
+    return (f"stopped by {signal_name or 'a signal'} at step {step}; checkpoint in {run_dir / 'last'}; "
+            f"continue with --resume --out-dir {run_dir}")
+
+
 #: The signals that stop a run cleanly: the step is finished and last/ written (Ctrl-C; a batch
 #: scheduler's SIGTERM before it preempts the job). The command then exits with 128 + the signal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -73,18 +87,19 @@ class TrainingLoop:
     ``samplers``: name -> EpochSampler; ``metric``: the evaluate() key that picks best/
     (higher is better); ``upgrade_state``: applied to a resumed state before it is loaded, for
     names that changed since it was written; ``card``: writes best/'s model card, called as
-    ``card(directory, run config, metric, score, step)`` (default: a sentence encoder's)."""
+    ``card(directory, run config, metric, score, step)`` (default: a sentence encoder's);
+    ``finish``: the work after the last step, in evaluations (stage 3's full scoring), for the time left."""
 
     def __init__(self, config, run: Run, modules: dict, optimizer, scheduler, samplers: dict,
                  metric: str, save_model, evaluate, items_per_step: int, extra_state=None, upgrade_state=None,
-                 card=None):
+                 card=None, finish: float = 0.0):
         self.config, self.run = config, run
         self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
         self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
         self.items_per_step = items_per_step
         self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
         self.upgrade_state = upgrade_state
-        self.card = card or write_model_card
+        self.card, self.finish = card or write_model_card, finish
         self.rank, self.world = dist_info()
         self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
         self.stale = 0  # evaluations since the best one (--patience)
@@ -165,7 +180,9 @@ class TrainingLoop:
     # -- evaluation ----------------------------------------------------------------------------------
     def _evaluate_and_keep_best(self) -> None:
         if self.rank == 0:
+            started = time.perf_counter()
             metrics = self.evaluate(self.step)
+            seconds = time.perf_counter() - started
             self.run.metrics(self.step, metrics)
             score = metrics[self.metric]
             if self.first_score is None:
@@ -180,7 +197,7 @@ class TrainingLoop:
                 with self._checkpointing():
                     save_dir_atomic(self.run.dir / "best", write_best)
             if self.progress is not None:
-                self.progress.evaluated(self.step, self.metric, score, self.best, self.best_step)
+                self.progress.evaluated(self.step, self.metric, score, self.best, self.best_step, seconds)
         if self.world > 1:
             torch.distributed.barrier()
 
@@ -195,10 +212,11 @@ class TrainingLoop:
         config = self.config
         save_every = config.save_every or config.eval_every
         self.run.start(self.step)
-        self.progress = Progress(config.progress, self.run.dir.name, config.steps, self.step,
-                                 enabled=self.rank == 0)
+        self.progress = Progress(config.progress, self.run.dir.name, config.steps, self.step, enabled=self.rank == 0,
+                                 evaluations=evaluation_steps(config.steps, config.eval_every), finish=self.finish)
         if self.step == 0 and self.first_score is None:
-            self._evaluate_and_keep_best()
+            with self.progress.paused():
+                self._evaluate_and_keep_best()
         previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
         self._tick, self._tick_step, interrupted = time.perf_counter(), self.step, False
         self._bad = None  # (step, loss, limit) of the first non-finite or diverging loss, on the device
@@ -228,12 +246,14 @@ class TrainingLoop:
                     stop = self._log(loss_d, scalars) or stop
                 self.progress.step(self.step)
                 if self.step % config.eval_every == 0 or self.step == config.steps:
-                    self._evaluate_and_keep_best()
-                    self.save_last()
+                    with self.progress.paused():  # not a step: left out of the pace
+                        self._evaluate_and_keep_best()
+                        self.save_last()
                     if self._out_of_patience():
                         break
                 elif stop or self.step % save_every == 0:
-                    self.save_last()
+                    with self.progress.paused():
+                        self.save_last()
                 if stop:
                     interrupted = True
                     break
@@ -243,13 +263,7 @@ class TrainingLoop:
             for s, handler in previous_handlers.items():
                 signal.signal(s, handler)
         if interrupted and self.rank == 0:
-            last = self.run.dir / "last"
-            if self.stop_signal == "SIGINT":
-                print(f"interrupted at step {self.step}: state saved in {last}; "
-                      f"continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
-            else:
-                print(f"stopped by {self.stop_signal or 'a signal'} at step {self.step}; "
-                      f"checkpoint in {last}; continue with --resume --out-dir {self.run.dir}", file=sys.stderr)
+            print(stopped_line(self.stop_signal, self.step, self.run.dir), file=sys.stderr)
         self.run.close()
         scored = self.metric != LAST_STEP  # without a score the latest evaluation is best/: no score to report
         return {"step": self.step, "first": self.first_score if scored else None,

@@ -20,7 +20,9 @@ from ..data.tasks import TASK_FILES, TASKS, read_sts, task_file
 from ..errors import DataError, UsageError
 from ..evaluation.metrics import STSDevEvaluator
 from ..models.encoder import SentenceEncoder
+from ..models.peft import Adapters, PeftSettings
 from ..utils.distributed import dist_info, run_distributed
+from ..utils.files import save_dir_atomic
 from . import whiten
 from .loop import set_seed
 from .sampler import check_distinct
@@ -120,6 +122,8 @@ def load_encoder(config: PretrainConfig) -> tuple[SentenceEncoder, PretrainConfi
             print(f"note: the encoder's linear head ({encoder.dim} -> {encoder.dense.out_features}, e.g. a whitening "
                   f"map) is dropped: this stage changes the vectors it was fitted on", file=sys.stderr)
         encoder.dense = None
+    if config.peft:  # BERT's weights frozen, adapters in its Linear layers trained (models/peft.py)
+        encoder.adapters = Adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)))
     config = config.with_model(encoder.bert.config.max_position_embeddings)
     encoder.max_length = config.eval_max_length
     encoder.precision = config.precision  # evaluation (encode) in the run's precision
@@ -170,6 +174,8 @@ def train(config: PretrainConfig, device) -> dict:
     summary = trainer.fit(device)
     if rank == 0:
         run_dir = Path(trainer.config.out_dir)
+        if config.merge and not summary["interrupted"]:  # best/ read with its adapter merged, written plain
+            save_dir_atomic(run_dir / "merged", SentenceEncoder.from_pretrained(run_dir / "best").save_pretrained)
         print(final_line(summary, run_dir, SELECTION_LABEL[config.select_on]) if config.select_on != "last"
               else f"best checkpoint (the last evaluation, step {summary['best_step']}): {run_dir / 'best'}")
     return summary

@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 
 import pytest
 from helpers import write_cs224n_files
 
+from bertcf.errors import UsageError
 from bertcf.evaluation.bootstrap import paired_difference
 from bertcf.multitask import command
 from bertcf.multitask.compare import compare, dev_predictions, gold_labels, main, markdown, run_tasks
@@ -67,3 +69,75 @@ def test_the_command_writes_both_files_and_refuses_a_missing_baseline(runs_dir, 
     assert main([str(runs_dir), "--baseline", "none"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no finished runs named none-seedN" in err[0]
+
+
+@pytest.fixture(scope="module")
+def single_task_runs(tiny_bert_dir, tmp_path_factory):
+    """Joint runs of the three tasks and runs of SST alone and of QQP alone, two seeds each."""
+    root = tmp_path_factory.mktemp("mt-single")
+    data = write_cs224n_files(root / "data")
+    for label, tasks in (("joint", "sst,qqp,sts"), ("sst-alone", "sst"), ("qqp-alone", "qqp")):
+        for seed in (1, 2):
+            with contextlib.redirect_stdout(io.StringIO()):
+                command.run(["--encoder", str(tiny_bert_dir), "--data-dir", str(data), "--out-dir",
+                             str(root / "runs" / f"{label}-seed{seed}"), "--steps", "2", "--eval-every", "2",
+                             "--sst-batch-size", "4", "--qqp-batch-size", "6", "--sts-batch-size", "4",
+                             "--proj-dim", "16", "--max-length", "24", "--lr", "3e-3", "--seed", str(seed),
+                             "--tasks", tasks, "--device", "cpu", "--precision", "fp32"])
+    return root / "runs"
+
+
+def test_single_task_runs_are_compared_on_their_task_alone(single_task_runs):
+    result = compare(single_task_runs, "joint")
+    assert set(result["scores"]["sst-alone"]) == {"sst"} and "mean" not in result["scores"]["sst-alone"]
+    assert {(c["a"], c["task"]) for c in result["claims"]} == {("sst-alone", "sst"), ("qqp-alone", "qqp")}
+    claim = next(c for c in result["claims"] if c["a"] == "sst-alone")
+    by_hand = [json.loads((single_task_runs / f"{label}-seed{s}" / "metrics.json").read_text())["sst_acc"]
+               for label in ("sst-alone", "joint") for s in (1, 2)]
+    assert claim["mean_difference"] == pytest.approx((by_hand[0] + by_hand[1] - by_hand[2] - by_hand[3]) / 2, abs=1e-4)
+    row = next(line for line in markdown(result).splitlines() if line.startswith("| sst-alone |"))
+    assert row.count("—") == 3  # QQP, STS and the mean: not trained, not made up
+    # the other way round: a single-task baseline, the joint run compared on its one task
+    assert {c["task"] for c in compare(single_task_runs, "sst-alone", ["joint"])["claims"]} == {"sst"}
+
+
+def test_a_label_sharing_no_task_with_the_baseline_is_refused(single_task_runs, capsys):
+    assert main([str(single_task_runs), "--baseline", "qqp-alone", "--labels", "sst-alone"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sst-alone: its runs trained sst, none of the tasks of --baseline qqp-alone" in err[0]
+
+
+# ---- runs that cannot be compared as they are: one line, or a note (issue 65) ---------------------------
+def copy_runs(source, tmp_path, *leave_out):
+    runs = tmp_path / "runs"
+    shutil.copytree(source, runs, ignore=shutil.ignore_patterns(*leave_out))
+    return runs
+
+
+@pytest.mark.parametrize("cut, needle", [("mid-line", "line 4: not 'id , prediction'"),
+                                         ("whole lines", "has no prediction for id")])
+def test_a_truncated_prediction_file_is_one_line(cut, needle, runs_dir, tmp_path, capsys):
+    runs = copy_runs(runs_dir, tmp_path, "unfinished-seed1")
+    path = runs / "fast-seed2" / "predictions" / "sst-dev-output.csv"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:3]) + (lines[3][:5] if cut == "mid-line" else ""))
+    assert main([str(runs), "--baseline", "slow"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(path) in err[0] and needle in err[0], err
+
+
+def test_a_seed_without_metrics_is_left_out_with_a_note(runs_dir, tmp_path, capsys):
+    runs = copy_runs(runs_dir, tmp_path)
+    (runs / "fast-seed2" / "metrics.json").unlink()  # a seed still running, or stopped
+    result = compare(runs, "slow")
+    assert "note: left out, no metrics.json (unfinished or stopped): fast-seed2, unfinished-seed1" in \
+        capsys.readouterr().err
+    assert result["left_out"] == ["fast-seed2", "unfinished-seed1"]
+    assert result["scores"]["fast"]["sst"]["seeds"] == [1] and all(c["seeds"] == 1 for c in result["claims"])
+
+
+def test_seeds_of_one_label_that_trained_other_tasks_are_refused(single_task_runs, tmp_path):
+    runs = copy_runs(single_task_runs, tmp_path)
+    shutil.copytree(runs / "sst-alone-seed1", runs / "joint-seed3")
+    with pytest.raises(UsageError, match="joint: joint-seed3 trained sst, joint-seed1 qqp, sst, sts"):
+        compare(runs, "joint")

@@ -1,0 +1,216 @@
+"""Parameter-efficient fine-tuning of minBERT through Hugging Face's peft: the encoder's weights
+frozen, small adapters in its Linear layers trained instead.
+
+- ``lora``: LoRA (Hu et al. 2021), W x + (alpha / r) B A x, A [r, in] and B [out, r], B zero at the
+  start (the update starts at zero);
+- ``dora``: DoRA (Liu et al. 2024), the LoRA'd weight split into a learned magnitude per output and
+  a direction, m (W + (alpha / r) B A) / ||W + (alpha / r) B A||;
+- ``ia3``: IA3 (Liu et al. 2022, T-Few), learned vectors that rescale the keys, the values and the
+  feed-forward activations (the input of a feed-forward layer), ones at the start.
+
+peft wraps any ``nn.Linear`` by name, so no transformers model is needed: :class:`Adapters` injects
+the adapters into the minBERT in place (it stays a ``minbert.BertModel``, its Linear layers wrapped;
+minBERT calls its query, key and value one by one once they are wrapped, so that their adapters
+apply). A target names Linear layers as peft's ``target_modules`` do: a module whose name is the
+target or ends with ``.target`` (``query``; ``output.dense``, which is both the attention's output and
+the second feed-forward layer). The default is every Linear layer of each transformer layer (the
+pooler aside) for LoRA and DoRA, and peft's BERT default for IA3 (``key``, ``value``, ``output.dense``,
+the last a feed-forward layer).
+
+A checkpoint of an adapted encoder holds the base weights as minBERT writes them
+(``model.safetensors``, unchanged by training) and beside them the adapter as peft saves it
+(``adapter_config.json``, ``adapter_model.safetensors``: ``peft.PeftModel.from_pretrained`` loads
+it); :func:`load_merged` reads one back with the adapter merged into the weights (peft's
+``merge_and_unload``), a plain minBERT that the ONNX export, ``encode`` and sentence-transformers
+read as any other. peft is optional (``pip install -e ".[peft]"``): it is imported when used.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.nn as nn
+
+from minbert import CheckpointError
+
+from .. import cli
+from ..errors import UsageError
+from ..settings import Settings, option
+
+METHODS = ("lora", "dora", "ia3")
+#: Every Linear layer of a transformer layer: attention's query, key, value and output, both feed-forward layers.
+LAYER_LINEARS = ("query", "key", "value", "output.dense", "intermediate.dense")
+DEFAULT_TARGETS = {"lora": LAYER_LINEARS, "dora": LAYER_LINEARS, "ia3": ("key", "value", "output.dense")}
+IA3_FEEDFORWARD = ("output.dense",)
+#: peft's file names (peft.utils.CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME).
+ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+NAMES = cli.comma_list(str, lambda v: all(v), "comma-separated module names, e.g. query,value")
+
+
+@dataclass(frozen=True)
+class PeftSettings(Settings):
+    """The adapters of ``--peft``; each setting that does not apply to the method is refused."""
+
+    GROUP = "parameter-efficient fine-tuning (peft)"
+    peft: str | None = option(None, "train adapters in the frozen encoder instead of its weights: lora (Hu et al. "
+                                    "2021), dora (Liu et al. 2024), ia3 (Liu et al. 2022)", choices=METHODS)
+    peft_rank: int = option(8, "lora, dora: the rank r of the update B A", type=cli.AT_LEAST_1)
+    peft_alpha: float = option(16.0, "lora, dora: alpha; the update is scaled by alpha / r", type=cli.POSITIVE)
+    peft_dropout: float = option(0.0, "lora, dora: dropout on the adapter's input", type=cli.PROBABILITY)
+    peft_targets: tuple | None = option(None, "the Linear layers adapted, by name or name suffix as peft's "
+                                              "target_modules (default: lora, dora: " + ",".join(LAYER_LINEARS)
+                                              + "; ia3: key,value,output.dense)", type=NAMES, metavar="NAMES")
+    peft_feedforward: tuple | None = option(None, "ia3: the targets that are feed-forward layers, whose input is "
+                                                  "rescaled rather than their output (default output.dense)",
+                                            type=NAMES, metavar="NAMES")
+    merge: bool = option(False, "--peft: at the end, also write merged/: the best checkpoint with its adapter merged "
+                                "into the weights (peft's merge_and_unload), a plain checkpoint", switch=True)
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("peft_targets", "peft_feedforward"):  # a list from config.json or Python
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        fields = type(self).__dataclass_fields__
+        given = [n for n in ("peft_rank", "peft_alpha", "peft_dropout", "peft_targets", "peft_feedforward", "merge")
+                 if getattr(self, n) != fields[n].default]
+        if self.peft is None and given:
+            raise UsageError(f"--{given[0].replace('_', '-')} does not apply without --peft")
+        not_here = {"ia3": ("peft_rank", "peft_alpha", "peft_dropout")}.get(self.peft, ("peft_feedforward",))
+        wrong = next((n for n in given if n in not_here), None)
+        if wrong:
+            raise UsageError(f"--{wrong.replace('_', '-')} does not apply to --peft {self.peft}")
+        outside = set(self.feedforward_modules) - set(self.target_modules)
+        if self.peft == "ia3" and outside:
+            raise UsageError(f"--peft-feedforward {','.join(sorted(outside))}: not among the targets "
+                             f"({','.join(self.target_modules)})")
+
+    @property
+    def target_modules(self) -> tuple:
+        return self.peft_targets or DEFAULT_TARGETS.get(self.peft, ())
+
+    @property
+    def feedforward_modules(self) -> tuple:
+        return self.peft_feedforward or (IA3_FEEDFORWARD if self.peft == "ia3" else ())
+
+    def peft_config(self):
+        """peft's config of these settings."""
+        import peft
+
+        if self.peft == "ia3":
+            return peft.IA3Config(target_modules=list(self.target_modules),
+                                  feedforward_modules=list(self.feedforward_modules))
+        return peft.LoraConfig(r=self.peft_rank, lora_alpha=self.peft_alpha, lora_dropout=self.peft_dropout,
+                               target_modules=list(self.target_modules), use_dora=self.peft == "dora")
+
+    def peft_summary(self) -> str:
+        if self.peft == "ia3":
+            return f"ia3 on {','.join(self.target_modules)}"
+        return f"{self.peft} r {self.peft_rank}, alpha {self.peft_alpha:g} on {','.join(self.target_modules)}"
+
+
+def matching(model: nn.Module, target: str) -> list[str]:
+    """The names of ``model``'s modules that ``target`` names, as peft matches a target_modules entry."""
+    return [name for name, _ in model.named_modules() if name == target or name.endswith("." + target)]
+
+
+def check_targets(model: nn.Module, targets) -> None:
+    """UsageError, one line, for a target that names no module of ``model``, or one that is not a Linear layer."""
+    modules = dict(model.named_modules())
+    linears = sorted({re.sub(r"^encoder\.layer\.\d+\.", "", name) for name, m in modules.items()
+                      if type(m) is nn.Linear})
+    for target in targets:
+        names = matching(model, target)
+        if not names:
+            raise UsageError(f"--peft-targets {target}: matches no module of the encoder (its Linear layers: "
+                             f"{', '.join(linears)})")
+        other = next((n for n in names if type(modules[n]) is not nn.Linear), None)
+        if other:
+            raise UsageError(f"--peft-targets {target}: {other} is a {type(modules[other]).__name__}, not a Linear "
+                             f"layer")
+
+
+def _peft():
+    try:
+        import peft
+    except ImportError:
+        raise UsageError("--peft needs the peft library: pip install -e \".[peft]\"") from None
+    return peft
+
+
+class Adapters:
+    """peft's adapters of ``settings`` injected into ``bert`` (a minBERT) in place; its base weights
+    frozen. ``model``: the ``peft.PeftModel`` around it, which saves the adapter and merges it."""
+
+    def __init__(self, bert: nn.Module, settings: PeftSettings):
+        check_targets(bert, settings.target_modules)
+        self.settings = settings
+        self.model = _peft().get_peft_model(bert, settings.peft_config())
+
+    @property
+    def bert(self) -> nn.Module:
+        return self.model.get_base_model()
+
+    def modules(self) -> int:
+        """How many Linear layers carry an adapter."""
+        return len(self.model.base_model.targeted_module_names)
+
+    def save(self, directory, link_weights_from=None) -> None:
+        """The base as minBERT writes it (its own names: transformers and minBERT load it) and the
+        adapter beside it as peft saves it (peft's model card left out: the checkpoint has its own)."""
+        import peft
+
+        directory = Path(directory)
+        self.bert.save_pretrained(directory, link_weights_from, state_dict=peft.get_base_model_state_dict(self.model))
+        card = directory / "README.md"
+        had_card = card.exists()
+        self.model.save_pretrained(str(directory))
+        if not had_card:
+            card.unlink(missing_ok=True)
+
+
+def has_adapter(path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def remove_adapter(directory) -> None:
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+        (Path(directory) / name).unlink(missing_ok=True)
+
+
+def load_merged(path, bert: nn.Module) -> nn.Module:
+    """``bert`` (the base weights of checkpoint ``path``) with the adapter saved beside them merged
+    into its weights (peft's ``merge_and_unload``): a plain minBERT. ``bert`` itself where ``path``
+    holds no adapter."""
+    if not has_adapter(path):
+        return bert
+    try:
+        import peft
+    except ImportError:
+        raise CheckpointError(f"{path} holds a peft adapter ({ADAPTER_CONFIG}): pip install -e \".[peft]\" to "
+                              f"load it, or load a merged checkpoint (--merge)") from None
+    return peft.PeftModel.from_pretrained(bert, str(path)).merge_and_unload()
+
+
+def adamw_state_bytes(params) -> int:
+    """The size of AdamW's state for ``params``: two moments of each (its shape and dtype) and a
+    step count (a float32 scalar per parameter, as torch's fused and foreach AdamW keep it)."""
+    return sum(2 * p.numel() * p.element_size() + 4 for p in params)
+
+
+def budget(module: nn.Module, optimizer) -> dict:
+    """What training ``module`` costs: its parameters, those the optimiser trains, and the
+    optimiser's state in MB (AdamW's, :func:`adamw_state_bytes`)."""
+    trained = [p for group in optimizer.param_groups for p in group["params"]]
+    own = {id(p) for p in module.parameters()}
+    every = [*module.parameters(), *(p for p in trained if id(p) not in own)]  # e.g. learned loss weights
+    return {"params": sum(p.numel() for p in every), "trainable_params": sum(p.numel() for p in trained),
+            "optimizer_state_mb": adamw_state_bytes(trained) / 2 ** 20}
+
+
+def budget_line(sizes: dict, adapters: Adapters | None = None) -> str:
+    share = sizes["trainable_params"] / max(sizes["params"], 1)
+    how = f" ({adapters.settings.peft_summary()}: {adapters.modules()} Linear layers)" if adapters else ""
+    return (f"trains {sizes['trainable_params']:,} of {sizes['params']:,} parameters ({share:.2%}){how}; "
+            f"AdamW's state {sizes['optimizer_state_mb']:,.1f} MB")

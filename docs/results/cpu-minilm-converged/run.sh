@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Stage 3 on MiniLM at a budget where the dev metrics have stopped rising, against single-task runs
+# and independent fine-tunes (docs/RESULTS.md, "Stage 3 at convergence"). Usage, from the
+# repository root: run.sh SERIES OUT_DIR, SERIES one of
+#   converged  per seed: the report's `all` (three tasks, weights 5/20/1); each task alone for as
+#              many steps (--tasks sst|qqp|sts); each task alone with the head closest to its
+#              reference (SST: [CLS], dropout 0.1; QQP: the pair read together); the references
+#              (reference.py: transformers' Trainer on SST and QQP, sentence-transformers'
+#              CosineSimilarityLoss on STS)
+#   methods    per seed: round-robin at equal optimiser steps and at equal task batches, uncertainty
+#              weighting, UPGrad (baseline: the converged series' `all`; run both into one OUT_DIR)
+# Batches of 16 per task, max length 64, lr 1e-5, STEPS steps (default 1020: one epoch of QQP's
+# 16,258 training pairs), an evaluation every EVAL_EVERY steps (default 170) on 1,000 dev rows per
+# task drawn once for every run; the final metrics, every dev row of the best checkpoint.
+# MINILM_DIR: ../shared/tools/get-minilm.sh MINILM_DIR. A finished run (metrics.json) is skipped
+# and a stopped one continues from its last/ (--resume), so the series can stop and go on later;
+# each finished run's weights are removed (its predictions, metrics and events are what is kept).
+set -euo pipefail
+series=$1 out=$2
+MINILM_DIR=${MINILM_DIR:?set MINILM_DIR}
+DATA=${DATA:-../shared/data/cs224n-offline}
+SEEDS=${SEEDS:-"11711 1 2"}
+STEPS=${STEPS:-1020} EVAL_EVERY=${EVAL_EVERY:-170} EVAL_ROWS=${EVAL_ROWS:-1000}
+here=$(dirname "$0")
+common=(--model "$MINILM_DIR" --data-dir "$DATA" --sst-batch-size 16 --qqp-batch-size 16 --sts-batch-size 16
+        --max-length 64 --lr 1e-5 --max-eval-examples "$EVAL_ROWS" --device cpu --precision fp32 --progress lines
+        --sst-test "$out/none.csv" --sts-test "$out/none.csv")  # no test predictions: not needed here
+
+timed() {  # timed NAME COMMAND...: the command, its wall time and peak memory appended to times.txt
+  local name=$1; shift
+  /usr/bin/time -f "$name wall %e s, peak %M KB" -a -o "$out/times.txt" "$@" >> "$out/$name.log" 2>&1
+}
+
+run() {  # run NAME STEPS FLAGS...: one stage-3 run into $out/NAME
+  local name=$1 steps=$2; shift 2
+  [[ -f "$out/$name/metrics.json" ]] && return 0
+  local resume=()
+  [[ -d "$out/$name/last" ]] && resume=(--resume) || rm -rf "${out:?}/$name"
+  echo "$(date +%T) $name"
+  timed "$name" python run_multitask.py "${common[@]}" --out-dir "$out/$name" --steps "$steps" \
+    --eval-every "$EVAL_EVERY" "${resume[@]}" "$@"
+  rm -rf "${out:?}/$name/last" "${out:?}/$name/best"
+}
+
+reference() {  # reference TASK SEED: reference.py into $out/ref-TASK-seedSEED
+  local name=ref-$1-seed$2
+  [[ -f "$out/$name/metrics.json" ]] && return 0
+  rm -rf "${out:?}/$name"
+  echo "$(date +%T) $name"
+  timed "$name" python "$here/reference.py" --task "$1" --seed "$2" --model "$MINILM_DIR" --data-dir "$DATA" \
+    --out "$out/$name" --steps "$STEPS" --batch-size 16 --lr 1e-5 --max-length 64 --eval-every "$EVAL_EVERY" \
+    --max-eval-examples "$EVAL_ROWS"
+}
+
+mkdir -p "$out"
+case $series in
+  converged)
+    for seed in $SEEDS; do
+      run "all-seed$seed" "$STEPS" --seed "$seed"
+      for task in sst qqp sts; do
+        run "$task-alone-seed$seed" "$STEPS" --seed "$seed" --tasks "$task"
+        reference "$task" "$seed"
+      done
+      run "sst-cls-seed$seed" "$STEPS" --seed "$seed" --tasks sst --pooling cls --sst-dropout 0.1
+      run "qqp-cross-seed$seed" "$STEPS" --seed "$seed" --tasks qqp --pair-encoding cross
+    done ;;
+  methods)
+    for seed in $SEEDS; do
+      run "round-robin-steps-seed$seed" "$STEPS" --seed "$seed" --task-sampling round-robin
+      run "round-robin-batches-seed$seed" "$((3 * STEPS))" --seed "$seed" --task-sampling round-robin \
+        --eval-every "$((3 * EVAL_EVERY))"
+      run "uncertainty-seed$seed" "$STEPS" --seed "$seed" --task-weighting uncertainty
+      run "upgrad-seed$seed" "$STEPS" --seed "$seed" --aggregator upgrad
+    done ;;
+  *) echo "unknown series $series (converged, methods)" >&2; exit 2 ;;
+esac
