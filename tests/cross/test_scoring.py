@@ -38,7 +38,9 @@ def test_relevance_is_the_log_odds_and_margins_its_differences(tiny_bert_dir, nu
     model = cross_encoder(tiny_bert_dir, num_labels)
     logits = model.predict(PAIRS, raw_logits=True)
     expected = logits if num_labels == 1 else logits[:, 1] - logits[:, 0]
-    torch.testing.assert_close(model.relevance(PAIRS, batch_size=3), expected, rtol=0, atol=1e-6)
+    # other batches (3 here, predict's own there) pad otherwise and round otherwise: logits of about 1
+    # from classifier weights of scale 3 moved by 1.3e-6 on an AMD EPYC
+    torch.testing.assert_close(model.relevance(PAIRS, batch_size=3), expected, rtol=1e-5, atol=1e-6)
     # the pair sets' score is its sigmoid: the probability of label 1 (for two labels, their softmax's)
     probability = torch.sigmoid(logits) if num_labels == 1 else torch.softmax(logits, dim=1)[:, 1]
     torch.testing.assert_close(pair_scores(model, PAIRS), probability, rtol=0, atol=1e-6)
