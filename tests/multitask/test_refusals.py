@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import quiet_multitask as quiet
-from helpers import refused, write_cs224n_files
+from helpers import refused
 from test_aggregation import OFFERED, needs_solvers
-from test_tasks import argv, nli_entry, write_nli
+from test_tasks import argv, data_dir, nli_entry, write_nli  # noqa: F401 (data_dir: the same task files)
 
 from bertcf import SentenceEncoder
 from bertcf.errors import DataError, UsageError
@@ -29,14 +29,6 @@ from bertcf.multitask.tasks import declared_tasks, parse_task_flag
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:You are solving a parameterized problem that is not DPP")]
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    d = write_cs224n_files(tmp_path_factory.mktemp("mt-refusals"))
-    write_nli(d / "nli-train.tsv", 18)
-    write_nli(d / "nli-dev.tsv", 9, offset=3)
-    return d
 
 
 def files(directory: Path) -> dict:
