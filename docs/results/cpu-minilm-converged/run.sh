@@ -9,12 +9,15 @@
 #              CosineSimilarityLoss on STS)
 #   methods    per seed: round-robin at equal optimiser steps and at equal task batches, uncertainty
 #              weighting, UPGrad (baseline: the converged series' `all`; run both into one OUT_DIR)
+#   longer     per seed: `all` and each task alone (as in `converged`, skipped if it ran there), each
+#              continued to twice the steps in a copy NAME-x2-seedSEED: is the budget long enough?
 # Batches of 16 per task, max length 64, lr 1e-5, STEPS steps (default 1020: one epoch of QQP's
 # 16,258 training pairs), an evaluation every EVAL_EVERY steps (default 170) on 1,000 dev rows per
 # task drawn once for every run; the final metrics, every dev row of the best checkpoint.
 # MINILM_DIR: ../shared/tools/get-minilm.sh MINILM_DIR. A finished run (metrics.json) is skipped
-# and a stopped one continues from its last/ (--resume), so the series can stop and go on later;
-# each finished run's weights are removed (its predictions, metrics and events are what is kept).
+# and a stopped one continues from its last/ (--resume), so the series can stop and go on later.
+# A finished run keeps best/ and last/ (about 440 MB), so that `longer` can continue it; delete them
+# once the series is done.
 set -euo pipefail
 series=$1 out=$2
 MINILM_DIR=${MINILM_DIR:?set MINILM_DIR}
@@ -39,7 +42,18 @@ run() {  # run NAME STEPS FLAGS...: one stage-3 run into $out/NAME
   echo "$(date +%T) $name"
   timed "$name" python run_multitask.py "${common[@]}" --out-dir "$out/$name" --steps "$steps" \
     --eval-every "$EVAL_EVERY" "${resume[@]}" "$@"
-  rm -rf "${out:?}/$name/last" "${out:?}/$name/best"
+}
+
+longer() {  # longer NAME FLAGS...: the finished run $out/NAME (made with FLAGS) continued to twice its
+            # steps in a copy, $out/NAME with -x2 before -seed
+  local name=$1 copy=${1%-seed*}-x2-seed${1##*-seed} steps=$((2 * STEPS)); shift
+  # finished: an evaluation at the last step, and the final metrics written after it
+  if grep -q "\"step\": $steps," "$out/$copy/metrics.jsonl" 2>/dev/null \
+     && [[ "$out/$copy/metrics.json" -nt "$out/$copy/metrics.jsonl" ]]; then return 0; fi
+  if [[ ! -d "$out/$copy" ]]; then rm -rf "${out:?}/$copy.tmp"; cp -a "$out/$name" "$out/$copy.tmp"; mv "$out/$copy.tmp" "$out/$copy"; fi
+  echo "$(date +%T) $copy"
+  timed "$copy" python run_multitask.py "${common[@]}" --out-dir "$out/$copy" --steps "$steps" \
+    --eval-every "$EVAL_EVERY" --resume "$@"
 }
 
 reference() {  # reference TASK SEED: reference.py into $out/ref-TASK-seedSEED
@@ -72,5 +86,13 @@ case $series in
       run "uncertainty-seed$seed" "$STEPS" --seed "$seed" --task-weighting uncertainty
       run "upgrad-seed$seed" "$STEPS" --seed "$seed" --aggregator upgrad
     done ;;
-  *) echo "unknown series $series (converged, methods)" >&2; exit 2 ;;
+  longer)
+    for seed in $SEEDS; do
+      run "all-seed$seed" "$STEPS" --seed "$seed"; longer "all-seed$seed" --seed "$seed"
+      for task in sst qqp sts; do
+        run "$task-alone-seed$seed" "$STEPS" --seed "$seed" --tasks "$task"
+        longer "$task-alone-seed$seed" --seed "$seed" --tasks "$task"
+      done
+    done ;;
+  *) echo "unknown series $series (converged, methods, longer)" >&2; exit 2 ;;
 esac
