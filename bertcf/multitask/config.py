@@ -36,6 +36,8 @@ class HeadsConfig(Settings):
                                   switch=True)
     freeze_flow: bool = option(False, "with a flow or a linear head (whitening): keep them fixed, train the encoder",
                                switch=True)
+    drop_flow: bool = option(False, "heads on f(x): leave the checkpoint's flow and linear head (whitening) out, "
+                                    "fine-tune the encoder alone", switch=True)
     proj_dim: int = option(768, "output width of the cosine heads (QQP, STS)", type=cli.AT_LEAST_1)
     sst_dropout: float = option(REPORT["sst_dropout"], "dropout before the SST head", type=cli.PROBABILITY)
     qqp_dropout: float = option(REPORT["qqp_dropout"], "dropout before the QQP head", type=cli.PROBABILITY)
@@ -170,6 +172,8 @@ class MultitaskConfig(PredictionConfig, TaskFilesConfig, PeftSettings, MethodsCo
         if self.peft and self.freeze_encoder:
             raise UsageError(f"--peft {self.peft} trains adapters in the encoder, --freeze-encoder trains none of it: "
                              f"give one of them")
+        if self.drop_flow and self.freeze_flow:
+            raise UsageError("--drop-flow leaves the flow out, --freeze-flow keeps it fixed: give one of them")
 
     def file_of(self, task: str, split: str) -> str | None:
         """The --{task}-{split} flag's file (None: the standard name in --data-dir)."""

@@ -132,6 +132,8 @@ class MultitaskTrainer:
     def build_model(self, device) -> MultitaskModel:
         """The encoder and a head per task, frozen as asked, on ``device``."""
         config, encoder = self.config, self.encoder
+        if config.drop_flow:  # before the heads are built: they take the width of f(x)
+            encoder.flow = encoder.dense = None
         model = MultitaskModel(encoder, self.tasks, config.proj_dim, config.pair_encoding)
         if config.peft:  # BERT's weights frozen, adapters in its Linear layers trained (after the heads' draws)
             encoder.adapters = Adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)))

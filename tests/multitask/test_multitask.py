@@ -453,11 +453,17 @@ def test_flow_checkpoint_gives_F_x_and_the_flow_is_fine_tuned(tiny_bert_dir, dat
     after = load_file(str(frozen / "last" / "flow.safetensors"))
     assert all(torch.equal(flow_before[k], after[k]) for k in flow_before)
     assert (frozen / "predictions" / "sts-dev-output.csv").is_file()
+    dropped = tmp_path / "ft-dropped-flow"  # heads on f(x): the flow left out of the run
+    run_quiet(argv(tiny_bert_dir, data_dir, dropped, steps=2, encoder=run_dir, lr=1e-3, drop_flow=True))
+    assert not (dropped / "last" / "flow.safetensors").exists()
+    assert mtm.MultitaskModel.from_pretrained(dropped / "last").encoder.flow is None
+    assert (dropped / "predictions" / "sts-dev-output.csv").is_file()
 
 
 # ---- bad input ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("case", ["missing_file", "missing_data_dir", "bad_flag", "unknown_flag", "bad_margin",
-                                  "predict_only_no_checkpoint", "predict_only_bad_checkpoint", "bad_encoder"])
+                                  "predict_only_no_checkpoint", "predict_only_bad_checkpoint", "bad_encoder",
+                                  "drop_and_freeze_flow"])
 def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     args = {
@@ -469,6 +475,7 @@ def test_bad_input_is_one_line_and_status_2(case, tiny_bert_dir, data_dir, tmp_p
         "predict_only_no_checkpoint": ["--predict-only"],
         "predict_only_bad_checkpoint": ["--predict-only", "--checkpoint", str(tmp_path)],
         "bad_encoder": argv(tmp_path / "no-such-bert", data_dir, out),
+        "drop_and_freeze_flow": argv(tiny_bert_dir, data_dir, out, drop_flow=True, freeze_flow=True),
     }[case]
     if case in ("unknown_flag", "bad_flag", "bad_margin"):  # argparse's error(): exit status 2 at parsing
         with pytest.raises(SystemExit) as e:
