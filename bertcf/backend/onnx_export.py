@@ -7,7 +7,9 @@ The export directory (default ``CHECKPOINT/onnx``) holds:
                          and the linear head (Dense) when the checkpoint has them, and Normalize when
                          it normalises (then also unnormalized_embedding, the vector before Normalize)
     encoder_qint8.onnx   the same with int8 weights and int8 arithmetic (``--quantize int8``: ONNX
-                         Runtime's MatMulNBits, 8 bits in blocks of 32; ``quantize``)
+                         Runtime's dynamic quantisation of every weight matrix but the attention's
+                         Q, K and V projections, one activation range a batch, so that a sentence's
+                         vector varies a little with its batch; ``INT8``, ``quantize``)
     model.onnx           only in CHECKPOINT/onnx: the Transformer part alone, input_ids,
                          attention_mask, token_type_ids -> last_hidden_state [batch, sequence, D],
                          the file sentence-transformers' ``backend="onnx"`` loads from a checkpoint's
@@ -52,12 +54,16 @@ CONFIG_FILE = "onnx_encoder.json"  # onnx_runtime.py reads it (its own copy of t
 GRAPH_FILE = "encoder.onnx"
 ST_GRAPH_FILE = "model.onnx"  # sentence-transformers' name in a checkpoint's onnx/ folder
 QUANTIZED_SUFFIX = {"int8": "_qint8"}
-#: The int8 graphs' quantisation (``quantize``): every weight matrix in int8, in blocks of 32 rows
-#: with a scale each, and each row of the activations quantised in blocks as the product runs. On
-#: all-MiniLM-L6-v2 this kept STS-B test at fp32's score (+0.03, the same under every batching)
-#: where per-tensor dynamic int8 lost 0.21 on average over four batchings (docs/serving.md, issue 69;
-#: docs/bench/onnx_int8_batching.py has every setting tried). ``bench --onnx`` times the others beside it.
-INT8 = {"method": "blockwise", "block_size": 32}
+#: The int8 graphs' quantisation (``quantize``): ONNX Runtime's dynamic quantisation (int8 weights, one
+#: scale a matrix; each product's activations quantised to uint8 as it runs, with one range for the
+#: whole batch) of every weight matrix but each layer's Q, K and V projections, which stay in float.
+#: The fastest int8 graph measured within 0.2 STS-B points of fp32 (docs/BENCHMARKS.md, issue 69: on
+#: all-MiniLM-L6-v2 2.55x torch, -0.15 on the mean of four batchings; with Q, K and V in int8 too
+#: -0.21). Since the range is the batch's, a sentence's int8 vector depends on the batch it is
+#: encoded in. ``method="blockwise"`` (MatMulNBits, each token's activations quantised alone) is
+#: independent of the batch and kept fp32's score (+0.03), but ran at 1.50x; ``bench --onnx`` times
+#: it and the other settings beside this one.
+INT8 = {"method": "dynamic", "float_attention_projections": True}
 RUNTIME_FILE = "bertcf_onnx.py"  # the copy of onnx_runtime.py
 QUANTIZATION_FILE = "bertcf_quantization.py"  # the copy of search/quantization.py, which bertcf_onnx.py imports
 DEFAULT_OPSET = 18
@@ -132,29 +138,34 @@ def export_graph(module: nn.Module, inputs: dict, outputs: list[str], path: Path
     onnx.checker.check_model(str(path), full_check=True)
 
 
-def quantize(source: Path, target: Path, method: str, block_size: int = 32, **options) -> None:
-    """The int8 graph of ``source`` at ``target``, every MatMul with a weight quantised (the flow's
-    and the linear head's too; the attention's products and the fused operators stay in float).
-    ``blockwise`` (the export's, ``INT8``): ONNX Runtime's ``MatMulNBits`` with 8-bit symmetric
-    weights in blocks of ``block_size`` rows, and int8 arithmetic (``accuracy_level=4``: each row of
-    the activations quantised per block, so a sentence's vector does not depend on its batch).
-    ``dynamic``: ``quantize_dynamic`` (int8 weights, one uint8 range for a whole batch's activations;
-    ``options``: its keywords, e.g. per_channel, reduce_range, nodes_to_exclude)."""
+def quantize(source: Path, target: Path, method: str, block_size: int = 32,
+             float_attention_projections: bool = False, **options) -> None:
+    """The int8 graph of ``source`` at ``target``: every MatMul with a weight quantised (the flow's
+    and the linear head's too; the attention's products and the fused operators stay in float) but,
+    with ``float_attention_projections``, each layer's Q, K and V (``attention_projections``).
+    ``dynamic`` (the export's, ``INT8``): ``quantize_dynamic``, int8 weights and one uint8 range for
+    a whole batch's activations, so a sentence's vector depends on its batch (``options``: its
+    keywords, e.g. per_channel, reduce_range). ``blockwise``: ONNX Runtime's ``MatMulNBits`` with
+    8-bit symmetric weights in blocks of ``block_size`` rows, and int8 arithmetic
+    (``accuracy_level=4``: each row of the activations quantised per block, so a sentence's vector
+    does not depend on its batch)."""
     import onnx
+    from onnxruntime.quantization.onnx_model import ONNXModel
 
     model = _clean_value_info(onnx.load(str(source)))
+    # F.linear on a matrix (the layers' output and feed-forward projections on [tokens, D], the
+    # flow's, the head's) exports as Gemm, which both quantisers take only as a MatMul (and an Add);
+    # quantize_dynamic would make the change itself, under new node names: made here, the names left
+    # out below are those the quantiser sees
+    ONNXModel(model).replace_gemm_with_matmul()
+    excluded = attention_projections(model) if float_attention_projections else []
     logging.disable(logging.WARNING)  # the quantisers' progress notes and advice to pre-process
     try:
         if method == "blockwise":
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-            from onnxruntime.quantization.onnx_model import ONNXModel
 
-            # F.linear on a matrix (the layers' output and feed-forward projections on [tokens, D], the
-            # flow's, the head's) exports as Gemm, which MatMulNBits takes only as a MatMul (and an Add);
-            # quantize_dynamic makes the same change itself
-            ONNXModel(model).replace_gemm_with_matmul()
             quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=block_size, is_symmetric=True,
-                                             accuracy_level=4, **options)
+                                             accuracy_level=4, nodes_to_exclude=excluded, **options)
             quantizer.process()
             quantizer.model.save_model_to_file(str(target))
         elif method == "dynamic":
@@ -162,7 +173,8 @@ def quantize(source: Path, target: Path, method: str, block_size: int = 32, **op
 
             # the contrib operators' outputs have no type for shape inference: they are float
             quantize_dynamic(model, str(target), weight_type=QuantType.QInt8, op_types_to_quantize=["MatMul"],
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT}, **options)
+                             nodes_to_exclude=excluded, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+                             **options)
         else:
             raise ValueError(f"quantisation method {method!r}: blockwise or dynamic")
     finally:
@@ -179,6 +191,20 @@ def _clean_value_info(model):
     del model.graph.value_info[:]
     model.graph.value_info.extend(kept)
     return model
+
+
+def attention_projections(model) -> list[str]:
+    """The names of the weight MatMuls of the graph (an ``onnx.ModelProto`` whose Gemms are MatMuls)
+    that share their input with two or more others: each layer's Q, K and V projections, which all
+    read the layer's hidden states, in every graph the export writes (minBERT's, fused or plain,
+    model.onnx, transformers' BertModel). Every other weight matrix (the attention's output and the
+    feed-forward projections, the flow's, the linear head's) reads a tensor of its own."""
+    weights = {i.name for i in model.graph.initializer}
+    readers = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.input[1] in weights:
+            readers.setdefault(node.input[0], []).append(node.name)
+    return [name for names in readers.values() if len(names) >= 3 for name in names]
 
 
 def activation_matmuls(model) -> list[str]:

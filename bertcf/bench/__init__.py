@@ -27,9 +27,10 @@ Workloads (the report's settings):
 sentences (length-sorted batches of 64) by the exported checkpoint under torch fp32, by
 transformers' BertModel of the same weights, and under ONNX Runtime (``OnnxEncoder``) by each graph
 of ``bench.onnx_variants``: minBERT's export (fused and plain, 2-D and 3-D LayerNorm inputs, int8
-blockwise and dynamic: per tensor, per channel, reduce_range, Q/K/V left in fp32, static), transformers'
-export with and without ONNX Runtime's optimizer, fp32 and int8, and each ``--onnx-graph`` file; one
-round of each in turn. It reports sentences/s, the ratio to torch fp32, each engine's STS-B test
+the export's dynamic with Q/K/V left in float, blockwise in blocks of 32 and 128, dynamic of every
+projection per tensor, per channel and with reduce_range, static), transformers' export with and
+without ONNX Runtime's optimizer, fp32 and int8, and each ``--onnx-graph`` file; one round of each
+in turn. It reports sentences/s, the ratio to torch fp32, each engine's STS-B test
 Spearman, its max abs difference from torch and the operators ONNX Runtime runs for its graph, and
 breaks the time of the main graphs down by operator (ONNX Runtime's profiler).
 ``--search VECTORS.npy|random`` times the search indexes (``bertcf.search.index``: exact float32,

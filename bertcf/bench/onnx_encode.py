@@ -38,8 +38,8 @@ def stsb_train_sentences(senteval_dir, n: int) -> list[str]:
 
 #: The graphs whose time --onnx breaks down by operator (ONNX Runtime's profiler, one extra encode each),
 #: besides every --onnx-graph.
-PROFILED = ("minBERT fp32", "minBERT int8", "minBERT int8 SkipLayerNorm", "minBERT int8 dynamic",
-            "transformers export + ORT optimizer fp32", "transformers export + ORT optimizer int8")
+PROFILED = ("minBERT fp32", "minBERT int8", "minBERT int8 SkipLayerNorm", "minBERT int8 blockwise",
+            "minBERT int8 dynamic", "transformers export + ORT optimizer fp32", "transformers export + ORT optimizer int8")
 
 
 def operator_profile(scratch: Path, graph: Path, threads: int | None, sentences: list[str]) -> dict:

@@ -10,9 +10,10 @@ Runtime on these graphs, each written into a scratch copy of the export:
     ... SkipLayerNorm     the same on [batch, sequence, D], which ONNX Runtime fuses into
                           SkipLayerNormalization (the graph's alternative, kept to measure it)
     minBERT plain         standard operators only (``--attention plain``)
-    minBERT int8          the export's int8 graph (``INT8``: MatMulNBits, 8 bits in blocks of 32),
-                          then other blocks and ONNX Runtime's dynamic quantisation (per tensor, per
-                          channel, reduce_range, the Q/K/V projections left in float)
+    minBERT int8          the export's int8 graph (``INT8``: ONNX Runtime's dynamic quantisation,
+                          the Q/K/V projections left in float), then MatMulNBits in blocks of 32
+                          (the export's until issue 69) and 128, and dynamic quantisation of every
+                          projection (per tensor, per channel, reduce_range)
     ... int8 static       static quantisation (QDQ: each MatMul's activations in a uint8 range fixed
                           once on calibration sentences, STS-B train's, not the test set timed)
     transformers export   the TorchScript export of transformers' BertModel with the same pooling
@@ -31,19 +32,19 @@ from ..backend.onnx_export import INT8
 from ..backend.transformers_graph import expressible
 
 DYNAMIC = {"method": "dynamic"}
-#: name -> (write_graph's keywords, quantize's keywords or None for the float graph; "Q/K/V": the
-#: projections that feed MultiHeadAttention, left out of the quantisation)
+BLOCKWISE = {"method": "blockwise", "block_size": 32}
+#: name -> (write_graph's keywords, quantize's keywords or None for the float graph)
 MINBERT_VARIANTS = {
     "minBERT fp32": ({}, None),  # the export's fp32 graph
     "minBERT fp32 SkipLayerNorm": ({"flat": False}, None),
     "minBERT plain fp32": ({"attention": "plain"}, None),
     "minBERT int8": ({}, INT8),  # the export's int8 graph
     "minBERT int8 SkipLayerNorm": ({"flat": False}, INT8),
-    "minBERT int8 blocks of 128": ({}, INT8 | {"block_size": 128}),
+    "minBERT int8 blockwise": ({}, BLOCKWISE),  # the export's until issue 69: independent of the batch
+    "minBERT int8 blocks of 128": ({}, BLOCKWISE | {"block_size": 128}),
     "minBERT int8 dynamic": ({}, DYNAMIC),
     "minBERT int8 dynamic per-channel": ({}, DYNAMIC | {"per_channel": True}),
     "minBERT int8 dynamic reduce_range": ({}, DYNAMIC | {"reduce_range": True}),
-    "minBERT int8 dynamic, Q/K/V left in float": ({}, DYNAMIC | {"nodes_to_exclude": "Q/K/V"}),
 }
 #: name -> (write_graph's keywords, quantize_static_graph's keywords)
 STATIC_VARIANTS = {
@@ -53,7 +54,7 @@ CALIBRATION_SENTENCES = 320  # STS-B train's first, in batches of 32
 #: The operator types the table counts in each graph as ONNX Runtime runs it (``runtime_operators``).
 OPERATORS = ("MultiHeadAttention", "Attention", "QAttention", "Gelu", "BiasGelu", "FastGelu", "LayerNormalization",
              "SkipLayerNormalization", "EmbedLayerNormalization", "MatMulNBits", "DynamicQuantizeMatMul",
-             "MatMulIntegerToFloat", "QLinearMatMul", "MatMul", "FusedMatMul", "Gemm")
+             "MatMulIntegerToFloat", "MatMulInteger", "QLinearMatMul", "MatMul", "FusedMatMul", "Gemm")
 
 
 def calibration_batches(encoder, sentences: list[str], batch_size: int = 32) -> list[dict]:
@@ -66,17 +67,6 @@ def calibration_batches(encoder, sentences: list[str], batch_size: int = 32) -> 
         input_ids, mask = pad_batch(ids[start:start + batch_size], encoder.tokenizer.pad_token_id)
         batches.append({"input_ids": input_ids.numpy(), "attention_mask": mask.numpy()})
     return batches
-
-
-def attention_projections(path: Path) -> list[str]:
-    """The MatMuls of minBERT's fused graph whose output reaches a MultiHeadAttention through a
-    Reshape: each layer's Q, K and V projections."""
-    import onnx
-
-    nodes = onnx.load(str(path)).graph.node
-    readers = {name: n.op_type for n in nodes for name in n.input}
-    reshaped = {n.input[0] for n in nodes if n.op_type == "Reshape" and readers.get(n.output[0]) == "MultiHeadAttention"}
-    return [n.name for n in nodes if n.op_type == "MatMul" and n.output[0] in reshaped]
 
 
 def optimize_transformers(source: Path, target: Path, config) -> None:
@@ -115,8 +105,6 @@ def build(export_dir: Path, encoder, scratch: Path, calibration: list[str], extr
         if quantized is None:
             graphs[name] = fp32(options)
             continue
-        if quantized.get("nodes_to_exclude") == "Q/K/V":
-            quantized = quantized | {"nodes_to_exclude": attention_projections(fp32(options))}
         graphs[name] = _file(scratch, name)
         quantize(fp32(options), graphs[name], **quantized)
     batches = calibration_batches(encoder, calibration)

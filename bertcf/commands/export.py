@@ -29,8 +29,8 @@ def build_parser() -> ArgumentParser:
                       help="the export directory (default: MODEL_DIR/onnx, which also gets model.onnx, the "
                            "Transformer part that sentence-transformers' backend='onnx' loads)")
     onnx.add_argument("--quantize", choices=tuple(QUANTIZED_SUFFIX), default=None,
-                      help="also write the graphs with int8 weights and int8 arithmetic (ONNX Runtime's MatMulNBits, "
-                           "8 bits in blocks of 32)")
+                      help="also write the graphs with int8 weights and int8 arithmetic (ONNX Runtime's dynamic "
+                           "quantisation; each layer's Q, K and V projections stay in float)")
     onnx.add_argument("--opset", type=OPSET, default=DEFAULT_OPSET, help="the ONNX opset of the graphs")
     onnx.add_argument("--graph", choices=GRAPHS, default="auto",
                       help="what the graphs are written from: minbert (minBERT's own padded forward, written for "

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Issue 69, measured alone: minBERT's ONNX graph as ONNX Runtime fuses it (MultiHeadAttention, Gelu,
-# LayerNormalization on [tokens, D]; int8 as MatMulNBits) against issue 60's default graphs and
-# transformers' export with ONNX Runtime's optimizer: the bench's --onnx table (every variant, the
-# operators ONNX Runtime runs for each), its per-operator profile, and the four-batching STS-B check.
+# LayerNormalization on [tokens, D]; int8 dynamic, the Q/K/V projections in float) against issue 60's
+# default graphs and transformers' export with ONNX Runtime's optimizer: the bench's --onnx table
+# (every variant, the operators ONNX Runtime runs for each), its per-operator profile, and the
+# four-batching STS-B check.
 #
 #   docs/bench/onnx_fusion.sh MINILM_DIR SENTEVAL_DIR [SCRATCH_DIR]
 #

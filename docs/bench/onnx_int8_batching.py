@@ -5,14 +5,15 @@ batching; the goal is the int8 graph within 0.2 points of fp32 on the mean of th
 
     python docs/bench/onnx_int8_batching.py MINILM_DIR SENTEVAL_DIR SCRATCH_DIR [NAME=GRAPH.onnx ...]
 
-Scores the export `bertcf-export onnx MINILM_DIR --quantize int8` writes (fp32 and int8), transformers'
-export with ONNX Runtime's optimizer and per-tensor dynamic int8 (issue 60's fastest graph), and each
+Scores the export `bertcf-export onnx MINILM_DIR --quantize int8` writes (fp32 and int8), its fp32 graph
+in blockwise int8 (MatMulNBits, the export's int8 before issue 69's switch), transformers' export
+with ONNX Runtime's optimizer and per-tensor dynamic int8 (issue 60's fastest graph), and each
 NAME=GRAPH.onnx given (an earlier export's int8 graph, say; run with the new export's tokenizer): the
 four scores, their mean, the mean's difference from fp32, and how far each graph's vectors are from
 the fp32 graph's (mean 1 - cos over STS-B test's sentences, batches of 64: less noisy than Spearman).
 
 Accuracy only (the times are the bench's); issue 69, 1 thread beside other work, onnxruntime 1.32.0,
-the new graph's int8 variants (python -m bertcf.bench --onnx's names):
+the new graph's int8 variants (the export's int8 was the first then; it is "Q/K/V in fp32" since):
     fp32                                  82.032 82.032 82.032 82.032  mean 82.032
     int8 (MatMulNBits 8 bits, blocks 32)  82.057 82.057 82.057 82.057  mean 82.057 (+0.025)  1-cos 4.1e-04
     int8 blocks of 128                    82.005 x4                    mean 82.005 (-0.027)  1-cos 1.2e-03
@@ -38,7 +39,7 @@ import torch
 from bertcf import SentenceEncoder
 from bertcf.backend.onnx_export import export_onnx, quantize
 from bertcf.backend.onnx_runtime import OnnxEncoder
-from bertcf.bench.onnx_variants import DYNAMIC, optimize_transformers
+from bertcf.bench.onnx_variants import BLOCKWISE, DYNAMIC, optimize_transformers
 from bertcf.data.senteval import read_stsb
 from bertcf.evaluation.metrics import spearman
 
@@ -69,7 +70,9 @@ export_onnx(model, scratch / "transformers", None, graph="transformers")
 optimize_transformers(scratch / "transformers" / "encoder.onnx", new / "transformers-optimized.onnx",
                       SentenceEncoder.from_pretrained(model).bert.config)
 quantize(new / "transformers-optimized.onnx", new / "transformers-optimized-int8.onnx", **DYNAMIC)
+quantize(new / "encoder.onnx", new / "encoder-blockwise.onnx", **BLOCKWISE)
 graphs = {"fp32 (the export's)": "encoder.onnx", "int8 (the export's)": "encoder_qint8.onnx",
+          "int8 blockwise": "encoder-blockwise.onnx",
           "transformers + ORT optimizer int8 dynamic": "transformers-optimized-int8.onnx"}
 for name, path in extra.items():
     graphs[name] = f"extra-{len(graphs)}.onnx"
