@@ -67,11 +67,10 @@ class TaskData:
 
     @cached_property
     def label_tensor(self) -> torch.Tensor:
-        """The labels as a tensor: class indices (long) for classification, except the cosine
-        hinge's 0.0/1.0 (float32, as its loss takes them); float32 scores for regression."""
-        task = self.task
-        floats = task.regression or task.loss == "cosine-hinge"
-        return torch.tensor(self.labels, dtype=torch.float32 if floats else torch.long)
+        """The labels as a tensor: class indices (long), or float32 scores (a task whose labels are
+        scores, ``Task.regression``). A head takes them as its loss needs (the cosine hinge and a
+        joint logit as 0.0/1.0)."""
+        return torch.tensor(self.labels, dtype=torch.float32 if self.task.regression else torch.long)
 
 
 # ---- reading ---------------------------------------------------------------------------------------
@@ -248,7 +247,7 @@ def load_task(task: Task, split: str, tokenizer, max_length: int, limit: int | N
     if split != "train":
         check_unique_ids(task, path, ids)
     columns = list(zip(*texts)) if texts else [[] for _ in task.text_columns]
-    if joint and task.pair:
+    if joint:
         token_ids, types = tokenize_pairs(tokenizer, columns[0], columns[1], max_length)
         return TaskData(task, path, ids, (token_ids,), labels, types)
     tokens = tuple(tokenize_column(tokenizer, col, max_length) for col in columns)
@@ -297,11 +296,12 @@ def fetch_data(tasks: list[Task], data_dir) -> str | None:
     return fetch_missing(data_dir, [path.name for path in missing])
 
 
-def load_data(tasks: list[Task], tokenizer, max_length: int, splits=SPLITS, pair_encoding: str = "bi",
+def load_data(tasks: list[Task], tokenizer, max_length: int, splits=SPLITS, joint=(),
               max_train_examples: int | None = None) -> dict:
     """(task name, split) -> TaskData, or None for an absent or undeclared test file (skipped with
-    a warning). Train and dev files must exist (DataError otherwise), checked before anything is
-    read."""
+    a warning); ``joint``: the names of the tasks whose pairs are tokenised together (their heads
+    read a pair jointly: ``TaskHead.joint``). Train and dev files must exist (DataError otherwise),
+    checked before anything is read."""
     check_files(tasks, splits)
     data = {}
     for task in tasks:
@@ -315,5 +315,5 @@ def load_data(tasks: list[Task], tokenizer, max_length: int, splits=SPLITS, pair
                 data[task.name, split] = None
                 continue
             limit = max_train_examples if split == "train" else None
-            data[task.name, split] = load_task(task, split, tokenizer, max_length, limit, pair_encoding == "cross")
+            data[task.name, split] = load_task(task, split, tokenizer, max_length, limit, task.name in joint)
     return data

@@ -1,12 +1,12 @@
-"""Stage 3's losses, one per (task kind, loss, pair encoding) (``build_loss``), each on its head's
-output and the task's labels:
+"""Stage 3's losses, each on a head's output and the task's labels (which head takes which:
+``bertcf.multitask.heads``):
 
-- classification, and a pair task's ``softmax`` loss or several classes read jointly:
-  :class:`ClassificationLoss` (cross-entropy on logits);
-- pair-classification, ``cosine-hinge`` (the report's QQP): :class:`HingeCosineLoss`;
-- pair-regression, ``cosine-mse`` (the report's STS): :class:`CosineRegressionLoss`;
-- with ``--pair-encoding cross``: two classes, :class:`PairLogitLoss` (binary cross-entropy of one
-  logit); a score, :class:`PairScoreLoss` (squared error).
+- :class:`ClassificationLoss`: cross-entropy on logits (a sentence's classes, SBERT's softmax
+  pair classifier, several classes of a pair read jointly);
+- :class:`HingeCosineLoss`: the report's QQP, a hinge on the clamped cosine;
+- :class:`CosineRegressionLoss`: the report's STS, the clamped cosine regressed on the score;
+- :class:`PairLogitLoss`, :class:`PairScoreLoss`: a pair read jointly, binary cross-entropy of one
+  logit, or the squared error of one score.
 """
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tasks import Task
 
 
 def clamped_cosine(a: torch.Tensor, b: torch.Tensor, margin: float) -> torch.Tensor:
@@ -109,22 +108,3 @@ class PairScoreLoss(nn.Module):
 
     def forward(self, scores: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(scores.float(), (gold.float() - self.low) / (self.high - self.low))
-
-
-def joint_outputs(task: Task) -> int:
-    """The width of a jointly encoded pair task's head: one logit for two classes (binary
-    cross-entropy), one score for regression, else a logit per class."""
-    return 1 if task.regression or task.num_classes == 2 else task.num_classes
-
-
-def build_loss(task: Task, pair_encoding: str = "bi") -> nn.Module:
-    """The loss module of ``task`` (module docstring)."""
-    if task.pair and pair_encoding == "cross":
-        if task.regression:
-            return PairScoreLoss(task.label_range)
-        return PairLogitLoss() if joint_outputs(task) == 1 else ClassificationLoss()
-    if task.loss == "cosine-hinge":
-        return HingeCosineLoss(task.margin)
-    if task.loss == "cosine-mse":
-        return CosineRegressionLoss(task.margin, task.label_range)
-    return ClassificationLoss()
