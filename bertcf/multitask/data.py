@@ -168,6 +168,7 @@ def read_rows(task: Task, path, labeled: bool) -> tuple[list[str], list[tuple[st
     column must be there (train and dev files). Rows with a blank text are skipped with a warning."""
     path = Path(path)
     ids, texts, labels, blank = [], [], [], []
+    labeled = labeled and task.labeled  # a pair-ranking task's rows are positive pairs, with no label column
     needed = list(task.text_columns) + ([task.label_column] if labeled else []) + \
         ([task.id_column] if task.id_column is not None else [])
     for number, record in _records(task, path, needed):
@@ -180,7 +181,10 @@ def read_rows(task: Task, path, labeled: bool) -> tuple[list[str], list[tuple[st
             blank.append(number)
             continue
         has_label = task.label_column in record and str(record[task.label_column]).strip() != ""
-        labels.append(_label(task, record[task.label_column], f"{path} line {number}") if has_label else None)
+        if not task.labeled:
+            labels.append(1)  # a positive pair
+        else:
+            labels.append(_label(task, record[task.label_column], f"{path} line {number}") if has_label else None)
         ids.append(str(record[task.id_column]).strip() if task.id_column is not None else str(number))
         texts.append(row)
     if blank:

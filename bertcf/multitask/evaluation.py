@@ -50,17 +50,21 @@ def task_interval(task: Task, predictions, gold) -> list[float]:
     """[lo, hi]: the 95% percentile bootstrap interval of :func:`task_metric` over the examples
     (1,000 resamples, a fixed seed; :mod:`bertcf.evaluation.bootstrap`). Constant regression
     predictions, whose r is undefined (:func:`correlation` calls it 0), give [nan, nan]."""
-    return interval(predictions, gold, task.metric)
+    return interval(predictions, gold, BOOTSTRAP_METRICS.get(task.metric, task.metric))
 
 
 def _accuracy(predictions, gold) -> float:
     return accuracy(torch.as_tensor(predictions).long(), torch.as_tensor(gold).long())
 
 
-#: A declared metric's name (``tasks.METRICS``) -> metric(predictions, gold).
+#: A declared metric's name (``tasks.METRICS``) -> metric(predictions, gold). mrr: the predictions are
+#: reciprocal ranks (a pair-ranking head's), their mean.
 METRICS = {"accuracy": _accuracy,
            "pearson": lambda predicted, gold: correlation(predicted, gold, "pearson"),
-           "spearman": lambda predicted, gold: correlation(predicted, gold, "spearman")}
+           "spearman": lambda predicted, gold: correlation(predicted, gold, "spearman"),
+           "mrr": lambda predicted, gold: float(torch.as_tensor(predicted, dtype=torch.float64).mean())}
+#: A declared metric's name in ``bertcf.evaluation.bootstrap`` where it differs.
+BOOTSTRAP_METRICS = {"mrr": "mean"}
 
 
 def mean_dev(metrics: dict, tasks: list[Task]) -> float:
@@ -156,7 +160,7 @@ def evaluate(model: MultitaskModel, dev: dict, batch_size: int = 128, precision:
 def format_prediction(task: Task, value, label_names: bool = False) -> str:
     """A prediction as its file holds it: a score with four decimals, a class index, or with
     ``label_names`` the class's name where the task names its classes (``labels``)."""
-    if task.regression:
+    if not task.classes:
         return f"{float(value):.4f}"
     return task.labels[int(value)] if label_names and task.labels else str(int(value))
 
@@ -198,7 +202,7 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
     for (name, split), d in data.items():
         task = d.task
         predicted = model.heads[name].predictions(outputs[name, split])
-        header = PREDICTION_HEADERS.get(name, "Predicted_Label" if not task.regression else "Predicted_Score")
+        header = PREDICTION_HEADERS.get(name, "Predicted_Label" if task.classes else "Predicted_Score")
         lines = [f"id \t {header} \n"]
         lines += [f"{i} , {format_prediction(task, v, label_names)} \n" for i, v in zip(d.ids, predicted.tolist())]
         files[prediction_file(name, split)] = "".join(lines)

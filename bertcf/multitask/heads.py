@@ -16,7 +16,13 @@ The heads, by registry name (:data:`HEADS`; :func:`head_type` picks the one for 
   (SBERT's classifier, sentence-transformers' SoftmaxLoss);
 - ``cross-pair``: a pair encoded together, ``[CLS] s1 [SEP] s2 [SEP]``, dropout + linear H x 1
   (a logit for two classes, a score for regression) or H x C on BERT's pooled [CLS], as
-  ``BertForSequenceClassification`` (``--pair-encoding cross``).
+  ``BertForSequenceClassification`` (``--pair-encoding cross``);
+- ``regression``: one sentence, dropout + linear D x 1 -> a score, squared error;
+- ``pair-ranking``: positive pairs encoded apart and projected as the cosine heads, in-batch
+  negatives (MultipleNegativesRankingLoss), evaluated by retrieval over the dev pairs (MRR).
+
+A new kind is one class here (its ``serves`` says which declarations it takes) and its entries in
+``tasks`` (KINDS, LOSSES, METRICS).
 
 Each head is registered in its model as ``{task}_head`` with its dropout and linear layer as
 children "0" and "1": the state-dict keys (``sst_head.1.weight``) of the nn.Sequential the heads
@@ -30,9 +36,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from ..errors import UsageError
 from ..models.encoder import FIRST_LAST_AVG, pool
-from .losses import (ClassificationLoss, CosineRegressionLoss, HingeCosineLoss, PairLogitLoss, PairScoreLoss,
-                     clamped_cosine)
+from .losses import (ClassificationLoss, CosineRegressionLoss, HingeCosineLoss, MultipleNegativesRankingLoss,
+                     PairLogitLoss, PairScoreLoss, clamped_cosine, cosine_matrix)
 from .smart import binary_sym_kl_loss, squared_error_loss, sym_kl_loss
 from .tasks import Task
 
@@ -59,9 +66,11 @@ def register(cls: type["TaskHead"]) -> type["TaskHead"]:
 def head_type(task: Task, pair_encoding: str = "bi") -> type["TaskHead"]:
     """The head class that serves ``task`` when pairs are encoded as ``pair_encoding``."""
     found = [cls for cls in HEADS.values() if cls.serves(task, pair_encoding)]
-    if len(found) != 1:
-        raise ValueError(f"task {task.name!r} ({task.kind}, loss {task.loss}, {pair_encoding}-encoded): "
-                         f"{'no head' if not found else 'several heads'} {[c.name for c in found]}")
+    if not found:  # a declaration the heads cannot read this way (a pair-ranking task read jointly)
+        raise UsageError(f"task {task.name!r}: no head reads a {task.kind} task (loss {task.loss}) with "
+                         f"--pair-encoding {pair_encoding}")
+    if len(found) > 1:
+        raise ValueError(f"task {task.name!r}: several heads serve it ({', '.join(c.name for c in found)})")
     return found[0]
 
 
@@ -283,7 +292,7 @@ class CrossPairHead(TaskHead):
 
     @classmethod
     def serves(cls, task, pair_encoding):
-        return task.pair and pair_encoding == "cross"
+        return task.kind in ("pair-classification", "pair-regression") and pair_encoding == "cross"
 
     def forward(self, pooled):
         """[b, H] pooled [CLS] -> [b] (one output) or [b, C], float32."""
@@ -314,3 +323,85 @@ class CrossPairHead(TaskHead):
             return torch.softmax(y.float(), dim=-1)
         p = torch.sigmoid(y.float())
         return torch.stack([1 - p, p], dim=-1)
+
+
+@register
+class RegressionHead(TaskHead):
+    """One sentence, a score: s = linear(dropout(u)) [b] (D x 1), squared error against the gold
+    scaled from ``label_range`` to [0, 1] (sentence-transformers' MSELoss on a one-wide output);
+    the prediction low + (high - low) s, clamped to the range."""
+
+    name = "regression"
+
+    def __init__(self, task: Task, widths: Widths):
+        super().__init__(task, widths.sentence, 1)
+        self.criterion = PairScoreLoss(task.label_range)
+
+    @classmethod
+    def serves(cls, task, pair_encoding):
+        return task.kind == "regression"
+
+    def forward(self, vectors):
+        """[b, D] -> [b] float32."""
+        return self.project(vectors).float().squeeze(-1)
+
+    def loss(self, scores, gold):
+        return self.criterion(scores, gold)
+
+    def divergence(self, out):
+        return squared_error_loss
+
+    def scores(self, vectors, n):
+        return self(vectors)
+
+    def predictions(self, y):
+        low, high = self.task.label_range
+        return (low + (high - low) * y.float()).clamp(low, high)
+
+
+@register
+class PairRankingHead(CosinePairHead):
+    """Positive pairs (a_i, b_i) encoded apart, each sentence projected as the cosine heads do
+    (p1, p2) [b, proj_dim]; every other pair's second sentence in the batch is a negative of a_i:
+    MultipleNegativesRankingLoss, the cross-entropy of 20·cos(p1_i, p2_j) [b, b] against j = i
+    (Henderson et al. 2017; sentence-transformers' loss of that name, scale 20, as CS224N projects
+    trained paraphrase pairs). Its view is those logits [b, b]. At evaluation each dev pair's first
+    sentence ranks every dev second sentence by cosine (retrieval over the dev set, as
+    sentence-transformers' InformationRetrievalEvaluator): the raw output and the prediction are
+    the reciprocal rank of its own second sentence (1 first, ties ranked against it), the metric
+    their mean (MRR). Pairs are never read jointly: the negatives are other pairs' vectors."""
+
+    name = "pair-ranking"
+    scale = 20.0
+    #: Dev rows ranked at a time (an [n, n] cosine matrix of a large dev set at once would not fit).
+    ROWS = 1024
+
+    def __init__(self, task: Task, widths: Widths):
+        super().__init__(task, widths)
+        self.criterion = MultipleNegativesRankingLoss(self.scale)
+
+    @classmethod
+    def serves(cls, task, pair_encoding):
+        return task.kind == "pair-ranking" and pair_encoding == "bi"
+
+    def loss(self, out, labels):
+        return self.criterion(*out)  # the labels are all 1: the pair's own second sentence is the answer
+
+    def view(self, out):
+        return self.criterion.logits(*out)
+
+    def divergence(self, out):
+        return sym_kl_loss
+
+    def scores(self, vectors, n):
+        first, second = vectors.split(n)
+        p1, p2 = self.project(first), self.project(second)
+        ranks = []
+        for start in range(0, n, self.ROWS):
+            cos = cosine_matrix(p1[start:start + self.ROWS], p2)  # [rows, n]
+            own = cos[torch.arange(len(cos)), torch.arange(start, start + len(cos))]
+            ranks.append(1 + (cos > own[:, None]).sum(dim=-1))
+        return 1.0 / torch.cat(ranks).float() if ranks else torch.empty(0)
+
+    def predictions(self, y):
+        return y.float()

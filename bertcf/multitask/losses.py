@@ -6,7 +6,8 @@
 - :class:`HingeCosineLoss`: the report's QQP, a hinge on the clamped cosine;
 - :class:`CosineRegressionLoss`: the report's STS, the clamped cosine regressed on the score;
 - :class:`PairLogitLoss`, :class:`PairScoreLoss`: a pair read jointly, binary cross-entropy of one
-  logit, or the squared error of one score.
+  logit, or the squared error of one score (also a one-sentence regression's);
+- :class:`MultipleNegativesRankingLoss`: positive pairs with in-batch negatives.
 """
 from __future__ import annotations
 
@@ -98,9 +99,10 @@ class PairLogitLoss(nn.Module):
 
 
 class PairScoreLoss(nn.Module):
-    """A score on a jointly encoded pair: mean squared error of the head's score y [b] against the
-    gold s [b] scaled from [low, high] to [0, 1], mean (y - (s - low) / (high - low))^2. Output: a
-    float32 scalar."""
+    """A score (a jointly encoded pair's, or one sentence's): mean squared error of the head's
+    score y [b] against the gold s [b] scaled from [low, high] to [0, 1], mean (y - (s - low) /
+    (high - low))^2 (sentence-transformers' MSELoss on a one-wide output). Output: a float32
+    scalar."""
 
     def __init__(self, label_range: tuple[float, float] = (0.0, 5.0)):
         super().__init__()
@@ -108,3 +110,31 @@ class PairScoreLoss(nn.Module):
 
     def forward(self, scores: torch.Tensor, gold: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(scores.float(), (gold.float() - self.low) / (self.high - self.low))
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cos(a_i, b_j) for every i, j: [n, d], [m, d] -> [n, m] float32."""
+    return F.normalize(a.float(), p=2, dim=-1) @ F.normalize(b.float(), p=2, dim=-1).T
+
+
+class MultipleNegativesRankingLoss(nn.Module):
+    """Positive pairs (a_i, b_i) with in-batch negatives (Henderson et al. 2017, "Efficient Natural
+    Language Response Suggestion for Smart Reply"; sentence-transformers' MultipleNegativesRankingLoss,
+    its default direction): for each a_i, the other pairs' b_j are its negatives, and the loss is
+    the cross-entropy of the scaled cosines s·cos(a_i, b_j) [b, b] against j = i, averaged.
+
+    Inputs: ``a``, ``b`` [b, d]. Output: a float32 scalar. ``scale``: s (20, as theirs)."""
+
+    def __init__(self, scale: float = 20.0):
+        super().__init__()
+        self.scale = float(scale)
+
+    def logits(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """s·cos(a_i, b_j): [b, b] float32, row i's right answer at column i."""
+        return self.scale * cosine_matrix(a, b)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits(a, b), torch.arange(len(a), device=a.device))
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"

@@ -349,6 +349,8 @@ def check_run(config: MultitaskConfig, tasks: list[Task]) -> None:
     settings or tasks are not the run's, methods that cannot run on these tasks, settings that
     would be recorded but not applied."""
     check_resumable(config, tasks)
+    for task in tasks:  # a head for each task as the pairs are encoded
+        head_type(task, config.pair_encoding)
     StepMethods.check(config, tasks, dist_info()[1])
     check_task_settings(config, tasks)
 
