@@ -8,7 +8,6 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -64,13 +63,6 @@ class TaskData:
         dev file opens with 169 positive sentences in its first 200)."""
         rows = [i for i, label in enumerate(self.labels) if label is not None]
         return self.subset([rows[i] for i in eval_sample(len(rows), limit)])
-
-    @cached_property
-    def label_tensor(self) -> torch.Tensor:
-        """The labels as a tensor: class indices (long), or float32 scores (a task whose labels are
-        scores, ``Task.regression``). A head takes them as its loss needs (the cosine hinge and a
-        joint logit as 0.0/1.0)."""
-        return torch.tensor(self.labels, dtype=torch.float32 if self.task.regression else torch.long)
 
 
 # ---- reading ---------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def build_head(task: Task, widths: Widths, pair_encoding: str = "bi") -> "TaskHe
 
 class TaskHead(nn.Module):
     """A task's head on the shared encoder: dropout + one linear layer, and what the task does with
-    its output. Subclasses set the class attributes and the methods below.
+    its output and labels. Subclasses set the class attributes and the methods below.
 
     ``columns``: rows a training example takes in the step's batch of sentences (2 for a pair
     encoded apart); ``joint``: its pairs are tokenised together and read through BERT's pooled
@@ -92,6 +92,7 @@ class TaskHead(nn.Module):
     joint = False
     projector = False
     pr_curve = False
+    label_dtype = torch.long  # its labels: class indices (long), or scores (float32)
 
     def __init__(self, task: Task, width: int, out: int):
         super().__init__()
@@ -128,6 +129,10 @@ class TaskHead(nn.Module):
         first = bert_out["first_layer_hidden_state"][rows] if encoder.pooling == FIRST_LAST_AVG else None
         u = pool(bert_out["last_hidden_state"][rows], attention_mask[rows], encoder.pooling, first)
         return self(encoder.transform(u))
+
+    def label_tensor(self, labels: list) -> torch.Tensor:
+        """A training set's labels [n] as :meth:`loss` takes them."""
+        return torch.tensor(labels, dtype=self.label_dtype)
 
     def loss(self, out, labels: torch.Tensor) -> torch.Tensor:
         """The task's loss (a float32 scalar) on the head's output and the batch's labels [b]."""
@@ -208,6 +213,7 @@ class CosineHingeHead(CosinePairHead):
 
     name = "cosine-hinge"
     pr_curve = True
+    label_dtype = torch.float32  # 0.0 / 1.0, as its loss weighs the two terms
 
     def __init__(self, task: Task, widths: Widths):
         super().__init__(task, widths)
@@ -231,6 +237,7 @@ class CosineRegressionHead(CosinePairHead):
     [h, 1] to the label range."""
 
     name = "cosine-mse"
+    label_dtype = torch.float32
 
     def __init__(self, task: Task, widths: Widths):
         super().__init__(task, widths)
@@ -289,6 +296,7 @@ class CrossPairHead(TaskHead):
         self.criterion = PairScoreLoss(task.label_range) if task.regression else \
             PairLogitLoss() if one else ClassificationLoss()
         self.pr_curve = not task.regression
+        self.label_dtype = torch.float32 if one else torch.long  # a score, or 0.0 / 1.0 for one logit
 
     @classmethod
     def serves(cls, task, pair_encoding):
@@ -332,6 +340,7 @@ class RegressionHead(TaskHead):
     the prediction low + (high - low) s, clamped to the range."""
 
     name = "regression"
+    label_dtype = torch.float32
 
     def __init__(self, task: Task, widths: Widths):
         super().__init__(task, widths.sentence, 1)

@@ -47,9 +47,10 @@ from .sampling import TaskSampler
 from .tasks import Task, declared_tasks
 
 
-def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device) -> tuple[dict, dict]:
+def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device, label_tensors: dict) -> tuple[dict, dict]:
     """The inputs of one step, ``rows`` (task -> row indices) of each task's training set:
-    (keyword arguments of :meth:`MultitaskModel.forward`, labels per task [len(rows)]).
+    (keyword arguments of :meth:`MultitaskModel.forward`, labels per task [len(rows)], from
+    ``label_tensors``: task -> its training set's labels as its head takes them).
     Every sentence of the step goes into one batch, padded to its longest sentence; the number
     of real tokens is counted here, on the host, so the unpadded encoder needs no GPU sync."""
     sentences, types, labels = [], [], {}
@@ -58,7 +59,7 @@ def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device) -> tupl
         for column in data.tokens:
             sentences += [column[i] for i in task_rows]
             types += [[] if data.token_types is None else data.token_types[i] for i in task_rows]
-        labels[task] = data.label_tensor[task_rows].to(device, non_blocking=True)
+        labels[task] = label_tensors[task][task_rows].to(device, non_blocking=True)
     ids, mask = pad_batch(sentences, pad_token_id)
     inputs = {"input_ids": ids.to(device, non_blocking=True), "attention_mask": mask.to(device, non_blocking=True),
               "sizes": {task: len(task_rows) for task, task_rows in rows.items()}, "num_tokens": int(mask.sum())}
@@ -266,6 +267,7 @@ class Step:
         self.methods, self.run, self.device = methods, run, device
         self.rank, self.world = dist_info()
         self.pad_id = model.encoder.tokenizer.pad_token_id
+        self.labels = {t: model.heads[t].label_tensor(d.labels) for t, d in train_sets.items()}  # once, not per step
         self.budget = {}  # models.peft.budget: parameters, trainable ones, the optimiser's state
 
     def __call__(self, step: int):
@@ -274,7 +276,7 @@ class Step:
         for task in chosen:
             b = self.model.tasks[task].batch_size
             rows[task] = self.samplers[task].next(b)[local_rows(b, self.rank, self.world)]
-        inputs, labels = train_batch(self.train_sets, rows, self.pad_id, self.device)
+        inputs, labels = train_batch(self.train_sets, rows, self.pad_id, self.device, self.labels)
         out, features = self.step_model(**inputs, return_features=True)
         parts = {task: self.model.heads[task].loss(y, labels[task]) for task, y in out.items()}
         if self.world == 1 and self.config.conflict_every and step % self.config.conflict_every == 0:

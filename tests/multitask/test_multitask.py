@@ -155,7 +155,10 @@ def test_train_batch_pads_and_wraps():
                       ([[2, 5, 3], [2, 6, 7, 8, 3], [2, 3]], [[2, 9, 3], [2, 3], [2, 4, 4, 3]]), [0.0, 2.5, 5.0])
     sst = TaskData(T["sst"], Path("y"), ["a", "b"], ([[2, 7, 7, 7, 7, 7, 3], [2, 8, 3]],), [4, 1])
     rows = {"sst": [1, 0], "sts": EpochSampler(len(sts), seed=0).next(4)}  # 4 of 3 rows: wraps around
-    inputs, labels = mt.train_batch({"sst": sst, "sts": sts}, rows, pad_token_id=0, device="cpu")
+    heads = {t: build_head(T[t], Widths(8, 8, 4)) for t in ("sst", "sts")}
+    inputs, labels = mt.train_batch({"sst": sst, "sts": sts}, rows, pad_token_id=0, device="cpu",
+                                    label_tensors={"sst": heads["sst"].label_tensor(sst.labels),
+                                                   "sts": heads["sts"].label_tensor(sts.labels)})
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     # One batch, task by task and column by column: SST, then STS first and second sentences.
     expected = [sst.tokens[0][r] for r in rows["sst"]] + [sts.tokens[c][r] for c in (0, 1) for r in rows["sts"]]
@@ -563,7 +566,8 @@ def test_joint_forward_equals_each_part_alone(tiny_bert_dir, data_dir):
     qqp = load_task(T["qqp"], "dev", tokenizer, 24, joint=True, path=data_dir / "quora-dev.csv").subset(range(4))
     sts = load_task(T["sts"], "dev", tokenizer, 24, joint=True, path=data_dir / "sts-dev.csv").subset(range(2))
     inputs, _ = mt.train_batch({"sst": sst, "qqp": qqp, "sts": sts}, {"sst": [0, 1, 2], "qqp": [0, 1, 2, 3],
-                                                                     "sts": [0, 1]}, 0, "cpu")
+                                                                     "sts": [0, 1]}, 0, "cpu",
+                              {t: model.heads[t].label_tensor(d.labels) for t, d in (("sst", sst), ("qqp", qqp), ("sts", sts))})
     out = model(**inputs)
     ids, mask = pad_batch(sst.tokens[0], 0)
     torch.testing.assert_close(out["sst"], model.sst_head(model.encoder(ids, mask)), rtol=1e-5, atol=1e-6)

@@ -109,13 +109,14 @@ def test_labels_by_name_or_index_and_scores_in_their_range(tiny_bert_dir, tmp_pa
                 labels=("neg", "pos"), id_column="id")
     data = load_task(task, "train", tokenizer, 16)
     assert data.labels == [1, 0] and data.ids == ["x1", "x2"]  # the blank text skipped
-    assert data.label_tensor.dtype == torch.long
+    assert build_head(task, Widths(8, 8, 4)).label_tensor(data.labels).dtype == torch.long
     scores = tmp_path / "scores.jsonl"
     scores.write_text('{"a": "a man", "b": "a dog", "score": 0.5}\n\n{"a": "x", "b": "y", "score": 1}\n')
     task = Task("rel", "pair-regression", train=str(scores), dev=str(scores), text_columns=("a", "b"),
                 label_column="score", label_range=(0, 1), metric="spearman")
     data = load_task(task, "dev", tokenizer, 16)
-    assert data.labels == [0.5, 1.0] and data.ids == ["1", "3"] and data.label_tensor.dtype == torch.float32
+    assert data.labels == [0.5, 1.0] and data.ids == ["1", "3"]
+    assert build_head(task, Widths(8, 8, 4)).label_tensor(data.labels).dtype == torch.float32
     # a score rescaled from [h, 1] to the declared range
     assert build_head(task, Widths(8, 8, 4)).predictions(torch.tensor([0.0, 0.5])).tolist() == pytest.approx([0.0, 0.5])
 
