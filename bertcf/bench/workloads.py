@@ -170,7 +170,6 @@ class Multitask(Workload):
         from ..models.encoder import SentenceEncoder
         from ..multitask import monitor
         from ..multitask.config import MultitaskConfig
-        from ..multitask.losses import build_loss
         from ..multitask.methods import StepMethods
         from ..multitask.model import MultitaskModel
         from ..multitask.tasks import builtin_tasks
@@ -183,7 +182,6 @@ class Multitask(Workload):
         model.train()
         config = MultitaskConfig(precision=self.precision, **{"conflict_every": 0} | self.settings)
         methods = StepMethods(config, model)
-        losses = {name: build_loss(task) for name, task in tasks.items()}
         g = torch.Generator(device=self.device).manual_seed(0)
         labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
                   "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
@@ -195,7 +193,7 @@ class Multitask(Workload):
         def compute(b):
             inputs = {"input_ids": b.ids, "attention_mask": b.mask, "sizes": b.sizes, "num_tokens": b.tokens}
             out, features = model(**inputs, return_features=True)
-            parts = {t: losses[t](*(y if isinstance(y, tuple) else (y,)), labels[t]) for t, y in out.items()}
+            parts = {t: model.heads[t].loss(y, labels[t]) for t, y in out.items()}
             if config.conflict_every and len(parts) > 1:  # the variant logs them at every step
                 monitor.gradient_cosines(parts, monitor.shared_parameters(model))
             return methods.combine(parts, features, inputs, out)

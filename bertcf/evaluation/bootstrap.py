@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-METRICS = ("spearman", "pearson", "accuracy")
+METRICS = ("spearman", "pearson", "accuracy", "mean")  # mean: of the scores themselves (e.g. reciprocal ranks)
 
 
 def resample_counts(n: int, resamples: int, rng: np.random.Generator, groups=None) -> np.ndarray:
@@ -118,7 +118,7 @@ def replicates(scores, gold, metric: str, resamples: int = 1000, seed: int = 0, 
     """The metric on bootstrap resamples of the items: [R] float64 (NaN where undefined).
 
     scores, gold: [n] (accuracy compares them for equality; the correlations are Spearman's rho
-    or Pearson's r between them); ``groups`` [n] labels resample within groups (see
+    or Pearson's r between them; mean is the scores' own, gold unused); ``groups`` [n] labels resample within groups (see
     :func:`resample_counts`); ``counts`` [R, n], when given, is the resamples' draw (and
     ``resamples``, ``seed`` and ``groups`` are not used). Each replicate equals scipy's
     ``spearmanr`` / ``pearsonr`` (or the plain accuracy) of the materialised resample."""
@@ -137,6 +137,8 @@ def replicates(scores, gold, metric: str, resamples: int = 1000, seed: int = 0, 
     total = counts.sum(axis=1)
     if metric == "accuracy":
         return counts @ (scores == gold).astype(np.float64) / total
+    if metric == "mean":
+        return counts @ scores / total
     if not (np.isfinite(scores).all() and np.isfinite(gold).all()):
         return np.full(len(counts), np.nan)  # as scipy's default nan_policy='propagate'
     if metric == "spearman":

@@ -11,7 +11,9 @@
     MultitaskTrainer(encoder, tasks, steps=1000, out_dir="runs/mt", task_sampling="proportional").fit()
 
 The package, by concern: ``tasks`` (the declarations, task files), ``data`` (reading and
-tokenising), ``model`` (the encoder and a head per task), ``losses``, ``sampling`` (how tasks share
+tokenising), ``heads`` (all that depends on a task's kind: a class per kind and pair encoding, its
+layers, loss, predictions and views), ``model`` (the encoder and a head per task), ``losses`` (the
+heads' loss functions), ``sampling`` (how tasks share
 the steps), ``weighting``, ``aggregation`` and ``smart`` (the multitask methods, ``methods``
 combines them in a step), ``evaluation`` (metrics, prediction files), ``monitor`` (TensorBoard),
 ``config`` (the command's settings), ``trainer`` (the step and the run) and ``command``.

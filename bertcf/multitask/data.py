@@ -8,7 +8,6 @@ import json
 import logging
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -64,14 +63,6 @@ class TaskData:
         dev file opens with 169 positive sentences in its first 200)."""
         rows = [i for i, label in enumerate(self.labels) if label is not None]
         return self.subset([rows[i] for i in eval_sample(len(rows), limit)])
-
-    @cached_property
-    def label_tensor(self) -> torch.Tensor:
-        """The labels as a tensor: class indices (long) for classification, except the cosine
-        hinge's 0.0/1.0 (float32, as its loss takes them); float32 scores for regression."""
-        task = self.task
-        floats = task.regression or task.loss == "cosine-hinge"
-        return torch.tensor(self.labels, dtype=torch.float32 if floats else torch.long)
 
 
 # ---- reading ---------------------------------------------------------------------------------------
@@ -169,6 +160,7 @@ def read_rows(task: Task, path, labeled: bool) -> tuple[list[str], list[tuple[st
     column must be there (train and dev files). Rows with a blank text are skipped with a warning."""
     path = Path(path)
     ids, texts, labels, blank = [], [], [], []
+    labeled = labeled and task.labeled  # a pair-ranking task's rows are positive pairs, with no label column
     needed = list(task.text_columns) + ([task.label_column] if labeled else []) + \
         ([task.id_column] if task.id_column is not None else [])
     for number, record in _records(task, path, needed):
@@ -181,7 +173,10 @@ def read_rows(task: Task, path, labeled: bool) -> tuple[list[str], list[tuple[st
             blank.append(number)
             continue
         has_label = task.label_column in record and str(record[task.label_column]).strip() != ""
-        labels.append(_label(task, record[task.label_column], f"{path} line {number}") if has_label else None)
+        if not task.labeled:
+            labels.append(1)  # a positive pair
+        else:
+            labels.append(_label(task, record[task.label_column], f"{path} line {number}") if has_label else None)
         ids.append(str(record[task.id_column]).strip() if task.id_column is not None else str(number))
         texts.append(row)
     if blank:
@@ -248,7 +243,7 @@ def load_task(task: Task, split: str, tokenizer, max_length: int, limit: int | N
     if split != "train":
         check_unique_ids(task, path, ids)
     columns = list(zip(*texts)) if texts else [[] for _ in task.text_columns]
-    if joint and task.pair:
+    if joint:
         token_ids, types = tokenize_pairs(tokenizer, columns[0], columns[1], max_length)
         return TaskData(task, path, ids, (token_ids,), labels, types)
     tokens = tuple(tokenize_column(tokenizer, col, max_length) for col in columns)
@@ -297,11 +292,12 @@ def fetch_data(tasks: list[Task], data_dir) -> str | None:
     return fetch_missing(data_dir, [path.name for path in missing])
 
 
-def load_data(tasks: list[Task], tokenizer, max_length: int, splits=SPLITS, pair_encoding: str = "bi",
+def load_data(tasks: list[Task], tokenizer, max_length: int, splits=SPLITS, joint=(),
               max_train_examples: int | None = None) -> dict:
     """(task name, split) -> TaskData, or None for an absent or undeclared test file (skipped with
-    a warning). Train and dev files must exist (DataError otherwise), checked before anything is
-    read."""
+    a warning); ``joint``: the names of the tasks whose pairs are tokenised together (their heads
+    read a pair jointly: ``TaskHead.joint``). Train and dev files must exist (DataError otherwise),
+    checked before anything is read."""
     check_files(tasks, splits)
     data = {}
     for task in tasks:
@@ -315,5 +311,5 @@ def load_data(tasks: list[Task], tokenizer, max_length: int, splits=SPLITS, pair
                 data[task.name, split] = None
                 continue
             limit = max_train_examples if split == "train" else None
-            data[task.name, split] = load_task(task, split, tokenizer, max_length, limit, pair_encoding == "cross")
+            data[task.name, split] = load_task(task, split, tokenizer, max_length, limit, task.name in joint)
     return data

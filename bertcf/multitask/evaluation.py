@@ -17,7 +17,6 @@ from ..evaluation.metrics import accuracy, pearson, spearman
 from ..utils.files import save_dir_atomic, write_json_atomic
 from ..utils.progress import Progress, mode_of
 from .data import TaskData
-from .losses import clamped_cosine
 from .model import MultitaskModel
 from .tasks import Task
 
@@ -43,17 +42,29 @@ def correlation(predicted, gold, metric: str = "pearson") -> float:
 
 
 def task_metric(task: Task, predictions, gold) -> float:
-    """Accuracy for the classification kinds; Pearson or Spearman r for regression."""
-    if task.regression:
-        return correlation(predictions, gold, task.metric)
-    return accuracy(torch.as_tensor(predictions).long(), torch.as_tensor(gold).long())
+    """The task's declared metric (``task.metric``, :data:`METRICS`) of its predictions."""
+    return METRICS[task.metric](predictions, gold)
 
 
 def task_interval(task: Task, predictions, gold) -> list[float]:
     """[lo, hi]: the 95% percentile bootstrap interval of :func:`task_metric` over the examples
     (1,000 resamples, a fixed seed; :mod:`bertcf.evaluation.bootstrap`). Constant regression
     predictions, whose r is undefined (:func:`correlation` calls it 0), give [nan, nan]."""
-    return interval(predictions, gold, task.metric)
+    return interval(predictions, gold, BOOTSTRAP_METRICS.get(task.metric, task.metric))
+
+
+def _accuracy(predictions, gold) -> float:
+    return accuracy(torch.as_tensor(predictions).long(), torch.as_tensor(gold).long())
+
+
+#: A declared metric's name (``tasks.METRICS``) -> metric(predictions, gold). mrr: the predictions are
+#: reciprocal ranks (a pair-ranking head's), their mean.
+METRICS = {"accuracy": _accuracy,
+           "pearson": lambda predicted, gold: correlation(predicted, gold, "pearson"),
+           "spearman": lambda predicted, gold: correlation(predicted, gold, "spearman"),
+           "mrr": lambda predicted, gold: float(torch.as_tensor(predicted, dtype=torch.float64).mean())}
+#: A declared metric's name in ``bertcf.evaluation.bootstrap`` where it differs.
+BOOTSTRAP_METRICS = {"mrr": "mean"}
 
 
 def mean_dev(metrics: dict, tasks: list[Task]) -> float:
@@ -98,30 +109,22 @@ def sentence_vectors(model: MultitaskModel, data: TaskData, batch_size: int = 12
 
 def raw_outputs(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None,
                 shown: Progress | None = None, vectors: torch.Tensor | None = None):
-    """A task's head outputs for every row, float32 on the CPU: logits [n, C] (classification, a
-    softmax pair, several classes read jointly), y = max(cos, h) [n] (a cosine pair), or the
-    joint head's logit or score [n]. ``vectors``: its :func:`sentence_vectors`, when computed
-    already (the projector's)."""
-    task = model.tasks[data.task.name]
+    """A task's raw outputs for every row (its head's view, ``TaskHead.scores``), float32 on the
+    CPU: logits [n, C], y = max(cos, h) [n] for a cosine pair, or a joint head's logit or score
+    [n]. ``vectors``: its :func:`sentence_vectors`, when computed already (the projector's)."""
+    head = model.heads[data.task.name]
     was_training = model.training
     model.eval()
     try:
-        if task.pair and model.pair_encoding == "cross":
+        if head.joint:
             ids, types = data.tokens[0], data.token_types
-            return in_chunks(lambda chunk: model.joint_outputs(task.name, [ids[i] for i in chunk],
+            return in_chunks(lambda chunk: model.joint_outputs(data.task.name, [ids[i] for i in chunk],
                                                                [types[i] for i in chunk], batch_size, precision),
                              [len(t) for t in ids], batch_size, shown)
         if vectors is None:
             vectors = sentence_vectors(model, data, batch_size, precision, shown)
         with torch.inference_mode():
-            vectors = vectors.to(model.device)
-            if not task.pair:
-                return model.head(task.name)(vectors).float().cpu()
-            if task.loss == "softmax":
-                return model.head_outputs(task.name, vectors).float().cpu()
-            first, second = vectors.split(len(data))
-            head = model.head(task.name)
-            return clamped_cosine(head(first), head(second), task.margin).cpu()
+            return head.scores(vectors.to(model.device), len(data)).cpu()
     finally:
         model.train(was_training)
 
@@ -141,32 +144,6 @@ def score(model: MultitaskModel, sets: dict, batch_size: int = 128, precision: s
     return outputs, vectors
 
 
-def predictions_from(task: Task, y: torch.Tensor, pair_encoding: str = "bi") -> torch.Tensor:
-    """Raw outputs -> predictions: a class (long) or a score in the task's range (float).
-
-    - logits: the argmax class;
-    - a cosine pair's y = max(cos, h): duplicate (1) when y >= (1 + h) / 2; a score, y rescaled
-      from [h, 1] to the label range;
-    - a joint logit: 1 when >= 0 (even odds); a joint score s: low + (high - low) s, clamped."""
-    low, high = task.label_range
-    if y.dim() == 2:
-        return y.argmax(dim=-1)
-    if task.pair and pair_encoding == "cross":
-        return (y >= 0).long() if not task.regression else (low + (high - low) * y.float()).clamp(low, high)
-    if task.regression:
-        return (y.float() - task.margin) / (1 - task.margin) * (high - low) + low
-    return (y >= (1 + task.margin) / 2).long()
-
-
-def positive_scores(task: Task, y: torch.Tensor, pair_encoding: str = "bi") -> torch.Tensor:
-    """A pair-classification task's raw outputs as scores in [0, 1] per class, for precision-recall
-    curves: [n, C] class probabilities (softmax of logits; [n, 2] from a binary score)."""
-    if y.dim() == 2:
-        return torch.softmax(y.float(), dim=-1)
-    p = torch.sigmoid(y.float()) if pair_encoding == "cross" else ((y.float() - task.margin) / (1 - task.margin))
-    return torch.stack([1 - p, p], dim=-1)
-
-
 def evaluate(model: MultitaskModel, dev: dict, batch_size: int = 128, precision: str | None = None,
              limit: int | None = None, show="none", name: str = "evaluate") -> dict:
     """Each task's metric on the labeled rows of its dev set (``dev``: task -> TaskData; ``limit``:
@@ -174,8 +151,7 @@ def evaluate(model: MultitaskModel, dev: dict, batch_size: int = 128, precision:
     progress as :func:`score` shows it."""
     dev = {task: data.labeled(limit) for task, data in dev.items()}
     outputs, _ = score(model, dev, batch_size, precision, show, name)
-    metrics = {data.task.metric_key: task_metric(data.task, predictions_from(model.tasks[task], outputs[task],
-                                                                                model.pair_encoding), data.labels)
+    metrics = {data.task.metric_key: task_metric(data.task, model.heads[task].predictions(outputs[task]), data.labels)
                for task, data in dev.items()}
     metrics[SELECTION_METRIC] = mean_dev(metrics, [d.task for d in dev.values()])
     return metrics
@@ -184,7 +160,7 @@ def evaluate(model: MultitaskModel, dev: dict, batch_size: int = 128, precision:
 def format_prediction(task: Task, value, label_names: bool = False) -> str:
     """A prediction as its file holds it: a score with four decimals, a class index, or with
     ``label_names`` the class's name where the task names its classes (``labels``)."""
-    if task.regression:
+    if not task.classes:
         return f"{float(value):.4f}"
     return task.labels[int(value)] if label_names and task.labels else str(int(value))
 
@@ -225,8 +201,8 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
     files, metrics, tasks = {}, {}, []
     for (name, split), d in data.items():
         task = d.task
-        predicted = predictions_from(model.tasks[name], outputs[name, split], model.pair_encoding)
-        header = PREDICTION_HEADERS.get(name, "Predicted_Label" if not task.regression else "Predicted_Score")
+        predicted = model.heads[name].predictions(outputs[name, split])
+        header = PREDICTION_HEADERS.get(name, "Predicted_Label" if task.classes else "Predicted_Score")
         lines = [f"id \t {header} \n"]
         lines += [f"{i} , {format_prediction(task, v, label_names)} \n" for i, v in zip(d.ids, predicted.tolist())]
         files[prediction_file(name, split)] = "".join(lines)

@@ -1,12 +1,13 @@
-"""Stage 3's losses, one per (task kind, loss, pair encoding) (``build_loss``), each on its head's
-output and the task's labels:
+"""Stage 3's losses, each on a head's output and the task's labels (which head takes which:
+``bertcf.multitask.heads``):
 
-- classification, and a pair task's ``softmax`` loss or several classes read jointly:
-  :class:`ClassificationLoss` (cross-entropy on logits);
-- pair-classification, ``cosine-hinge`` (the report's QQP): :class:`HingeCosineLoss`;
-- pair-regression, ``cosine-mse`` (the report's STS): :class:`CosineRegressionLoss`;
-- with ``--pair-encoding cross``: two classes, :class:`PairLogitLoss` (binary cross-entropy of one
-  logit); a score, :class:`PairScoreLoss` (squared error).
+- :class:`ClassificationLoss`: cross-entropy on logits (a sentence's classes, SBERT's softmax
+  pair classifier, several classes of a pair read jointly);
+- :class:`HingeCosineLoss`: the report's QQP, a hinge on the clamped cosine;
+- :class:`CosineRegressionLoss`: the report's STS, the clamped cosine regressed on the score;
+- :class:`PairLogitLoss`, :class:`PairScoreLoss`: a pair read jointly, binary cross-entropy of one
+  logit, or the squared error of one score (also a one-sentence regression's);
+- :class:`MultipleNegativesRankingLoss`: positive pairs with in-batch negatives.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .tasks import Task
 
 
 def clamped_cosine(a: torch.Tensor, b: torch.Tensor, margin: float) -> torch.Tensor:
@@ -99,9 +99,10 @@ class PairLogitLoss(nn.Module):
 
 
 class PairScoreLoss(nn.Module):
-    """A score on a jointly encoded pair: mean squared error of the head's score y [b] against the
-    gold s [b] scaled from [low, high] to [0, 1], mean (y - (s - low) / (high - low))^2. Output: a
-    float32 scalar."""
+    """A score (a jointly encoded pair's, or one sentence's): mean squared error of the head's
+    score y [b] against the gold s [b] scaled from [low, high] to [0, 1], mean (y - (s - low) /
+    (high - low))^2 (sentence-transformers' MSELoss on a one-wide output). Output: a float32
+    scalar."""
 
     def __init__(self, label_range: tuple[float, float] = (0.0, 5.0)):
         super().__init__()
@@ -111,20 +112,29 @@ class PairScoreLoss(nn.Module):
         return F.mse_loss(scores.float(), (gold.float() - self.low) / (self.high - self.low))
 
 
-def joint_outputs(task: Task) -> int:
-    """The width of a jointly encoded pair task's head: one logit for two classes (binary
-    cross-entropy), one score for regression, else a logit per class."""
-    return 1 if task.regression or task.num_classes == 2 else task.num_classes
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cos(a_i, b_j) for every i, j: [n, d], [m, d] -> [n, m] float32."""
+    return F.normalize(a.float(), p=2, dim=-1) @ F.normalize(b.float(), p=2, dim=-1).T
 
 
-def build_loss(task: Task, pair_encoding: str = "bi") -> nn.Module:
-    """The loss module of ``task`` (module docstring)."""
-    if task.pair and pair_encoding == "cross":
-        if task.regression:
-            return PairScoreLoss(task.label_range)
-        return PairLogitLoss() if joint_outputs(task) == 1 else ClassificationLoss()
-    if task.loss == "cosine-hinge":
-        return HingeCosineLoss(task.margin)
-    if task.loss == "cosine-mse":
-        return CosineRegressionLoss(task.margin, task.label_range)
-    return ClassificationLoss()
+class MultipleNegativesRankingLoss(nn.Module):
+    """Positive pairs (a_i, b_i) with in-batch negatives (Henderson et al. 2017, "Efficient Natural
+    Language Response Suggestion for Smart Reply"; sentence-transformers' MultipleNegativesRankingLoss,
+    its default direction): for each a_i, the other pairs' b_j are its negatives, and the loss is
+    the cross-entropy of the scaled cosines s·cos(a_i, b_j) [b, b] against j = i, averaged.
+
+    Inputs: ``a``, ``b`` [b, d]. Output: a float32 scalar. ``scale``: s (20, as theirs)."""
+
+    def __init__(self, scale: float = 20.0):
+        super().__init__()
+        self.scale = float(scale)
+
+    def logits(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """s·cos(a_i, b_j): [b, b] float32, row i's right answer at column i."""
+        return self.scale * cosine_matrix(a, b)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits(a, b), torch.arange(len(a), device=a.device))
+
+    def extra_repr(self) -> str:
+        return f"scale={self.scale}"

@@ -9,7 +9,6 @@ import torch
 
 from ..errors import UsageError
 from . import aggregation
-from .losses import clamped_cosine
 from .smart import check_smart_weight
 from .weighting import build_weighting
 
@@ -110,19 +109,14 @@ class StepMethods:
         return smart(embeddings, self.views(out))
 
     def views(self, out: dict) -> dict:
-        """What each task predicts from its head's output, as SMART compares it: logits, or a value
-        (a cosine pair's y = max(cos, h))."""
-        return {name: clamped_cosine(*y, self.model.tasks[name].margin) if isinstance(y, tuple) else y
-                for name, y in out.items()}
+        """What each task predicts from its head's output, as SMART compares it (``TaskHead.view``:
+        logits, or a value such as a cosine pair's y = max(cos, h))."""
+        return {name: self.model.heads[name].view(y) for name, y in out.items()}
 
     def divergence(self, name: str, y):
-        """SMART's l_s for a task's view (Jiang et al. 2020): symmetric KL for logits (one logit: its
-        two classes), squared error for values (a cosine pair, a regression score)."""
-        from .smart import binary_sym_kl_loss, squared_error_loss, sym_kl_loss
-
-        if isinstance(y, tuple) or self.model.tasks[name].regression:
-            return squared_error_loss
-        return sym_kl_loss if y.dim() == 2 else binary_sym_kl_loss
+        """SMART's l_s for a task's view (``TaskHead.divergence``; Jiang et al. 2020): symmetric KL
+        for logits, squared error for values."""
+        return self.model.heads[name].divergence(y)
 
 
 class _AggregatorState:

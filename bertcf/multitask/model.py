@@ -1,18 +1,10 @@
 """The multitask model (the report's sections 4.3 and 5.3): one encoder and a head per task on the
 sentence vector f(x) (F(x) = g^{-1}(f(x)) when the checkpoint has a flow; then its linear head,
-e.g. a whitening map, when it has one).
+e.g. a whitening map, when it has one), or, for a pair encoded jointly, on BERT's pooled [CLS].
 
-A task's head (``{name}_head``), by its kind and loss (``bertcf.multitask.tasks``):
-
-- classification: dropout + linear D x C -> logits [b, C] (SST-5: dropout 0.3, C = 5);
-- pair, a cosine loss: dropout + linear D x proj_dim on each sentence -> (p1, p2) (QQP: no
-  dropout, hinge h = 0.7; STS: dropout 0.1, h = 0);
-- pair, ``softmax``: dropout + linear 3D x C on (u, v, |u - v|) -> logits [b, C] (SBERT's
-  classifier, Reimers & Gurevych 2019);
-- ``pair_encoding="cross"``: a pair task's head reads both sentences encoded together, ``[CLS] s1
-  [SEP] s2 [SEP]`` with token types, through BERT's pooled [CLS] vector, as
-  ``BertForSequenceClassification`` does: dropout + linear hidden x 1 (a logit for two classes, a
-  score for regression) or hidden x C.
+What a head does depends on its task's kind and the pair encoding; that lives in
+``bertcf.multitask.heads`` (one class per kind and encoding). The model runs the encoder once per
+step and hands each head its rows.
 
 ``save_pretrained(dir)`` writes the encoder checkpoint plus ``heads.safetensors`` and
 ``multitask.json`` (the tasks' declarations); ``from_pretrained(dir)`` rebuilds the whole model,
@@ -29,10 +21,10 @@ import torch.nn as nn
 from minbert import CheckpointError
 
 from ..models.cross_encoder import pad_pairs
-from ..models.encoder import FIRST_LAST_AVG, SentenceEncoder, pool
+from ..models.encoder import FIRST_LAST_AVG, SentenceEncoder
 from ..utils.files import save_tensors_atomic, write_json_atomic
 from ..utils.precision import autocast
-from .losses import joint_outputs
+from .heads import TaskHead, Widths, build_head
 from .tasks import REPORT, Task, builtin_tasks
 
 HEADS_FILE = "heads.safetensors"
@@ -51,9 +43,10 @@ def renamed_from_para(d: dict) -> dict:
 
 
 class MultitaskModel(nn.Module):
-    """A :class:`SentenceEncoder` and one head per task on its sentence vector [b, D] (the
-    module docstring). ``tasks``: the :class:`Task` declarations, in the order of a step's batch;
-    ``proj_dim``: the output width of the cosine heads."""
+    """A :class:`SentenceEncoder` and one :class:`~bertcf.multitask.heads.TaskHead` per task
+    (``heads``: task name -> head). ``tasks``: the :class:`Task` declarations, in the order of a
+    step's batch; ``proj_dim``: the output width of the cosine heads; ``pair_encoding``: "bi" (a
+    pair's sentences encoded apart, the report's) or "cross" (together)."""
 
     def __init__(self, encoder: SentenceEncoder, tasks: list[Task], proj_dim: int = 768, pair_encoding: str = "bi"):
         super().__init__()
@@ -62,36 +55,24 @@ class MultitaskModel(nn.Module):
         self.encoder = encoder
         self.tasks = {t.name: t for t in tasks}
         self.proj_dim, self.pair_encoding = proj_dim, pair_encoding
-        d = encoder.output_dim  # the heads read what the encoder returns (after its flow and linear head)
+        # the heads read what the encoder returns (after its flow and linear head), or the pooler's output
+        widths = Widths(sentence=encoder.output_dim, hidden=encoder.dim, proj=proj_dim)
+        self.heads: dict[str, TaskHead] = {}
         for task in tasks:  # in order: the heads' initial weights are drawn one after the other
-            if task.pair and pair_encoding == "cross":  # the pooler's output, BERT's hidden width
-                width, out = encoder.dim, joint_outputs(task)
-            elif task.pair and task.loss == "softmax":
-                width, out = 3 * d, task.num_classes
-            else:
-                width, out = d, (task.num_classes if not task.pair else proj_dim)
-            self.add_module(f"{task.name}_head", nn.Sequential(nn.Dropout(task.dropout), nn.Linear(width, out)))
+            self.heads[task.name] = build_head(task, widths, pair_encoding)
+            # registered as {task}_head, the name every checkpoint's tensors have (sst_head.1.weight)
+            self.add_module(f"{task.name}_head", self.heads[task.name])
 
     @property
     def device(self) -> torch.device:
         return self.encoder.device
 
-    def head(self, task: str) -> nn.Module:
-        return getattr(self, f"{task}_head")
+    def head(self, task: str) -> TaskHead:
+        return self.heads[task]
 
     def columns(self, task: str) -> int:
         """Rows a training example of ``task`` takes in a step's batch: 2 for a pair encoded apart."""
-        return 2 if self.tasks[task].pair and self.pair_encoding == "bi" else 1
-
-    def head_outputs(self, task: str, vectors: torch.Tensor):
-        """A task's head on its rows' sentence vectors (a pair's first sentences, then its second)."""
-        spec, head = self.tasks[task], self.head(task)
-        if not spec.pair:
-            return head(vectors)
-        if spec.loss == "softmax":
-            u, v = vectors.chunk(2)
-            return head(torch.cat([u, v, (u - v).abs()], dim=-1))
-        return head(vectors).chunk(2)  # both sentences of a pair in one call: one dropout draw
+        return self.heads[task].columns
 
     def forward(self, input_ids, attention_mask, sizes: dict, num_tokens: int | None = None,
                 token_type_ids=None, inputs_embeds=None, return_features: bool = False):
@@ -114,17 +95,17 @@ class MultitaskModel(nn.Module):
         tasks = list(sizes)
         kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         u = self.encoder(input_ids, attention_mask, num_tokens=num_tokens, **kwargs)  # [n, D] float32
-        parts = u.split([sizes[t] * self.columns(t) for t in tasks])
-        out = {task: self.head_outputs(task, vectors) for task, vectors in zip(tasks, parts)}
+        parts = u.split([sizes[t] * self.heads[t].columns for t in tasks])
+        out = {task: self.heads[task](vectors) for task, vectors in zip(tasks, parts)}
         return (out, u) if return_features else out
 
     def forward_joint(self, input_ids, attention_mask, sizes: dict, num_tokens=None, token_type_ids=None,
                       inputs_embeds=None):
         """:meth:`forward` with jointly encoded pairs: one BERT pass over the single sentences and
-        the pairs (a row each); a sentence task's head on the encoder's sentence vector, the pair
-        heads on the pooled [CLS] vectors (one score or logit squeezed to [b]). Returns (outputs,
-        the representations the heads read: BERT's last hidden state and pooled [CLS], and the
-        first layer's output with first-last-avg pooling)."""
+        the pairs (a row each), each head reading its rows (``TaskHead.forward_joint``: a sentence
+        head its sentence vectors, a pair head the pooled [CLS]). Returns (outputs, the
+        representations the heads read: BERT's last hidden state and pooled [CLS], and the first
+        layer's output with first-last-avg pooling)."""
         encoder = self.encoder
         first_layer = encoder.pooling == FIRST_LAST_AVG
         kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
@@ -134,13 +115,7 @@ class MultitaskModel(nn.Module):
         for task in sizes:
             rows = slice(start, start + sizes[task])
             start = rows.stop
-            if not self.tasks[task].pair:
-                u = pool(out["last_hidden_state"][rows], attention_mask[rows], encoder.pooling,
-                         out["first_layer_hidden_state"][rows] if first_layer else None)
-                result[task] = self.head(task)(encoder.transform(u))
-            else:
-                y = self.head(task)(out["pooler_output"][rows]).float()
-                result[task] = y.squeeze(-1) if y.shape[-1] == 1 else y
+            result[task] = self.heads[task].forward_joint(out, rows, attention_mask, encoder)
         features = [out["last_hidden_state"], out["pooler_output"]]  # what the sentence and the pair heads read
         if first_layer:
             features.append(out["first_layer_hidden_state"])
@@ -148,11 +123,11 @@ class MultitaskModel(nn.Module):
 
     def joint_outputs(self, task: str, ids: list, types: list, batch_size: int = 128,
                       precision: str | None = None) -> torch.Tensor:
-        """The pair head's outputs ([n], or [n, C] for several classes; float32, CPU, input order)
+        """A joint head's outputs ([n], or [n, C] for several classes; float32, CPU, input order)
         for pairs tokenised jointly (``ids``, ``types``: token ids and token types per pair),
         length-sorted batches, no gradient; the caller sets eval mode."""
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        device, chunks = self.device, []
+        device, chunks, head = self.device, [], self.heads[task]
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
@@ -161,9 +136,8 @@ class MultitaskModel(nn.Module):
                 with autocast(device, precision or self.encoder.precision):
                     pooled = self.encoder.bert(input_ids.to(device), mask.to(device), token_types.to(device),
                                                num_tokens=int(mask.sum()))["pooler_output"]
-                    y = self.head(task)(pooled).float()
-                    chunks.append((y.squeeze(-1) if y.shape[-1] == 1 else y).cpu())
-        width = joint_outputs(self.tasks[task])
+                    chunks.append(head(pooled).cpu())
+        width = head.linear.out_features
         y = torch.empty(len(ids)) if width == 1 else torch.empty(len(ids), width)
         if ids:
             y[torch.tensor(order)] = torch.cat(chunks)

@@ -16,7 +16,7 @@ import itertools
 
 import torch
 
-from .evaluation import positive_scores, raw_outputs, sentence_vectors
+from .evaluation import raw_outputs, sentence_vectors
 from .model import MultitaskModel
 
 #: The most dev sentences of a task the projector shows (it loads them all in the browser).
@@ -69,18 +69,18 @@ def write_best_views(writer, model: MultitaskModel, dev: dict, step: int, batch_
     (``evaluation.score``), when the dev sets are scored already (else they are scored here)."""
     outputs, vectors = outputs or {}, vectors or {}
     for name, data in dev.items():
-        task = data.task
+        task, head = data.task, model.heads[name]
         rows = [i for i, label in enumerate(data.labels) if label is not None]
         names = task.labels or [str(c) for c in range(task.num_classes or 0)]
-        if not task.pair:
+        if head.projector:
             rows = rows[:PROJECTOR_ROWS]
             shown = data.subset(rows)
             found = vectors[name][rows] if name in vectors else sentence_vectors(model, shown, batch_size, precision)
             writer.add_embedding(found, metadata=[names[label] for label in shown.labels], global_step=step,
                                  tag=f"{name}_dev")
-        elif not task.regression:
+        elif head.pr_curve:
             y = outputs[name][rows] if name in outputs else raw_outputs(model, data.subset(rows), batch_size, precision)
-            scores = positive_scores(task, y, model.pair_encoding)
+            scores = head.positive_scores(y)
             gold = torch.tensor([data.labels[i] for i in rows]).long()
             for c in range(scores.shape[1]) if scores.shape[1] > 2 else [1]:
                 writer.add_pr_curve(f"pr/{name}_{names[c]}", (gold == c).int(), scores[:, c].clamp(0, 1), step)

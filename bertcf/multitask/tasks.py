@@ -2,7 +2,7 @@
 files and jiant's task configs declare theirs), with its files, columns, classes, loss, dev metric,
 weight and batch size.
 
-The three kinds:
+The kinds (each served by a head, ``bertcf.multitask.heads``):
 
 - ``classification``: one sentence, ``num_classes`` classes (SST-5); head dropout + linear D x C,
   cross-entropy; metric accuracy.
@@ -13,6 +13,14 @@ The three kinds:
 - ``pair-regression``: two sentences and a score in ``label_range``. Loss ``cosine-mse`` (the
   report's STS: the clamped cosine of projections regressed on the score scaled to [h, 1]).
   Metric Pearson r (or Spearman).
+- ``regression``: one sentence and a score in ``label_range``. Loss ``mse``: a linear D x 1 head's
+  score regressed on the score scaled to [0, 1] (sentence-transformers' MSELoss on a one-wide
+  output). Metric Pearson r (or Spearman).
+- ``pair-ranking``: two sentences that belong together (a question and its paraphrase, a query and
+  its answer), no label column. Loss ``multiple-negatives-ranking``: each pair's second sentence
+  against the batch's other second sentences, cross-entropy of 20 x cosine (sentence-transformers'
+  MultipleNegativesRankingLoss; Henderson et al. 2017). Metric ``mrr``: over the dev pairs, each
+  first sentence ranks every dev second sentence by cosine; the mean reciprocal rank of its own.
 
 With ``--pair-encoding cross`` the pair tasks read both sentences together instead, whatever
 their loss: a logit (two classes, binary cross-entropy), logits (more classes, cross-entropy) or a
@@ -38,15 +46,22 @@ from pathlib import Path
 from ..data.tasks import TASK_FILES
 from ..errors import UsageError
 
-KINDS = ("classification", "pair-classification", "pair-regression")
+KINDS = ("classification", "pair-classification", "pair-regression", "regression", "pair-ranking")
+#: The kinds whose rows are two sentences.
+PAIR_KINDS = ("pair-classification", "pair-regression", "pair-ranking")
+#: The kinds whose labels are scores in ``label_range`` (the others': classes).
+SCORE_KINDS = ("pair-regression", "regression")
+#: The kinds whose rows carry no label: each row is a positive pair (its label is 1).
+UNLABELED_KINDS = ("pair-ranking",)
 #: The losses each kind takes; the first is its default.
 LOSSES = {"classification": ("cross-entropy",), "pair-classification": ("cosine-hinge", "softmax"),
-          "pair-regression": ("cosine-mse",)}
+          "pair-regression": ("cosine-mse",), "regression": ("mse",),
+          "pair-ranking": ("multiple-negatives-ranking",)}
 #: The dev metrics each kind takes; the first is its default.
 METRICS = {"classification": ("accuracy",), "pair-classification": ("accuracy",),
-           "pair-regression": ("pearson", "spearman")}
+           "pair-regression": ("pearson", "spearman"), "regression": ("pearson", "spearman"), "pair-ranking": ("mrr",)}
 #: A metric's short name in metrics.json / TensorBoard: sst_acc, qqp_acc, sts_pearson, snli_acc.
-METRIC_KEYS = {"accuracy": "acc", "pearson": "pearson", "spearman": "spearman"}
+METRIC_KEYS = {"accuracy": "acc", "pearson": "pearson", "spearman": "spearman", "mrr": "mrr"}
 BUILTIN = ("sst", "qqp", "sts")
 SPLITS = ("train", "dev", "test")
 NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
@@ -112,11 +127,23 @@ class Task:
 
     @property
     def pair(self) -> bool:
-        return self.kind != "classification"
+        """Two sentences a row."""
+        return self.kind in PAIR_KINDS
 
     @property
     def regression(self) -> bool:
-        return self.kind == "pair-regression"
+        """Its labels are scores in ``label_range``."""
+        return self.kind in SCORE_KINDS
+
+    @property
+    def labeled(self) -> bool:
+        """Its files have a label column (a pair-ranking task's rows are positive pairs)."""
+        return self.kind not in UNLABELED_KINDS
+
+    @property
+    def classes(self) -> bool:
+        """Its predictions are classes (else numbers: a score, a reciprocal rank)."""
+        return self.labeled and not self.regression
 
     @property
     def metric_key(self) -> str:
@@ -193,14 +220,14 @@ def check(task: Task) -> None:
         bad(f"metric {task.metric!r} is not one of a {task.kind} task's ({', '.join(METRICS[task.kind])})")
     if len(task.text_columns) != (2 if task.pair else 1):
         bad(f"a {task.kind} task reads {2 if task.pair else 1} text column(s), not {list(task.text_columns)}")
-    if not task.regression:
+    if task.classes:
         if not isinstance(task.num_classes, int) or task.num_classes < 2:
             bad(f"num_classes must be an integer of at least 2, not {task.num_classes!r}")
         if task.labels is not None and (len(task.labels) != task.num_classes or len(set(task.labels)) != len(task.labels)):
             bad(f"labels must name each of the {task.num_classes} classes once, not {list(task.labels)}")
         if task.loss == "cosine-hinge" and task.num_classes != 2:
             bad(f"the cosine-hinge loss has two classes, not {task.num_classes} (use loss softmax)")
-    else:
+    elif task.regression:
         lo, hi = task.label_range
         if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
             bad(f"label_range must be two finite numbers, low < high, not {list(task.label_range)}")

@@ -40,16 +40,17 @@ from . import monitor
 from .config import MultitaskConfig, check_resumable, check_task_settings
 from .data import check_files, fetch_data, load_data
 from .evaluation import SELECTION_METRIC, evaluate, final_sets, score, sentences, summary_line, write_predictions
-from .losses import build_loss
+from .heads import head_type
 from .methods import StepMethods
 from .model import MultitaskModel, checkpoint_meta, renamed_from_para, resolve_checkpoint, run_dir_of
 from .sampling import TaskSampler
 from .tasks import Task, declared_tasks
 
 
-def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device) -> tuple[dict, dict]:
+def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device, label_tensors: dict) -> tuple[dict, dict]:
     """The inputs of one step, ``rows`` (task -> row indices) of each task's training set:
-    (keyword arguments of :meth:`MultitaskModel.forward`, labels per task [len(rows)]).
+    (keyword arguments of :meth:`MultitaskModel.forward`, labels per task [len(rows)], from
+    ``label_tensors``: task -> its training set's labels as its head takes them).
     Every sentence of the step goes into one batch, padded to its longest sentence; the number
     of real tokens is counted here, on the host, so the unpadded encoder needs no GPU sync."""
     sentences, types, labels = [], [], {}
@@ -58,13 +59,18 @@ def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device) -> tupl
         for column in data.tokens:
             sentences += [column[i] for i in task_rows]
             types += [[] if data.token_types is None else data.token_types[i] for i in task_rows]
-        labels[task] = data.label_tensor[task_rows].to(device, non_blocking=True)
+        labels[task] = label_tensors[task][task_rows].to(device, non_blocking=True)
     ids, mask = pad_batch(sentences, pad_token_id)
     inputs = {"input_ids": ids.to(device, non_blocking=True), "attention_mask": mask.to(device, non_blocking=True),
               "sizes": {task: len(task_rows) for task, task_rows in rows.items()}, "num_tokens": int(mask.sum())}
     if any(types):  # jointly encoded pairs: their token types (0 everywhere else)
         inputs["token_type_ids"] = pad_pairs(sentences, types, pad_token_id)[1].to(device, non_blocking=True)
     return inputs, labels
+
+
+def joint_tasks(tasks: list[Task], pair_encoding: str) -> set[str]:
+    """The tasks whose pairs are tokenised together (their heads read a pair jointly)."""
+    return {t.name for t in tasks if head_type(t, pair_encoding).joint}
 
 
 def make_samplers(sizes: dict, seed: int) -> dict:
@@ -152,7 +158,7 @@ class MultitaskTrainer:
         config, encoder = self.config, self.encoder
         max_length = effective_max_length(config, encoder)
         encoder.max_length = max_length
-        data = load_data(self.tasks, encoder.tokenizer, max_length, pair_encoding=config.pair_encoding,
+        data = load_data(self.tasks, encoder.tokenizer, max_length, joint=joint_tasks(self.tasks, config.pair_encoding),
                          max_train_examples=config.max_train_examples)
         model = self.build_model(device)
         names = [t.name for t in self.tasks]
@@ -221,7 +227,7 @@ class MultitaskTrainer:
         best = MultitaskModel.from_pretrained(run_dir / "best", vocab=config.vocab).to(device)
         meta = {"checkpoint": str(run_dir / "best"), "step": checkpoint_meta(run_dir / "best").get("step")}
         sets = final_sets(data)
-        projector = [(t, "dev") for t, d in dev_sets.items() if not d.task.pair]
+        projector = [(t, "dev") for t in dev_sets if best.heads[t].projector]
         say(f"training done; the best checkpoint (step {meta['step']}) scores every dev and test row: "
             f"{sum(map(sentences, sets.values())):,} sentences", timed=False)
         outputs, vectors = score(best, sets, config.batch_size, config.precision, config.progress,
@@ -239,7 +245,7 @@ class MultitaskTrainer:
                                      {t: outputs[t, "dev"] for t in dev_sets}, {t: v for (t, _), v in vectors.items()})
             monitor.write_hparams(writer, config.to_dict(), {k: v for k, v in summary["metrics"].items()
                                                              if isinstance(v, float)})
-        curves = [t for t, d in dev_sets.items() if d.task.pair and not d.task.regression]
+        curves = [t for t in dev_sets if best.heads[t].pr_curve]
         views = ([f"the projector ({', '.join(t for t, _ in projector)})"] * bool(projector)
                  + [f"PR curves ({', '.join(curves)})"] * bool(curves) + ["HParams"])
         say(f"TensorBoard: {', '.join(views)} written to {run_dir / 'tb'}")
@@ -261,9 +267,9 @@ class Step:
         self.config, self.model, self.step_model = config, model, step_model
         self.train_sets, self.samplers, self.task_sampler = train_sets, samplers, task_sampler
         self.methods, self.run, self.device = methods, run, device
-        self.losses = {name: build_loss(task, config.pair_encoding) for name, task in model.tasks.items()}
         self.rank, self.world = dist_info()
         self.pad_id = model.encoder.tokenizer.pad_token_id
+        self.labels = {t: model.heads[t].label_tensor(d.labels) for t, d in train_sets.items()}  # once, not per step
         self.budget = {}  # models.peft.budget: parameters, trainable ones, the optimiser's state
 
     def __call__(self, step: int):
@@ -272,12 +278,9 @@ class Step:
         for task in chosen:
             b = self.model.tasks[task].batch_size
             rows[task] = self.samplers[task].next(b)[local_rows(b, self.rank, self.world)]
-        inputs, labels = train_batch(self.train_sets, rows, self.pad_id, self.device)
+        inputs, labels = train_batch(self.train_sets, rows, self.pad_id, self.device, self.labels)
         out, features = self.step_model(**inputs, return_features=True)
-        parts = {}
-        for task, y in out.items():
-            args = tuple(y) if isinstance(y, tuple) else (y,)  # a bi-encoded pair's two projections
-            parts[task] = self.losses[task](*args, labels[task])
+        parts = {task: self.model.heads[task].loss(y, labels[task]) for task, y in out.items()}
         if self.world == 1 and self.config.conflict_every and step % self.config.conflict_every == 0:
             self.log_conflicts(step, parts)
         loss, scalars = self.methods.combine(parts, features, inputs, out)
@@ -350,6 +353,8 @@ def check_run(config: MultitaskConfig, tasks: list[Task]) -> None:
     settings or tasks are not the run's, methods that cannot run on these tasks, settings that
     would be recorded but not applied."""
     check_resumable(config, tasks)
+    for task in tasks:  # a head for each task as the pairs are encoded
+        head_type(task, config.pair_encoding)
     StepMethods.check(config, tasks, dist_info()[1])
     check_task_settings(config, tasks)
 
@@ -367,7 +372,7 @@ def predict_only(config: MultitaskConfig) -> dict:
     tasks = [declared[name].replace(**_head_fields(task)) if name in declared else task
              for name, task in model.tasks.items()]
     data = load_data(tasks, model.encoder.tokenizer, effective_max_length(config, model.encoder),
-                     splits=("dev", "test"), pair_encoding=model.pair_encoding)
+                     splits=("dev", "test"), joint={name for name, head in model.heads.items() if head.joint})
     meta = {"checkpoint": str(checkpoint), "step": checkpoint_meta(checkpoint).get("step")}
     with runs.hold(out_dir):  # not into a run directory that a run is writing
         metrics = write_predictions(model, data, out_dir, config.batch_size, config.precision, meta,

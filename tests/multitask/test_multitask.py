@@ -27,6 +27,7 @@ from bertcf.multitask import losses
 from bertcf.multitask import model as mtm
 from bertcf.multitask import trainer as mt
 from bertcf.multitask.data import TaskData, load_task
+from bertcf.multitask.heads import Widths, build_head
 from bertcf.multitask.tasks import builtin_tasks
 from bertcf.runs import resolve_encoder_path
 from bertcf.models.cross_encoder import pad_pairs
@@ -98,8 +99,12 @@ def test_label_scaling():
 
 
 # ---- prediction rules and metrics ---------------------------------------------------------------
+def predict(task, y, pair_encoding="bi"):
+    """The predictions of ``task``'s head (``TaskHead.predictions``) from its raw outputs ``y``."""
+    return build_head(task, Widths(8, 8, 4), pair_encoding).predictions(y)
+
+
 def test_prediction_rules():
-    predict = mtm_metrics.predictions_from
     assert predict(T["sst"], torch.tensor([[0.1, 3, 0, 0, 0], [0, 0, 0, 0, 9.0]])).tolist() == [1, 4]
     # duplicate when y >= (1 + h) / 2 = 0.85
     y = torch.tensor([0.85, 0.8499, 0.7, 1.0])
@@ -150,7 +155,10 @@ def test_train_batch_pads_and_wraps():
                       ([[2, 5, 3], [2, 6, 7, 8, 3], [2, 3]], [[2, 9, 3], [2, 3], [2, 4, 4, 3]]), [0.0, 2.5, 5.0])
     sst = TaskData(T["sst"], Path("y"), ["a", "b"], ([[2, 7, 7, 7, 7, 7, 3], [2, 8, 3]],), [4, 1])
     rows = {"sst": [1, 0], "sts": EpochSampler(len(sts), seed=0).next(4)}  # 4 of 3 rows: wraps around
-    inputs, labels = mt.train_batch({"sst": sst, "sts": sts}, rows, pad_token_id=0, device="cpu")
+    heads = {t: build_head(T[t], Widths(8, 8, 4)) for t in ("sst", "sts")}
+    inputs, labels = mt.train_batch({"sst": sst, "sts": sts}, rows, pad_token_id=0, device="cpu",
+                                    label_tensors={"sst": heads["sst"].label_tensor(sst.labels),
+                                                   "sts": heads["sts"].label_tensor(sts.labels)})
     ids, mask = inputs["input_ids"], inputs["attention_mask"]
     # One batch, task by task and column by column: SST, then STS first and second sentences.
     expected = [sst.tokens[0][r] for r in rows["sst"]] + [sts.tokens[c][r] for c in (0, 1) for r in rows["sts"]]
@@ -177,20 +185,20 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
 
     def alone(task):
         ids, mask = pad_batch(lists[task], 0)
-        return model.head(task)(model.encoder(ids, mask))
+        return model.head(task).project(model.encoder(ids, mask))  # dropout + linear on every sentence
 
     torch.testing.assert_close(out["sst"], alone("sst"), rtol=1e-5, atol=1e-6)
     for task in ("qqp", "sts"):
         torch.testing.assert_close(torch.cat(out[task]), alone(task), rtol=1e-5, atol=1e-6)
         assert out[task][0].shape == (sizes[task], 8)
 
-    # Each task's loss (build_loss) is the report's on those outputs.
+    # Each task's loss (its head's) is the report's on those outputs.
     labels = {"sst": torch.tensor([0, 4, 2]), "qqp": torch.tensor([1.0, 0.0]), "sts": torch.tensor([3.5])}
     expected = {"sst": losses.ClassificationLoss()(out["sst"], labels["sst"]),
                 "qqp": losses.HingeCosineLoss(0.7)(*out["qqp"], labels["qqp"]),
                 "sts": losses.CosineRegressionLoss(0.0)(*out["sts"], labels["sts"])}
     for task, y in out.items():
-        loss = losses.build_loss(T[task])(*(y if isinstance(y, tuple) else (y,)), labels[task])
+        loss = model.heads[task].loss(y, labels[task])
         assert torch.equal(loss, expected[task]), task
 
 
@@ -531,15 +539,15 @@ def test_joint_losses_by_hand():
     # STS: the score against gold / 5: (0.5 - 0.5)^2 and (1.2 - 1.0)^2
     assert losses.PairScoreLoss()(torch.tensor([0.5, 1.2]), torch.tensor([2.5, 5.0])).item() == pytest.approx(0.02)
     # the pair tasks' losses when read jointly
-    assert isinstance(losses.build_loss(T["qqp"], "cross"), losses.PairLogitLoss)
-    assert losses.build_loss(T["sts"], "cross")(torch.tensor([0.5, 1.2]), torch.tensor([2.5, 5.0])).item() == \
-        pytest.approx(0.02)
+    def head(task):
+        return build_head(task, Widths(8, 8, 4), "cross")
+    assert isinstance(head(T["qqp"]).criterion, losses.PairLogitLoss)
+    assert head(T["sts"]).loss(torch.tensor([0.5, 1.2]), torch.tensor([2.5, 5.0])).item() == pytest.approx(0.02)
     three = T["qqp"].replace(num_classes=3, loss="softmax")  # three classes read jointly: cross-entropy
-    assert isinstance(losses.build_loss(three, "cross"), losses.ClassificationLoss)
+    assert isinstance(head(three).criterion, losses.ClassificationLoss)
 
 
 def test_joint_prediction_rules():
-    predict = mtm_metrics.predictions_from
     assert predict(T["qqp"], torch.tensor([0.0, -0.01, 3.0]), "cross").tolist() == [1, 0, 1]
     assert predict(T["sts"], torch.tensor([0.5, -0.2, 1.3]), "cross").tolist() == pytest.approx([2.5, 0.0, 5.0])
 
@@ -565,7 +573,8 @@ def test_joint_forward_equals_each_part_alone(tiny_bert_dir, data_dir):
     qqp = load_task(T["qqp"], "dev", tokenizer, 24, joint=True, path=data_dir / "quora-dev.csv").subset(range(4))
     sts = load_task(T["sts"], "dev", tokenizer, 24, joint=True, path=data_dir / "sts-dev.csv").subset(range(2))
     inputs, _ = mt.train_batch({"sst": sst, "qqp": qqp, "sts": sts}, {"sst": [0, 1, 2], "qqp": [0, 1, 2, 3],
-                                                                     "sts": [0, 1]}, 0, "cpu")
+                                                                     "sts": [0, 1]}, 0, "cpu",
+                              {t: model.heads[t].label_tensor(d.labels) for t, d in (("sst", sst), ("qqp", qqp), ("sts", sts))})
     out = model(**inputs)
     ids, mask = pad_batch(sst.tokens[0], 0)
     torch.testing.assert_close(out["sst"], model.sst_head(model.encoder(ids, mask)), rtol=1e-5, atol=1e-6)

@@ -22,7 +22,7 @@ from bertcf.multitask import MultitaskConfig, MultitaskModel, MultitaskTrainer, 
 from bertcf.multitask import losses
 from bertcf.multitask.config import parse
 from bertcf.multitask.data import load_task
-from bertcf.multitask.evaluation import predictions_from
+from bertcf.multitask.heads import Widths, build_head
 from bertcf.multitask.tasks import declared_tasks, parse_task_flag
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -109,15 +109,16 @@ def test_labels_by_name_or_index_and_scores_in_their_range(tiny_bert_dir, tmp_pa
                 labels=("neg", "pos"), id_column="id")
     data = load_task(task, "train", tokenizer, 16)
     assert data.labels == [1, 0] and data.ids == ["x1", "x2"]  # the blank text skipped
-    assert data.label_tensor.dtype == torch.long
+    assert build_head(task, Widths(8, 8, 4)).label_tensor(data.labels).dtype == torch.long
     scores = tmp_path / "scores.jsonl"
     scores.write_text('{"a": "a man", "b": "a dog", "score": 0.5}\n\n{"a": "x", "b": "y", "score": 1}\n')
     task = Task("rel", "pair-regression", train=str(scores), dev=str(scores), text_columns=("a", "b"),
                 label_column="score", label_range=(0, 1), metric="spearman")
     data = load_task(task, "dev", tokenizer, 16)
-    assert data.labels == [0.5, 1.0] and data.ids == ["1", "3"] and data.label_tensor.dtype == torch.float32
+    assert data.labels == [0.5, 1.0] and data.ids == ["1", "3"]
+    assert build_head(task, Widths(8, 8, 4)).label_tensor(data.labels).dtype == torch.float32
     # a score rescaled from [h, 1] to the declared range
-    assert predictions_from(task, torch.tensor([0.0, 0.5])).tolist() == pytest.approx([0.0, 0.5])
+    assert build_head(task, Widths(8, 8, 4)).predictions(torch.tensor([0.0, 0.5])).tolist() == pytest.approx([0.0, 0.5])
 
 
 def test_softmax_pair_head_is_sberts_classifier(tiny_bert_dir):
@@ -129,9 +130,9 @@ def test_softmax_pair_head_is_sberts_classifier(tiny_bert_dir):
     head = model.head("nli")[1]
     assert head.in_features == 3 * model.encoder.dim and head.out_features == 3
     u, v = torch.randn(4, model.encoder.dim), torch.randn(4, model.encoder.dim)
-    logits = model.head_outputs("nli", torch.cat([u, v]))
+    logits = model.heads["nli"](torch.cat([u, v]))
     torch.testing.assert_close(logits, torch.cat([u, v, (u - v).abs()], dim=-1) @ head.weight.T + head.bias)
-    assert isinstance(losses.build_loss(nli), losses.ClassificationLoss)
+    assert isinstance(model.heads["nli"].criterion, losses.ClassificationLoss)
 
 
 # ---- four tasks -----------------------------------------------------------------------------------
