@@ -185,12 +185,14 @@ class MultitaskTrainer:
                                config.progress, f"{run.dir.name}: evaluate step {step_number}")
             return metrics | {f"batches_{t}": n for t, n in task_sampler.counts.items()}
 
+        # the sentences a batch of each task holds: the steps that draw one task count only its own
+        by_task = {t.name: t.batch_size * model.columns(t.name) for t in self.tasks}
         # What scoring costs, in sentences: an evaluation's (a sample with --max-eval-examples), and the end's
         per_evaluation = sum(sentences(d.labeled(config.max_eval_examples)) for d in dev_sets.values())
         at_end = sum(sentences(d) for d in final_sets(data).values())
         loop = TrainingLoop(config, run, {"model": model, **methods.modules()}, optimizer, scheduler, samplers,
                             metric=SELECTION_METRIC, save_model=save_model, evaluate=evaluate_fn,
-                            items_per_step=sum(t.batch_size * model.columns(t.name) for t in self.tasks),
+                            items_per_step=lambda: sum(n * by_task[t] for t, n in task_sampler.counts.items()),
                             extra_state={"task_sampler": task_sampler, **methods.extra_state()},
                             upgrade_state=upgrade_state, finish=at_end / per_evaluation)
         if config.resume:

@@ -91,12 +91,14 @@ class TrainingLoop:
     ``finish``: the work after the last step, in evaluations (stage 3's full scoring), for the time left."""
 
     def __init__(self, config, run: Run, modules: dict, optimizer, scheduler, samplers: dict,
-                 metric: str, save_model, evaluate, items_per_step: int, extra_state=None, upgrade_state=None,
+                 metric: str, save_model, evaluate, items_per_step, extra_state=None, upgrade_state=None,
                  card=None, finish: float = 0.0):
         self.config, self.run = config, run
         self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
         self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
-        self.items_per_step = items_per_step
+        # the sentences a step trains on (train/sentences_per_second), or a function giving the
+        # sentences trained so far where steps differ (stage 3 drawing one task a step)
+        self.items_done = items_per_step if callable(items_per_step) else lambda: self.step * items_per_step
         self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
         self.upgrade_state = upgrade_state
         self.card, self.finish = card or write_model_card, finish
@@ -218,7 +220,7 @@ class TrainingLoop:
             with self.progress.paused():
                 self._evaluate_and_keep_best()
         previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
-        self._tick, self._tick_step, interrupted = time.perf_counter(), self.step, False
+        self._tick, self._tick_items, interrupted = time.perf_counter(), self.items_done(), False
         self._bad = None  # (step, loss, limit) of the first non-finite or diverging loss, on the device
         try:
             while self.step < config.steps:
@@ -310,8 +312,9 @@ class TrainingLoop:
         values = mean_over_ranks({"loss": loss, **scalars, "stop": float(self._stop)}, loss.device)
         stop = values.pop("stop") > 0
         elapsed = time.perf_counter() - self._tick
-        rate = (self.step - self._tick_step) * self.items_per_step / max(elapsed, 1e-9)
-        self._tick, self._tick_step = time.perf_counter(), self.step
+        items = self.items_done()
+        rate = (items - self._tick_items) / max(elapsed, 1e-9)
+        self._tick, self._tick_items = time.perf_counter(), items
         values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
         self.run.scalars(self.step, values, prefix="train/")
         self.progress.loss(values["loss"])

@@ -88,3 +88,23 @@ def test_a_sampled_run_counts_its_batches_and_resumes_the_same_draws(mode, tiny_
     assert [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()][-1] == last
     scalars = EventAccumulator(str(straight / "tb")).Reload().Tags()["scalars"]
     assert {"train/batches_sst", "train/batches_qqp", "train/batches_sts", "eval/batches_sst"} <= set(scalars)
+
+
+def test_a_step_that_draws_one_task_counts_only_its_sentences(tiny_bert_dir, tmp_path, monkeypatch):
+    """train/sentences_per_second with one task a step: that task's sentences (SST 4, QQP 6 pairs =
+    12, STS 4 pairs = 8), not every task's (24). The loop's clock advances one second a reading, so
+    between two logs with nothing else timed the rate is the step's sentences."""
+    from types import SimpleNamespace
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from bertcf.training import loop
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(loop, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    data = write_cs224n_files(tmp_path / "data")
+    quiet(argv(tiny_bert_dir, data, tmp_path / "run", 6, "--task-sampling", "round-robin", "--eval-every", "100"))
+    rates = {e.step: e.value for e in EventAccumulator(str(tmp_path / "run" / "tb")).Reload()
+             .Scalars("train/sentences_per_second")}
+    middle = [rates[s] for s in (2, 3, 4)]  # no evaluation before or between them (step 0 and 6 only)
+    assert sorted(middle) == [4, 8, 12], rates
