@@ -15,6 +15,7 @@ from ..config.train import TrainConfig
 from ..errors import UsageError
 from ..models.peft import PeftSettings
 from ..settings import Settings, derived, option, redefault
+from .aggregation import AGGREGATORS
 from .model import PAIR_ENCODINGS, renamed_from_para, resolve_checkpoint, run_dir_of
 from .sampling import MODES
 from .tasks import BUILTIN, DEFAULTS, REPORT, SPLITS, declared_tasks
@@ -104,8 +105,8 @@ class MethodsConfig(Settings):
 
     GROUP = "multitask methods"
     aggregator: str = option("sum", "how the tasks' gradients on the shared encoder combine: sum (the report's: "
-                                    "one backward of the weighted sum), or a torchjd aggregator (upgrad, pcgrad, "
-                                    "mgda, ...; docs/multitask.md lists them); needs --task-sampling all")
+                                    "one backward of the weighted sum), or a torchjd aggregator (docs/multitask.md "
+                                    "describes each); needs --task-sampling all", choices=tuple(AGGREGATORS))
     task_weighting: str = option("fixed", "the tasks' loss weights: fixed (the per-task weights), uncertainty "
                                           "(learned, Kendall et al. 2018), dwa (Dynamic Weight Average, Liu et al. "
                                           "2019)", choices=("fixed", "uncertainty", "dwa"))

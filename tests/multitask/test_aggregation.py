@@ -308,6 +308,9 @@ def test_bad_input():
     with pytest.raises(UsageError, match="cannot train on 2 processes"):
         check_aggregator("mgda", num_tasks=3, world_size=2)
     check_aggregator("mgda", num_tasks=2)
+    from bertcf.multitask.config import MultitaskConfig  # the setting's choices are the registry's
+    with pytest.raises(UsageError, match="aggregator must be one of sum, mean, upgrad, .*, pcd, not 'pc-grad'"):
+        MultitaskConfig(aggregator="pc-grad", out_dir="unused")
     check_aggregator("sum", num_tasks=1)
     with pytest.raises(ValueError, match="at least two losses"):
         model = Toy()
