@@ -42,7 +42,6 @@ class TaskData:
     pair's token types (0 for s1, 1 for s2) per row, else None."""
 
     task: Task
-    path: Path
     ids: list[str]
     tokens: tuple[list[list[int]], ...]
     labels: list = field(default_factory=list)
@@ -54,7 +53,7 @@ class TaskData:
     def subset(self, rows) -> "TaskData":
         rows = list(rows)
         types = None if self.token_types is None else [self.token_types[i] for i in rows]
-        return TaskData(self.task, self.path, [self.ids[i] for i in rows],
+        return TaskData(self.task, [self.ids[i] for i in rows],
                         tuple([col[i] for i in rows] for col in self.tokens), [self.labels[i] for i in rows], types)
 
     def labeled(self, limit: int | None = None) -> "TaskData":
@@ -245,9 +244,9 @@ def load_task(task: Task, split: str, tokenizer, max_length: int, limit: int | N
     columns = list(zip(*texts)) if texts else [[] for _ in task.text_columns]
     if joint:
         token_ids, types = tokenize_pairs(tokenizer, columns[0], columns[1], max_length)
-        return TaskData(task, path, ids, (token_ids,), labels, types)
+        return TaskData(task, ids, (token_ids,), labels, types)
     tokens = tuple(tokenize_column(tokenizer, col, max_length) for col in columns)
-    return TaskData(task, path, ids, tokens, labels)
+    return TaskData(task, ids, tokens, labels)
 
 
 def check_unique_ids(task: Task, path: Path, ids: list[str]) -> None:

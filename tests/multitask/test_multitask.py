@@ -151,9 +151,9 @@ def test_tasks_cycle_independently():
 
 
 def test_train_batch_pads_and_wraps():
-    sts = TaskData(T["sts"], Path("x"), [f"id{i}" for i in range(3)],
+    sts = TaskData(T["sts"], [f"id{i}" for i in range(3)],
                       ([[2, 5, 3], [2, 6, 7, 8, 3], [2, 3]], [[2, 9, 3], [2, 3], [2, 4, 4, 3]]), [0.0, 2.5, 5.0])
-    sst = TaskData(T["sst"], Path("y"), ["a", "b"], ([[2, 7, 7, 7, 7, 7, 3], [2, 8, 3]],), [4, 1])
+    sst = TaskData(T["sst"], ["a", "b"], ([[2, 7, 7, 7, 7, 7, 3], [2, 8, 3]],), [4, 1])
     rows = {"sst": [1, 0], "sts": EpochSampler(len(sts), seed=0).next(4)}  # 4 of 3 rows: wraps around
     heads = {t: build_head(T[t], Widths(8, 8, 4)) for t in ("sst", "sts")}
     inputs, labels = mt.train_batch({"sst": sst, "sts": sts}, rows, pad_token_id=0, device="cpu",

@@ -205,7 +205,7 @@ def test_bad_declarations_are_one_line_and_nothing_is_written(case, tiny_bert_di
     path.write_text(json.dumps(entries))
     out = tmp_path / "run"
     args = argv(tiny_bert_dir, data_dir, out, "--task-file", path, *extra)
-    if case == "negative smart weight":  # the flag's own check: argparse's exit 2
+    if case in ("negative smart weight", "unknown aggregator"):  # the flag's own check: argparse's exit 2
         with pytest.raises(SystemExit) as e:
             run_main(command.run, args)
         assert e.value.code == 2
