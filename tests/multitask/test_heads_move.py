@@ -9,12 +9,16 @@ weights (encoder and heads, :func:`weights_sha256`), with the torch version and 
 them. MiniLM is 90 MB, so a digest stands for the weights: the comparison is bit for bit, and
 only where the reference names this CPU and torch (another CPU's kernels round otherwise: the test
 skips, saying so). Without ``$BERTCF_REAL_BERT`` (the MiniLM directory) it skips too. The runs take
-about 20 s each, the aggregators' 100-150 s (a backward pass per task), so the module is ``slow``.
+about 20 s each, the aggregators' 100-150 s (a backward pass per task): 3.5 minutes, which the
+suite's 10-minute budget cannot hold, so the module runs only with ``BERTCF_MOVE_GUARD=1``: set it
+when changing the heads, the multitask methods or the step (``BERTCF_MOVE_GUARD=1 python -m pytest
+tests/multitask/test_heads_move.py``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,9 @@ from safetensors.torch import load_file
 
 from bertcf.utils.environment import cpu_model
 
-pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # 7 MiniLM runs: about 6 min on 2 cores
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow,  # 7 MiniLM runs: about 3.5 min on 2 cores
+              pytest.mark.skipif(os.environ.get("BERTCF_MOVE_GUARD") != "1",
+                                 reason="the heads-move guard (3.5 min of MiniLM) runs with BERTCF_MOVE_GUARD=1")]
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "multitask_heads_move" / "reference.json"
 STEPS = 40
 HYPOTHESES = ["A man plays music.", "The dogs are brothers.", "A woman is swimming.", "Kids sing."]
