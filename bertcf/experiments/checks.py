@@ -146,7 +146,7 @@ def check_finetune(task: PlannedRun) -> None:
     from ..cli import given_flags
     from ..multitask import config as multitask
     from ..multitask.data import check_files
-    from ..multitask.tasks import declared_tasks
+    from ..multitask.declarations import declared_tasks
     from ..multitask.trainer import check_run
 
     config = finetune_config(task, task.state == "resume")  # parses the words: an unknown flag ends here

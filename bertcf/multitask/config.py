@@ -1,7 +1,7 @@
 """``run_multitask.py``'s settings (``MultitaskConfig``), resolved once by ``parse``: the flags (with
 --resume, the run's config.json; with --predict-only, the data settings of the checkpoint's run),
 the old ``--para-*`` names, the encoder to start from and the run directory. The tasks themselves
-are declared by the built-in flags, --task-file and --task (``tasks.declared_tasks``)."""
+are declared by the built-in flags, --task-file and --task (``declarations.declared_tasks``)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,8 @@ from ..settings import Settings, derived, option, redefault
 from .aggregation import AGGREGATORS
 from .model import PAIR_ENCODINGS, renamed_from_para, resolve_checkpoint, run_dir_of
 from .sampling import MODES
-from .tasks import BUILTIN, DEFAULTS, REPORT, SPLITS, declared_tasks
+from .declarations import declared_tasks
+from .tasks import BUILTIN, DEFAULTS, REPORT, SPLITS
 from ..data.tasks import TASK_FILES
 
 MARGIN = cli.checked(float, lambda v: -1 <= v < 1, "in [-1, 1)")  # h of y = max(cos, h)
@@ -270,7 +271,7 @@ def check_task_settings(config: MultitaskConfig, tasks: list) -> None:
                              f"{getattr(task, field)!r} (its declaration decides)")
     if (config.task_file or config.task or config.tasks is not None) and _declared(config) != list(tasks):
         raise UsageError("--task-file, --task and --tasks do not apply to the tasks given as Task objects: "
-                         "leave them out, or train the tasks they declare (tasks.declared_tasks)")
+                         "leave them out, or train the tasks they declare (declarations.declared_tasks)")
 
 
 def _declared(config: MultitaskConfig) -> list | None:

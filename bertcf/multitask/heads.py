@@ -5,29 +5,13 @@ its predictions, its scores for precision-recall curves, the view of its outputs
 perturbs, and whether its pairs are read jointly. The rest of the package asks the head; it does
 not branch on a kind.
 
-The heads, by registry name (:data:`HEADS`; :func:`head_type` picks the one for a task):
+The heads (:data:`HEADS`, by registry name; :func:`head_type` picks one) are the classes below, each
+with its equations and paper. A new kind is one class here (its ``serves`` says which declarations
+it takes) and its entries in ``tasks`` (KINDS, LOSSES, METRICS).
 
-- ``classification``: one sentence, dropout + linear D x C -> logits [b, C], cross-entropy
-  (SST-5: Socher et al. 2013, the CS224N default project's classifier);
-- ``cosine-hinge``, ``cosine-mse``: a pair encoded apart, dropout + linear D x proj_dim on each
-  sentence -> (p1, p2), and y = max(cos(p1, p2), h) (the report's QQP hinge and STS regression,
-  section 4.3; Reimers & Gurevych 2019, "Sentence-BERT");
-- ``softmax-pair``: a pair encoded apart, dropout + linear 3D x C on (u, v, |u - v|) -> logits
-  (SBERT's classifier, sentence-transformers' SoftmaxLoss);
-- ``cross-pair``: a pair encoded together, ``[CLS] s1 [SEP] s2 [SEP]``, dropout + linear H x 1
-  (a logit for two classes, a score for regression) or H x C on BERT's pooled [CLS], as
-  ``BertForSequenceClassification`` (``--pair-encoding cross``);
-- ``regression``: one sentence, dropout + linear D x 1 -> a score, squared error;
-- ``pair-ranking``: positive pairs encoded apart and projected as the cosine heads, in-batch
-  negatives (MultipleNegativesRankingLoss), evaluated by retrieval over the dev pairs (MRR).
-
-A new kind is one class here (its ``serves`` says which declarations it takes) and its entries in
-``tasks`` (KINDS, LOSSES, METRICS).
-
-Each head is registered in its model as ``{task}_head`` with its dropout and linear layer as
-children "0" and "1": the state-dict keys (``sst_head.1.weight``) of the nn.Sequential the heads
-were, so every checkpoint written since the report loads. D is the encoder's output width (after
-its flow and linear head), H BERT's hidden width.
+Each head is registered in its model as ``{task}_head``, its dropout and linear layer as children
+"0" and "1" (``sst_head.1.weight``, the keys of the nn.Sequential the heads were: every checkpoint
+since the report loads). D: the encoder's output width (after its flow and linear head); H: BERT's.
 """
 from __future__ import annotations
 

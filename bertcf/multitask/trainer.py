@@ -44,7 +44,8 @@ from .heads import head_type
 from .methods import StepMethods
 from .model import MultitaskModel, checkpoint_meta, renamed_from_para, resolve_checkpoint, run_dir_of
 from .sampling import TaskSampler
-from .tasks import Task, declared_tasks
+from .declarations import declared_tasks
+from .tasks import Task
 
 
 def train_batch(train_sets: dict, rows: dict, pad_token_id: int, device, label_tensors: dict) -> tuple[dict, dict]:

@@ -96,8 +96,7 @@ class TrainingLoop:
         self.config, self.run = config, run
         self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
         self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
-        # the sentences a step trains on (train/sentences_per_second), or a function giving the
-        # sentences trained so far where steps differ (stage 3 drawing one task a step)
+        # sentences a step trains on, or a function of those trained so far where steps differ
         self.items_done = items_per_step if callable(items_per_step) else lambda: self.step * items_per_step
         self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
         self.upgrade_state = upgrade_state

@@ -109,7 +109,7 @@ def test_only_the_test_files_missing_asks_nothing(mirror, tiny_bert_dir, tmp_pat
     monkeypatch.setattr(download, "download", lambda *a, **k: pytest.fail("nothing should be downloaded"))
     from bertcf.multitask.config import parse
     from bertcf.multitask.data import fetch_data
-    from bertcf.multitask.tasks import declared_tasks
+    from bertcf.multitask.declarations import declared_tasks
 
     config = parse(multitask_argv(tiny_bert_dir, data, tmp_path / "run"))
     assert fetch_data(declared_tasks(config), config.data_dir) is None

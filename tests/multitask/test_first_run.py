@@ -22,7 +22,8 @@ from bertcf.cli import run_main
 from bertcf.multitask import MultitaskModel, builtin_tasks, command, evaluation
 from bertcf.multitask.config import parse
 from bertcf.multitask.data import load_data
-from bertcf.multitask.tasks import Task, declared_tasks
+from bertcf.multitask.declarations import declared_tasks
+from bertcf.multitask.tasks import Task
 from bertcf.utils import progress
 from bertcf.utils.progress import Progress
 

@@ -25,7 +25,7 @@ from bertcf.multitask import trainer as mt
 from bertcf.multitask.aggregation import aggregated_backward, build_aggregator
 from bertcf.multitask.config import resumed
 from bertcf.multitask.data import load_task
-from bertcf.multitask.tasks import declared_tasks, parse_task_flag
+from bertcf.multitask.declarations import declared_tasks, parse_task_flag
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.filterwarnings("ignore:You are solving a parameterized problem that is not DPP")]

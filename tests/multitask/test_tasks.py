@@ -23,7 +23,7 @@ from bertcf.multitask import losses
 from bertcf.multitask.config import parse
 from bertcf.multitask.data import load_task
 from bertcf.multitask.heads import Widths, build_head
-from bertcf.multitask.tasks import declared_tasks, parse_task_flag
+from bertcf.multitask.declarations import declared_tasks, parse_task_flag
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
