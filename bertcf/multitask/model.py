@@ -67,9 +67,6 @@ class MultitaskModel(nn.Module):
     def device(self) -> torch.device:
         return self.encoder.device
 
-    def head(self, task: str) -> TaskHead:
-        return self.heads[task]
-
     def columns(self, task: str) -> int:
         """Rows a training example of ``task`` takes in a step's batch: 2 for a pair encoded apart."""
         return self.heads[task].columns

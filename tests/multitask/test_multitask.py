@@ -185,7 +185,7 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
 
     def alone(task):
         ids, mask = pad_batch(lists[task], 0)
-        return model.head(task).project(model.encoder(ids, mask))  # dropout + linear on every sentence
+        return model.heads[task].project(model.encoder(ids, mask))  # dropout + linear on every sentence
 
     torch.testing.assert_close(out["sst"], alone("sst"), rtol=1e-5, atol=1e-6)
     for task in ("qqp", "sts"):
@@ -581,7 +581,7 @@ def test_joint_forward_equals_each_part_alone(tiny_bert_dir, data_dir):
     for task, data in (("qqp", qqp), ("sts", sts)):
         ids, types, mask = pad_pairs(data.tokens[0], data.token_types)
         pooled = model.encoder.bert(ids, mask, types)["pooler_output"]
-        torch.testing.assert_close(out[task], model.head(task)(pooled).squeeze(-1), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(out[task], model.heads[task](pooled).squeeze(-1), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(model.joint_outputs(task, data.tokens[0], data.token_types, batch_size=3),
                                    out[task], rtol=1e-5, atol=1e-6)
 

@@ -127,7 +127,7 @@ def test_softmax_pair_head_is_sberts_classifier(tiny_bert_dir):
     nli = Task("nli", "pair-classification", train="x", dev="y", text_columns=("p", "h"), num_classes=3,
                loss="softmax", dropout=0.0)
     model = MultitaskModel(SentenceEncoder.from_pretrained(tiny_bert_dir), [nli]).eval()
-    head = model.head("nli")[1]
+    head = model.heads["nli"][1]
     assert head.in_features == 3 * model.encoder.dim and head.out_features == 3
     u, v = torch.randn(4, model.encoder.dim), torch.randn(4, model.encoder.dim)
     logits = model.heads["nli"](torch.cat([u, v]))
