@@ -255,13 +255,15 @@ class SentenceEncoder(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, pooling: str | None = None, max_length: int | None = None,
-                        vocab=None, **config_overrides) -> "SentenceEncoder":
+                        vocab=None, task_adapters=(), **config_overrides) -> "SentenceEncoder":
         """Load a Hugging Face BERT (directory or hub name), a checkpoint written by this
         project, a sentence-transformers directory (its pooling, max_seq_length, Normalize, a Dense
         without activation and bertcf's flow are read; another module is a CheckpointError naming
         it), or a run
         directory (its ``best/`` is used). ``vocab``: a vocab.txt for directories that carry no
-        tokenizer files. Arguments given win over what the directory says."""
+        tokenizer files. Arguments given win over what the directory says. ``task_adapters``: the
+        tasks of a checkpoint with one adapter per task (--peft-scope per-task), loaded unmerged
+        (``adapters``), as ``MultitaskModel.from_pretrained`` does; such a checkpoint is refused without."""
         path = resolve_encoder_path(path)
         meta, layout = {}, {}
         if Path(path).is_dir():
@@ -271,7 +273,10 @@ class SentenceEncoder(nn.Module):
                 except ValueError:
                     raise CheckpointError(f"{Path(path) / ENCODER_FILE} is not a readable JSON file") from None
             layout = {k: v for k, v in (st_format.read(path) or {}).items() if v is not None}
-        bert = peft.load_merged(path, BertModel.from_pretrained(path, **config_overrides))  # an adapter merged
+        bert = BertModel.from_pretrained(path, **config_overrides)
+        adapters = peft.Adapters.load(path, bert, task_adapters) if task_adapters and peft.has_task_adapters(path) \
+            else None
+        bert = adapters.bert if adapters is not None else peft.load_merged(path, bert)  # an adapter merged
         tokenizer = load_tokenizer(path, vocab_fallback=vocab)
         flow_file = Path(path) / FLOW_FILE if (Path(path) / FLOW_FILE).is_file() else layout.get("flow")
         flow = None
@@ -288,4 +293,5 @@ class SentenceEncoder(nn.Module):
                       max_length=max_length or settings.get("max_length", 128),
                       normalize=bool(settings.get("normalize", False)), dense=dense)
         encoder.matryoshka_dims = tuple(meta["matryoshka_dims"]) if meta.get("matryoshka_dims") else None
+        encoder.adapters = adapters
         return encoder

@@ -23,10 +23,19 @@ A checkpoint of an adapted encoder holds the base weights as minBERT writes them
 it); :func:`load_merged` reads one back with the adapter merged into the weights (peft's
 ``merge_and_unload``), a plain minBERT that the ONNX export, ``encode`` and sentence-transformers
 read as any other. peft is optional (``pip install -e ".[peft]"``): it is imported when used.
+
+Stage 3's ``--peft-scope per-task`` gives each task an adapter of its own beside a shared one: peft's
+named adapters in one injection (``shared`` and one per task, each drawn as peft draws a new one),
+a task's rows encoded with ``shared`` and its own active (LoRA and DoRA add the active adapters'
+updates, IA3 multiplies their vectors). peft saves each adapter in a folder of its name
+(``shared/``, ``sst/``, ...: config and weights); such a checkpoint has no single merged encoder, so
+:func:`load_merged` refuses it and :meth:`Adapters.load` reads it back unmerged.
 """
 from __future__ import annotations
 
 import re
+import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +54,8 @@ DEFAULT_TARGETS = {"lora": LAYER_LINEARS, "dora": LAYER_LINEARS, "ia3": ("key", 
 IA3_FEEDFORWARD = ("output.dense",)
 #: peft's file names (peft.utils.CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME).
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+#: The adapter every task passes through under --peft-scope per-task (a task of that name is refused).
+SHARED = "shared"
 NAMES = cli.comma_list(str, lambda v: all(v), "comma-separated module names, e.g. query,value")
 
 
@@ -141,12 +152,38 @@ def _peft():
 
 class Adapters:
     """peft's adapters of ``settings`` injected into ``bert`` (a minBERT) in place; its base weights
-    frozen. ``model``: the ``peft.PeftModel`` around it, which saves the adapter and merges it."""
+    frozen. ``model``: the ``peft.PeftModel`` around it, which saves the adapter and merges it.
+    ``tasks``: one adapter per task beside the :data:`SHARED` one (--peft-scope per-task), each
+    trained, ``shared`` alone active outside :meth:`of_task`; none: the one adapter, peft's default."""
 
-    def __init__(self, bert: nn.Module, settings: PeftSettings):
+    def __init__(self, bert: nn.Module, settings: PeftSettings, tasks=()):
         check_targets(bert, settings.target_modules)
-        self.settings = settings
-        self.model = _peft().get_peft_model(bert, settings.peft_config())
+        self.settings, self.tasks = settings, tuple(tasks)
+        if SHARED in self.tasks:
+            raise UsageError(f"--peft-scope per-task: a task named {SHARED!r} would share the shared adapter's name; "
+                             f"rename the task")
+        if not self.tasks:
+            self.model = _peft().get_peft_model(bert, settings.peft_config())
+            return
+        self.model = _peft().get_peft_model(bert, settings.peft_config(), adapter_name=SHARED)
+        for task in self.tasks:
+            self.model.add_adapter(task, settings.peft_config())
+        # peft trains only the active adapters: all of them active once makes each trainable, as peft sets it
+        self.model.base_model.set_adapter([SHARED, *self.tasks])
+        self.activate([SHARED])
+
+    @classmethod
+    def load(cls, path, bert: nn.Module, tasks) -> "Adapters":
+        """The adapters of a per-task checkpoint ``path`` (``shared/`` and one folder per task of
+        ``tasks``, as peft saved them) in ``bert`` (its base weights), unmerged, not trained."""
+        peft = _peft()
+        adapters = cls.__new__(cls)
+        adapters.settings, adapters.tasks = None, tuple(tasks)
+        adapters.model = peft.PeftModel.from_pretrained(bert, str(Path(path) / SHARED), adapter_name=SHARED)
+        for task in adapters.tasks:
+            adapters.model.load_adapter(str(Path(path) / task), adapter_name=task)
+        adapters.activate([SHARED])
+        return adapters
 
     @property
     def bert(self) -> nn.Module:
@@ -156,9 +193,42 @@ class Adapters:
         """How many Linear layers carry an adapter."""
         return len(self.model.base_model.targeted_module_names)
 
+    def summary(self) -> str:
+        per_task = f", one shared and one per task ({len(self.tasks)})" if self.tasks else ""
+        return f"{self.settings.peft_summary()}{per_task}"
+
+    def activate(self, names: list) -> None:
+        """``names`` the active adapters: peft's ``set_adapter``, without its freezing of the others (a
+        step runs several tasks' adapters before its one backward, which trains them all)."""
+        trained = [(p, p.requires_grad) for p in self.model.parameters()]
+        self.model.base_model.set_adapter(names)
+        for p, flag in trained:
+            p.requires_grad_(flag)
+
+    @contextmanager
+    def of_task(self, task: str):
+        """The encoder of ``task``'s rows: the shared adapter and ``task``'s active, then ``shared`` alone again."""
+        self.activate([SHARED, task])
+        try:
+            yield
+        finally:
+            self.activate([SHARED])
+
+    def parameters_of(self, name: str) -> list:
+        """The parameters of adapter ``name`` (``shared``, a task's, or ``default`` for the one adapter)."""
+        params = []
+        for module in self.model.modules():
+            # peft's tuner layers (adapter name -> its part), a name once (peft lists DoRA's magnitude twice)
+            for attr in dict.fromkeys(getattr(module, "adapter_layer_names", ())):
+                part = getattr(module, attr)
+                if name in part:
+                    params += list(part[name].parameters()) if isinstance(part[name], nn.Module) else [part[name]]
+        return params
+
     def save(self, directory, link_weights_from=None) -> None:
         """The base as minBERT writes it (its own names: transformers and minBERT load it) and the
-        adapter beside it as peft saves it (peft's model card left out: the checkpoint has its own)."""
+        adapter beside it as peft saves it (peft's model card left out: the checkpoint has its own);
+        per task, a folder per adapter."""
         import peft
 
         directory = Path(directory)
@@ -174,15 +244,25 @@ def has_adapter(path) -> bool:
     return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
+def has_task_adapters(path) -> bool:
+    """Whether checkpoint ``path`` holds one adapter per task (--peft-scope per-task)."""
+    return has_adapter(Path(path) / SHARED)
+
+
 def remove_adapter(directory) -> None:
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         (Path(directory) / name).unlink(missing_ok=True)
+    for config in Path(directory).glob(f"*/{ADAPTER_CONFIG}"):  # per task: a folder per adapter
+        shutil.rmtree(config.parent)
 
 
 def load_merged(path, bert: nn.Module) -> nn.Module:
     """``bert`` (the base weights of checkpoint ``path``) with the adapter saved beside them merged
     into its weights (peft's ``merge_and_unload``): a plain minBERT. ``bert`` itself where ``path``
     holds no adapter."""
+    if has_task_adapters(path):
+        raise CheckpointError(f"{path} holds one adapter per task (--peft-scope per-task), no single encoder: "
+                              f"MultitaskModel.from_pretrained loads it, each task's rows through its adapter")
     if not has_adapter(path):
         return bert
     try:
@@ -211,6 +291,6 @@ def budget(module: nn.Module, optimizer) -> dict:
 
 def budget_line(sizes: dict, adapters: Adapters | None = None) -> str:
     share = sizes["trainable_params"] / max(sizes["params"], 1)
-    how = f" ({adapters.settings.peft_summary()}: {adapters.modules()} Linear layers)" if adapters else ""
+    how = f" ({adapters.summary()}: {adapters.modules()} Linear layers)" if adapters else ""
     return (f"trains {sizes['trainable_params']:,} of {sizes['params']:,} parameters ({share:.2%}){how}; "
             f"AdamW's state {sizes['optimizer_state_mb']:,.1f} MB")

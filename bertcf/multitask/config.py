@@ -144,8 +144,18 @@ class PredictionConfig(Settings):
 
 
 @dataclass(frozen=True)
-class MultitaskConfig(PredictionConfig, TaskFilesConfig, PeftSettings, MethodsConfig, TasksConfig, TaskBatchesConfig,
-                      TrainConfig, DataConfig, HeadsConfig, ModelConfig):
+class PeftScopeConfig(Settings):
+    """Stage 3's adapters: one for every task, or one per task (the rest of --peft: models/peft.py)."""
+
+    GROUP = PeftSettings.GROUP
+    peft_scope: str = option("shared", "--peft: one adapter for all tasks (shared), or one per task beside a "
+                                       "shared one (per-task: each task's rows pass through both; one encoder pass "
+                                       "per task of a step)", choices=("shared", "per-task"))
+
+
+@dataclass(frozen=True)
+class MultitaskConfig(PredictionConfig, TaskFilesConfig, PeftScopeConfig, PeftSettings, MethodsConfig, TasksConfig,
+                      TaskBatchesConfig, TrainConfig, DataConfig, HeadsConfig, ModelConfig):
     """Every setting of a ``run_multitask.py`` run (the bases, one per concern, in --help's order
     reversed); from Python, ``MultitaskConfig(steps=..., out_dir=..., aggregator="pcgrad", ...)``."""
 
@@ -174,6 +184,15 @@ class MultitaskConfig(PredictionConfig, TaskFilesConfig, PeftSettings, MethodsCo
         if self.peft and self.freeze_encoder:
             raise UsageError(f"--peft {self.peft} trains adapters in the encoder, --freeze-encoder trains none of it: "
                              f"give one of them")
+        if self.peft_scope == "per-task":
+            if not self.peft:
+                raise UsageError("--peft-scope per-task gives each task a peft adapter of its own: it needs --peft")
+            if self.merge:
+                raise UsageError("--merge writes one plain encoder, --peft-scope per-task has one per task: give one "
+                                 "of them")
+            if self.aggregator != "sum":
+                raise UsageError(f"--aggregator {self.aggregator} combines the tasks' gradients on what they share, "
+                                 f"--peft-scope per-task gives each its own adapter: give one of them")
         if self.drop_flow and self.freeze_flow:
             raise UsageError("--drop-flow leaves the flow out, --freeze-flow keeps it fixed: give one of them")
 

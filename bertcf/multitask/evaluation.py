@@ -101,10 +101,12 @@ def sentences(data: TaskData) -> int:
 def sentence_vectors(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None,
                      shown: Progress | None = None) -> torch.Tensor:
     """The encoder's vectors of every sentence of ``data``, column after column ([columns·n, D],
-    float32, CPU): a pair task's two columns in one length-sorted pass."""
+    float32, CPU): a pair task's two columns in one length-sorted pass, through the task's adapter
+    where each task has its own."""
     rows = [t for col in data.tokens for t in col]
-    return in_chunks(lambda chunk: model.encoder.encode_ids([rows[i] for i in chunk], batch_size, precision),
-                     [len(t) for t in rows], batch_size, shown)
+    with model.adapter_of(data.task.name):
+        return in_chunks(lambda chunk: model.encoder.encode_ids([rows[i] for i in chunk], batch_size, precision),
+                         [len(t) for t in rows], batch_size, shown)
 
 
 def raw_outputs(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None,

@@ -4,7 +4,8 @@ e.g. a whitening map, when it has one), or, for a pair encoded jointly, on BERT'
 
 What a head does depends on its task's kind and the pair encoding; that lives in
 ``bertcf.multitask.heads`` (one class per kind and encoding). The model runs the encoder once per
-step and hands each head its rows.
+step and hands each head its rows; with one peft adapter per task (--peft-scope per-task), once per
+task, each task's rows through the shared adapter and its own (:meth:`MultitaskModel.adapter_of`).
 
 ``save_pretrained(dir)`` writes the encoder checkpoint plus ``heads.safetensors`` and
 ``multitask.json`` (the tasks' declarations); ``from_pretrained(dir)`` rebuilds the whole model,
@@ -12,6 +13,7 @@ also from a checkpoint written before tasks were declared (its SST/QQP/STS head 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -82,19 +84,56 @@ class MultitaskModel(nn.Module):
         'qqp': (p1, p2), 'sts': (p1, p2)} for the report's tasks); with ``return_features``, also
         the encoder's output that every head reads (the shared representation). One pass instead
         of one per task: fewer kernel launches, and with the unpadded encoder the common padding
-        costs nothing. ``inputs_embeds``: word embeddings used instead of the ids' (SMART's
-        perturbation). Cross: one row per pair, ``token_type_ids`` [n, t] theirs
-        (:meth:`forward_joint`)."""
+        costs nothing (one per task where each task has its own adapter: :meth:`forward_each_task`).
+        ``inputs_embeds``: word embeddings used instead of the ids' (SMART's perturbation). Cross:
+        one row per pair, ``token_type_ids`` [n, t] theirs (:meth:`forward_joint`)."""
+        if self.per_task_adapters:
+            out, features = self.forward_each_task(input_ids, attention_mask, sizes, num_tokens, token_type_ids,
+                                                   inputs_embeds)
+        else:
+            out, features = self.forward_once(input_ids, attention_mask, sizes, num_tokens, token_type_ids,
+                                              inputs_embeds)
+        return (out, features) if return_features else out
+
+    def forward_once(self, input_ids, attention_mask, sizes: dict, num_tokens=None, token_type_ids=None,
+                     inputs_embeds=None):
+        """:meth:`forward`'s (outputs, features) from one encoder pass over every row."""
         if self.pair_encoding == "cross":
-            out, features = self.forward_joint(input_ids, attention_mask, sizes, num_tokens, token_type_ids,
-                                               inputs_embeds)
-            return (out, features) if return_features else out
+            return self.forward_joint(input_ids, attention_mask, sizes, num_tokens, token_type_ids, inputs_embeds)
         tasks = list(sizes)
         kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         u = self.encoder(input_ids, attention_mask, num_tokens=num_tokens, **kwargs)  # [n, D] float32
         parts = u.split([sizes[t] * self.heads[t].columns for t in tasks])
-        out = {task: self.heads[task](vectors) for task, vectors in zip(tasks, parts)}
-        return (out, u) if return_features else out
+        return {task: self.heads[task](vectors) for task, vectors in zip(tasks, parts)}, u
+
+    def forward_each_task(self, input_ids, attention_mask, sizes: dict, num_tokens=None, token_type_ids=None,
+                          inputs_embeds=None):
+        """:meth:`forward`'s (outputs, features) from one encoder pass per task, each through its
+        adapters. The rows keep the step's common padding, so that the features concatenate; a
+        pass counts its own real tokens (``num_tokens`` is the whole batch's)."""
+        out, features, start = {}, [], 0
+        for task, n in sizes.items():
+            rows = slice(start, start + n * self.heads[task].columns)
+            start = rows.stop
+            own = [None if x is None else x[rows] for x in (token_type_ids, inputs_embeds)]
+            with self.adapter_of(task):
+                y, f = self.forward_once(input_ids[rows], attention_mask[rows], {task: n},
+                                         num_tokens if len(sizes) == 1 else None, *own)
+            out[task] = y[task]
+            features.append(f)
+        if isinstance(features[0], list):  # cross: BERT's outputs that the heads read, each concatenated
+            return out, [torch.cat(f) for f in zip(*features)]
+        return out, torch.cat(features)
+
+    @property
+    def per_task_adapters(self) -> bool:
+        """Whether the encoder has one peft adapter per task (--peft-scope per-task)."""
+        return self.encoder.adapters is not None and bool(self.encoder.adapters.tasks)
+
+    def adapter_of(self, task: str):
+        """A context in which the encoder is ``task``'s: its adapter and the shared one active where
+        each task has its own (--peft-scope per-task), the encoder as it is otherwise."""
+        return self.encoder.adapters.of_task(task) if self.per_task_adapters else contextlib.nullcontext()
 
     def forward_joint(self, input_ids, attention_mask, sizes: dict, num_tokens=None, token_type_ids=None,
                       inputs_embeds=None):
@@ -125,7 +164,7 @@ class MultitaskModel(nn.Module):
         length-sorted batches, no gradient; the caller sets eval mode."""
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         device, chunks, head = self.device, [], self.heads[task]
-        with torch.inference_mode():
+        with torch.inference_mode(), self.adapter_of(task):
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
                 input_ids, token_types, mask = pad_pairs([ids[i] for i in rows], [types[i] for i in rows],
@@ -165,8 +204,9 @@ class MultitaskModel(nn.Module):
 
         path = resolve_checkpoint(path)
         meta = checkpoint_meta(path)
-        encoder = SentenceEncoder.from_pretrained(path, **encoder_kwargs)
-        model = cls(encoder, checkpoint_tasks(meta), meta.get("proj_dim", 768), meta.get("pair_encoding", "bi"))
+        tasks = checkpoint_tasks(meta)
+        encoder = SentenceEncoder.from_pretrained(path, task_adapters=[t.name for t in tasks], **encoder_kwargs)
+        model = cls(encoder, tasks, meta.get("proj_dim", 768), meta.get("pair_encoding", "bi"))
         try:
             heads = renamed_from_para(load_file(str(path / HEADS_FILE)))
             result = model.load_state_dict(heads, strict=False)

@@ -24,8 +24,10 @@ PROJECTOR_ROWS = 2000
 
 
 def shared_parameters(model: MultitaskModel) -> list[torch.nn.Parameter]:
-    """The parameters every task's loss reaches: the encoder's that train."""
-    return [p for p in model.encoder.parameters() if p.requires_grad]
+    """The parameters every task's loss reaches: the encoder's that train, the tasks' own adapters aside."""
+    adapters = model.encoder.adapters
+    own = {id(p) for t in (adapters.tasks if adapters is not None else ()) for p in adapters.parameters_of(t)}
+    return [p for p in model.encoder.parameters() if p.requires_grad and id(p) not in own]
 
 
 def gradient_cosines(losses: dict, params: list) -> dict:

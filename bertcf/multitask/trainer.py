@@ -143,7 +143,8 @@ class MultitaskTrainer:
             encoder.flow = encoder.dense = None
         model = MultitaskModel(encoder, self.tasks, config.proj_dim, config.pair_encoding)
         if config.peft:  # BERT's weights frozen, adapters in its Linear layers trained (after the heads' draws)
-            encoder.adapters = Adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)))
+            per_task = [t.name for t in self.tasks] if config.peft_scope == "per-task" else ()
+            encoder.adapters = Adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)), per_task)
         if config.freeze_encoder:
             encoder.requires_grad_(False)
         elif config.freeze_flow:
