@@ -233,6 +233,7 @@ class Adapters:
 
         directory = Path(directory)
         self.bert.save_pretrained(directory, link_weights_from, state_dict=peft.get_base_model_state_dict(self.model))
+        remove_adapter(directory)  # adapters saved there before, of one or per task, are not these
         card = directory / "README.md"
         had_card = card.exists()
         self.model.save_pretrained(str(directory))

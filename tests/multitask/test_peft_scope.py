@@ -17,11 +17,13 @@ peft = pytest.importorskip("peft", reason="peft is an optional extra: pip instal
 
 from minbert import BertModel, CheckpointError  # noqa: E402
 
+from bertcf.errors import UsageError  # noqa: E402
 from bertcf.models import peft as adapters  # noqa: E402
 from bertcf.models.encoder import SentenceEncoder  # noqa: E402
 from bertcf.models.peft import SHARED, Adapters, PeftSettings  # noqa: E402
 from bertcf.multitask import MultitaskModel  # noqa: E402
 from bertcf.multitask.evaluation import prediction_file  # noqa: E402
+from bertcf.multitask.monitor import shared_parameters  # noqa: E402
 from bertcf.multitask.tasks import builtin_tasks  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -125,6 +127,26 @@ def test_a_task_is_peft_with_the_shared_adapter_and_its_own_active(tiny_bert_dir
             torch.testing.assert_close(mine[name].grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
             compared += 1
     assert compared == len(model.encoder.adapters.parameters_of(SHARED)) * 2
+
+
+def test_the_conflicts_are_on_the_shared_adapter_and_shared_is_no_task_name(tiny_bert_dir):
+    """--conflict-every's cosines are taken on what every task reaches: the shared adapter, the tasks'
+    own aside. A task named ``shared`` is refused before peft injects anything."""
+    model = per_task_model(tiny_bert_dir)
+    assert {id(p) for p in shared_parameters(model)} == {id(p) for p in model.encoder.adapters.parameters_of(SHARED)}
+    with pytest.raises(UsageError, match="rename the task"):
+        Adapters(BertModel.from_pretrained(tiny_bert_dir), PeftSettings(peft="lora"), ["sst", SHARED])
+
+
+def test_a_save_replaces_the_adapters_saved_there_before(tiny_bert_dir, tmp_path):
+    """One adapter saved over a per-task checkpoint leaves no task's folder behind, and the other way round."""
+    one = SentenceEncoder.from_pretrained(tiny_bert_dir)
+    one.adapters = Adapters(one.bert, PeftSettings(peft="lora", peft_rank=4))
+    per_task = per_task_model(tiny_bert_dir).encoder
+    for encoder, single in ((per_task, False), (one, True), (per_task, False)):
+        encoder.save_pretrained(tmp_path)
+        assert adapters.has_adapter(tmp_path) == single and adapters.has_task_adapters(tmp_path) != single
+        assert all((tmp_path / name).is_dir() != single for name in [SHARED, *NAMES])
 
 
 @pytest.fixture(scope="module")
