@@ -172,6 +172,7 @@ class Multitask(Workload):
         from ..multitask.config import MultitaskConfig
         from ..multitask.methods import StepMethods
         from ..multitask.model import MultitaskModel
+        from ..multitask.step import step_losses
         from ..multitask.tasks import builtin_tasks
         from ..training.optim import make_optimizer, update
 
@@ -188,19 +189,14 @@ class Multitask(Workload):
                   "sts": torch.rand(32, generator=g, device=self.device) * 5}
         opt = make_optimizer([*model.parameters(), *methods.parameters()], 1e-5, 0.01, self.device)
         scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
-        backward = methods.backward if methods.custom_backward else None
+        # the variant computes the cosines at every step, as the trainer does at its logged ones
+        conflicts = (lambda parts: monitor.task_conflicts(model, parts)) if config.conflict_every else None
 
-        def compute(b):
-            inputs = {"input_ids": b.ids, "attention_mask": b.mask, "sizes": b.sizes, "num_tokens": b.tokens}
-            out, features = model(**inputs, return_features=True)
-            parts = {t: model.heads[t].loss(y, labels[t]) for t, y in out.items()}
-            if config.conflict_every and len(parts) > 1:  # the variant logs them at every step
-                monitor.gradient_cosines(parts, monitor.shared_parameters(model))
-            return methods.combine(parts, features, inputs, out)
-
-        def step(inputs):
+        def step(inputs):  # the trainer's step (bertcf.multitask.step) on this workload's batch
             (b,) = inputs
-            return update(opt, scaler, lambda: compute(b), self.device, self.precision, backward=backward)[0]
+            batch = {"input_ids": b.ids, "attention_mask": b.mask, "sizes": b.sizes, "num_tokens": b.tokens}
+            return update(opt, scaler, lambda: step_losses(model, methods, batch, labels, conflicts=conflicts),
+                          self.device, self.precision, backward=methods.backward)[0]
         return step
 
     def flops(self, inputs):

@@ -15,8 +15,9 @@ tokenising), ``heads`` (all that depends on a task's kind: a class per kind and 
 layers, loss, predictions and views), ``model`` (the encoder and a head per task), ``losses`` (the
 heads' loss functions), ``sampling`` (how tasks share
 the steps), ``weighting``, ``aggregation`` and ``smart`` (the multitask methods, ``methods``
-combines them in a step), ``evaluation`` (metrics, prediction files), ``monitor`` (TensorBoard),
-``config`` (the command's settings), ``trainer`` (the step and the run) and ``command``.
+combines them in a step), ``step`` (the step the trainer runs and the bench times),
+``evaluation`` (metrics, prediction files), ``monitor`` (TensorBoard), ``config`` (the command's
+settings), ``trainer`` (the step's batches and the run) and ``command``.
 """
 from .config import MultitaskConfig
 from .model import MultitaskModel

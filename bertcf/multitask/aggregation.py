@@ -54,6 +54,10 @@ Limits and how to call it:
   overflow, a diverged loss) is not aggregated: the shared parameters get its plain row sum, as
   ``backward`` would give, so the scaler skips the step (or the trainer reports the non-finite
   loss) and a stateful aggregator's state is not spoiled.
+- The aggregation itself is torchjd's ``jac_to_grad``; with ``gramian`` (``--aggregator-gramian``)
+  an aggregator of ``GRAMIAN_BASED`` gets its weights from the sum of the shared parameters'
+  Gramians and never holds the Jacobian concatenated (its ``optimize_gramian_computation``: up to
+  half the memory, a little slower on CUDA; the same update up to rounding, not bit for bit).
 - Resuming: ``aggregator_state`` / ``load_aggregator_state`` carry a stateful aggregator's state
   (GradVac, NashMTL, ExcessMTL, PCD) in the run's training state. The random ones (graddrop,
   random, pcgrad's and gradvac's task orders) draw from torch's global generator, which the
@@ -70,7 +74,7 @@ from torch import Tensor
 from torchjd import Stateful
 from torchjd import aggregation as tja
 from torchjd.autojac import backward as autojac_backward
-from torchjd.autojac import mtl_backward
+from torchjd.autojac import jac_to_grad, mtl_backward
 
 from ..errors import UsageError
 
@@ -111,6 +115,11 @@ NEEDS: dict[str, tuple[str, ...]] = {
 #: Aggregators whose result depends on the earlier steps (see ``aggregator_state``).
 STATEFUL = ("gradvac", "nash-mtl", "excess-mtl", "pcd")
 
+#: Aggregators whose weights depend on the Jacobian J only through its Gramian J J^T (torchjd's
+#: ``GramianWeightedAggregator``): ``gramian`` computes it parameter by parameter.
+GRAMIAN_BASED = ("upgrad", "dualproj", "pcgrad", "mgda", "cagrad", "imtl-g", "aligned-mtl", "gradvac", "fairgrad",
+                 "pcd")
+
 
 def missing_modules(name: str) -> list[str]:
     """The modules aggregator ``name`` needs that are not installed."""
@@ -134,11 +143,15 @@ def build_aggregator(name: str, num_tasks: int | None = None) -> tja.Aggregator 
     return AGGREGATORS[name](num_tasks)
 
 
-def check_aggregator(name: str, num_tasks: int, world_size: int = 1) -> None:
+def check_aggregator(name: str, num_tasks: int, world_size: int = 1, gramian: bool = False) -> None:
     """Refuse, in one line (UsageError), what ``aggregated_backward`` cannot do: an unknown
     aggregator or one whose solver is missing, one other than sum with fewer than two tasks, or
-    under DistributedDataParallel (``world_size`` > 1; the module's docstring says why)."""
+    under DistributedDataParallel (``world_size`` > 1; the module's docstring says why), and
+    ``gramian`` with an aggregator that is not Gramian-based."""
     _check_name(name)
+    if gramian and name not in GRAMIAN_BASED:
+        raise UsageError(f"--aggregator-gramian needs an aggregator whose weights come from the Gramian of the "
+                         f"tasks' gradients ({', '.join(GRAMIAN_BASED)}), not {name}")
     if name == SUM:
         return
     if num_tasks < 2:
@@ -153,7 +166,7 @@ def check_aggregator(name: str, num_tasks: int, world_size: int = 1) -> None:
 def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Tensor],
                         shared_params: Iterable[Tensor], aggregator: tja.Aggregator | None,
                         task_params: Sequence[Iterable[Tensor]] | None = None,
-                        loss_scale: float | None = None) -> Tensor | None:
+                        loss_scale: float | None = None, gramian: bool = False) -> Tensor | None:
     """Backward pass of one multitask step: fills (accumulates into) the parameters' ``.grad``.
 
     - ``losses``: one scalar per task, already weighted (``weighting``'s ``weighted`` values),
@@ -169,15 +182,19 @@ def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Te
       found in its graph (torchjd's default), which is what the caller wants in general;
     - ``aggregator``: from ``build_aggregator``; None (``sum``) backpropagates ``sum(losses)``
       as plain training does, bit for bit;
-    - ``loss_scale``: a GradScaler's ``get_scale()`` when ``losses`` are scaled (fp16).
+    - ``loss_scale``: a GradScaler's ``get_scale()`` when ``losses`` are scaled (fp16);
+    - ``gramian``: a Gramian-based aggregator (``GRAMIAN_BASED``) takes its weights from the sum
+      of the shared parameters' Gramians, the Jacobian never concatenated (torchjd's
+      ``optimize_gramian_computation``): the same update up to rounding, not bit for bit.
 
-    The shared parameters get the aggregation of the tasks' gradients on them; each task's
-    parameters their task's own gradient (when no shared parameter is trained, a frozen encoder,
-    that is all, and the plain backward of the sum does it). Returns the weights the aggregator
-    gave the tasks' gradients ([m], for logging) when it combines them linearly, else None.
+    The shared parameters get the aggregation of the tasks' gradients on them (torchjd's
+    ``jac_to_grad``); each task's parameters their task's own gradient (when no shared parameter
+    is trained, a frozen encoder, that is all, and the plain backward of the sum does it). Returns
+    the weights the aggregator gave the tasks' gradients ([m], for logging) when it combines them
+    linearly, else None.
 
     Cost: one backward through the encoder per task, and the Jacobian held twice for a moment
-    (m times the shared parameters in float32: 3 x 440 MB for BERT-base)."""
+    (m times the shared parameters in float32: 3 x 440 MB for BERT-base; once with ``gramian``)."""
     losses = list(losses)
     if aggregator is None:
         sum(losses).backward()  # python's sum from 0, as MultitaskLoss adds its parts
@@ -200,37 +217,38 @@ def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Te
     else:
         mtl_backward(losses, features=features, tasks_params=task_params, shared_params=shared,
                      parallel_chunk_size=1)
-    jacobian = torch.cat([p.jac.flatten(1) for p in shared], dim=1)  # [m, n]
+    return _jac_to_grad(shared, aggregator, loss_scale, gramian)
+
+
+def _jac_to_grad(shared: list[Tensor], aggregator: tja.Aggregator, loss_scale: float | None,
+                 gramian: bool) -> Tensor | None:
+    """torchjd's ``jac_to_grad`` on the shared parameters' ``.jac``: their aggregation added to
+    their ``.grad`` (it frees the ``.jac``), and the weights, which it returns for a weighted
+    aggregator. Around it, the two things it does not do:
+
+    - a Jacobian with an inf or a NaN is not aggregated (a solver would fail on it, a stateful
+      aggregator's state would be spoiled): its plain row sum (torchjd's ``Sum``), as ``backward``
+      gives, so that the GradScaler skips the step, or the trainer reports the non-finite loss;
+    - a GradScaler's scale: the aggregator sees the true Jacobian, ``.jac / loss_scale`` (NashMTL,
+      FairGrad, ExcessMTL and PCD do not scale along with their input), and its update is scaled
+      back before it joins ``.grad`` (which may hold SMART's scaled gradient), for ``unscale_``."""
+    if not bool(torch.stack([torch.isfinite(p.jac).all() for p in shared]).all()):
+        jac_to_grad(shared, tja.Sum())
+        return None
+    scale = 1.0 if loss_scale is None else float(loss_scale)
+    if scale == 1.0:
+        return jac_to_grad(shared, aggregator, optimize_gramian_computation=gramian)
+    held = []
     for p in shared:
-        del p.jac  # as torchjd's jac_to_grad does: free them, and keep them from adding to the next step's
-    weights = None
-    if not bool(torch.isfinite(jacobian).all()):
-        update = jacobian.sum(0)  # what backward would give: the scaler skips the step
-    else:
-        scale = 1.0 if loss_scale is None else float(loss_scale)
-        update, weights = _aggregate(aggregator, jacobian / scale if scale != 1.0 else jacobian)
-        update = update * scale if scale != 1.0 else update
-    del jacobian
-    for p, g in zip(shared, update.split([p.numel() for p in shared])):
-        g = g.view_as(p).to(p.dtype)
-        if p.grad is None:
-            p.grad = g
-        else:
-            p.grad += g
+        p.jac = p.jac / scale
+        held.append(p.grad)
+        p.grad = None
+    weights = jac_to_grad(shared, aggregator, optimize_gramian_computation=gramian)
+    for p, grad in zip(shared, held):
+        p.grad.mul_(scale)
+        if grad is not None:
+            p.grad = grad.add_(p.grad)
     return weights
-
-
-def _aggregate(aggregator: tja.Aggregator, jacobian: Tensor) -> tuple[Tensor, Tensor | None]:
-    """The aggregator's update [n] and, when it weighs the rows, the weights it used [m]."""
-    if not isinstance(aggregator, tja.WeightedAggregator):
-        return aggregator(jacobian), None
-    seen = []
-    handle = aggregator.weighting.register_forward_hook(lambda module, args, out: seen.append(out))
-    try:
-        update = aggregator(jacobian)
-    finally:
-        handle.remove()
-    return update, seen[-1].detach() if seen else None
 
 
 def _leaves_of(tensors: Sequence[Tensor]) -> set[int]:

@@ -108,6 +108,10 @@ class MethodsConfig(Settings):
     aggregator: str = option("sum", "how the tasks' gradients on the shared encoder combine: sum (the report's: "
                                     "one backward of the weighted sum), or a torchjd aggregator (docs/multitask.md "
                                     "describes each); needs --task-sampling all", choices=tuple(AGGREGATORS))
+    aggregator_gramian: bool = option(False, "with a Gramian-based --aggregator (upgrad, pcgrad, mgda, ...): its weights "
+                                             "from the sum of the encoder parameters' Gramians, without the whole "
+                                             "Jacobian at once (torchjd's optimize_gramian_computation: up to half its "
+                                             "memory); the same update up to rounding, not bit for bit", switch=True)
     task_weighting: str = option("fixed", "the tasks' loss weights: fixed (the per-task weights), uncertainty "
                                           "(learned, Kendall et al. 2018), dwa (Dynamic Weight Average, Liu et al. "
                                           "2019)", choices=("fixed", "uncertainty", "dwa"))

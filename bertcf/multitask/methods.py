@@ -1,8 +1,10 @@
 """How a step's task losses become its update (``StepMethods``): the loss weighting
 (``--task-weighting``: fixed, uncertainty, dwa; ``weighting``), SMART's regulariser
 (``--smart-weight``; ``smart``) and the aggregation of the tasks' gradients on the encoder
-(``--aggregator``; ``aggregation``). With the defaults (fixed weights, no SMART, ``sum``) the step
-is the report's: one backward of the weighted sum, bit for bit."""
+(``--aggregator``; ``aggregation``), behind two calls: ``losses`` (the step's ``StepLosses``)
+and ``backward`` (the update, whatever the methods; it returns the weights to log). With the
+defaults (fixed weights, no SMART, ``sum``) the step is the report's: one backward of the weighted
+sum, bit for bit."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +12,7 @@ import torch
 from ..errors import UsageError
 from . import aggregation
 from .smart import check_smart_weight
+from .step import StepLosses
 from .weighting import build_weighting
 
 
@@ -24,14 +27,13 @@ class StepMethods:
         self.weighting = build_weighting(config.task_weighting, names, {t: model.tasks[t].weight for t in names},
                                          **settings)
         self.aggregator = aggregation.build_aggregator(config.aggregator, len(names))
-        self._stash = None  # what the step's backward needs: the weighted losses and the features
 
     @staticmethod
     def check(config, tasks, world_size: int) -> None:
         """Refuse, in one line, what cannot run: an unknown aggregator or one without its solver, an
         aggregator with one task, under DDP or on a frozen encoder, SMART's weight not finite or under
         DDP, an adaptive weighting with one task a step."""
-        aggregation.check_aggregator(config.aggregator, len(tasks), world_size)
+        aggregation.check_aggregator(config.aggregator, len(tasks), world_size, config.aggregator_gramian)
         if config.aggregator != aggregation.SUM and config.freeze_encoder:
             raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients on the encoder, which "
                              f"--freeze-encoder freezes: there is nothing to aggregate; use --aggregator "
@@ -59,38 +61,44 @@ class StepMethods:
             return {}
         return {"aggregator": _AggregatorState(self.aggregator)}
 
-    @property
-    def custom_backward(self) -> bool:
-        return self.aggregator is not None
-
     # ---- the step ------------------------------------------------------------------------------
-    def combine(self, parts: dict, features, inputs: dict, out: dict) -> tuple[torch.Tensor, dict]:
-        """The step's loss from its task losses ``parts``, and the scalars to log (the weights)."""
+    def losses(self, parts: dict, features, inputs: dict, out: dict) -> StepLosses:
+        """The step's losses from its task losses ``parts`` (task -> L_t), weighted, with SMART's
+        term on ``inputs`` and the heads' outputs ``out``; ``features``: what the heads read."""
+        weights = self.weighting.weights()  # before DWA's forward, which may start a new period's
         total, weighted = self.weighting(parts)
-        scalars = {f"weight_{t}": float(w) for t, w in self.weighting.weights().items() if t in parts}
-        smart = None
+        losses = StepLosses(total, weighted, features, {t: float(weights[t]) for t in parts})
         if self.config.smart_weight > 0:
             regulariser = self.smart_loss(inputs, out)
-            smart = self.config.smart_weight * regulariser
-            total = total + smart
-            scalars["smart"] = regulariser.detach()
-        self._stash = (weighted, features, scalars, smart)
-        return total, scalars
+            losses.smart = self.config.smart_weight * regulariser
+            losses.total = total + losses.smart
+            losses.regulariser = regulariser.detach()
+        return losses
 
-    def backward(self, loss, scaler) -> None:
-        """The aggregated backward (``--aggregator``): each task's weighted loss a row of the
-        Jacobian on the encoder, the heads their own task's gradient."""
-        weighted, features, scalars, smart = self._stash
-        self._stash = None
-        if smart is not None:  # no task's loss, so no row of the Jacobian: its gradient goes in as it is
-            scaler.scale(smart).backward(retain_graph=True)
-        names = list(weighted)
-        losses = [scaler.scale(weighted[t]) for t in names]
+    def backward(self, losses: StepLosses, scaler) -> dict:
+        """The step's update, for every method: fills the gradients from ``losses`` (scaled by
+        the GradScaler ``scaler``) and returns the weights to log (``weight_TASK``, the loss
+        weights; ``aggregator_weight_TASK``, where the aggregator weighs the tasks' gradients
+        linearly; ``smart``, the regulariser). With ``sum`` one backward of ``losses.total``:
+        the report's step, bit for bit, whatever the weighting and SMART. With an aggregator,
+        each task's weighted loss a row of the Jacobian on the encoder, the heads their own
+        task's gradient, SMART's term backpropagated as it is (it is no task's)."""
+        logged = {f"weight_{t}": w for t, w in losses.weights.items()}
+        if losses.regulariser is not None:
+            logged["smart"] = losses.regulariser
+        if self.aggregator is None:
+            scaler.scale(losses.total).backward()
+            return logged
+        if losses.smart is not None:
+            scaler.scale(losses.smart).backward(retain_graph=True)
+        names = list(losses.weighted)
         shared = [p for p in self.model.encoder.parameters() if p.requires_grad]
-        weights = aggregation.aggregated_backward(losses, features, shared, self.aggregator,
+        weights = aggregation.aggregated_backward([scaler.scale(losses.weighted[t]) for t in names], losses.features,
+                                                  shared, self.aggregator, gramian=self.config.aggregator_gramian,
                                                   loss_scale=scaler.get_scale() if scaler.is_enabled() else None)
         if weights is not None:
-            scalars |= {f"aggregator_weight_{t}": float(w) for t, w in zip(names, weights.tolist())}
+            logged |= {f"aggregator_weight_{t}": float(w) for t, w in zip(names, weights.tolist())}
+        return logged
 
     # ---- SMART -----------------------------------------------------------------------------------
     def smart_loss(self, inputs: dict, out: dict) -> torch.Tensor:

@@ -43,6 +43,13 @@ def gradient_cosines(losses: dict, params: list) -> dict:
             for a, b in itertools.combinations(grads, 2)}
 
 
+def task_conflicts(model: MultitaskModel, losses: dict) -> dict:
+    """:func:`gradient_cosines` of a step's task losses on ``model``'s shared parameters; {} with
+    one task, or with nothing shared to train (a frozen encoder)."""
+    shared = shared_parameters(model)
+    return gradient_cosines(losses, shared) if len(losses) > 1 and shared else {}
+
+
 def _hparam_value(value):
     if value is None or isinstance(value, (bool, int, float, str)):
         return value

@@ -19,6 +19,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -44,6 +45,7 @@ from .heads import head_type
 from .methods import StepMethods
 from .model import MultitaskModel, checkpoint_meta, renamed_from_para, resolve_checkpoint, run_dir_of
 from .sampling import TaskSampler
+from .step import step_losses
 from .declarations import declared_tasks
 from .tasks import Task
 
@@ -206,7 +208,7 @@ class MultitaskTrainer:
             note(config.progress, f"{run.dir.name}: {budget_line(step.budget, encoder.adapters)}")
             at = [s for s in evaluation_steps(config.steps, config.eval_every) if s > loop.step or s == loop.step == 0]
             note(config.progress, evaluation_plan(run.dir.name, config, at, per_evaluation, at_end))
-        summary = loop.fit(step, backward=methods.backward if methods.custom_backward else None)
+        summary = loop.fit(step, backward=methods.backward)
         rank, world = dist_info()
         if rank == 0:
             summary = self.finish(summary, run, data, dev_sets, device)
@@ -264,8 +266,9 @@ class MultitaskTrainer:
 
 
 class Step:
-    """One training step (the loop's ``step_fn``): the tasks the sampler picks, their batches in
-    one encoder pass, their losses, combined as the methods say."""
+    """One training step's losses (the loop's ``step_fn``; ``multitask.step``): the tasks the
+    sampler picks, their batches, and ``step_losses`` on them; the loop's update is
+    ``StepMethods.backward``."""
 
     def __init__(self, config, model, step_model, train_sets, samplers, task_sampler, methods, run, device):
         self.config, self.model, self.step_model = config, model, step_model
@@ -283,23 +286,20 @@ class Step:
             b = self.model.tasks[task].batch_size
             rows[task] = self.samplers[task].next(b)[local_rows(b, self.rank, self.world)]
         inputs, labels = train_batch(self.train_sets, rows, self.pad_id, self.device, self.labels)
-        out, features = self.step_model(**inputs, return_features=True)
-        parts = {task: self.model.heads[task].loss(y, labels[task]) for task, y in out.items()}
-        if self.world == 1 and self.config.conflict_every and step % self.config.conflict_every == 0:
-            self.log_conflicts(step, parts)
-        loss, scalars = self.methods.combine(parts, features, inputs, out)
-        scalars |= {f"loss_{t}": parts[t].detach() for t in chosen}
+        conflicts = self.world == 1 and self.config.conflict_every and step % self.config.conflict_every == 0
+        losses, scalars = step_losses(self.model, self.methods, inputs, labels, self.step_model,
+                                      conflicts=partial(self.log_conflicts, step) if conflicts else None)
         scalars |= {f"batches_{t}": float(n) for t, n in self.task_sampler.counts.items()}
         scalars |= self.budget  # what training costs, in TensorBoard beside the losses (constant)
         if torch.device(self.device).type == "cuda":
             scalars["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
-        return loss, scalars
+        return losses, scalars
 
     def log_conflicts(self, step: int, parts: dict) -> None:
         """The cosines between the tasks' gradients on the encoder (``monitor.gradient_cosines``)."""
-        shared = monitor.shared_parameters(self.model)
-        if len(parts) > 1 and shared:
-            self.run.scalars(step, monitor.gradient_cosines(parts, shared), prefix="conflict/")
+        cosines = monitor.task_conflicts(self.model, parts)
+        if cosines:
+            self.run.scalars(step, cosines, prefix="conflict/")
 
 
 def evaluation_plan(name: str, config: MultitaskConfig, at: list[int], per_evaluation: int, at_end: int) -> str:

@@ -5,8 +5,8 @@ evaluation, non-finite losses and Ctrl-C. The optimiser is ``training.optim``, t
 
 Its users (``training.Trainer`` for an objective, multitask fine-tuning, the cross-encoder) give
 ``TrainingLoop`` their ``evaluate(step)`` (returning metrics) and ``save_model(dir)``, and
-``TrainingLoop.fit`` their ``step_fn(step)`` (returning the loss and some scalars to log) and an
-optional ``after_step``.
+``TrainingLoop.fit`` their ``step_fn(step)`` (returning the loss and some scalars to log), an
+optional ``after_step`` and the update's ``backward`` (stage 3's methods; default the loss's).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ..runs import STATE_FILE, Run
 from ..utils.distributed import dist_info, mean_over_ranks, seed_dropout
 from ..utils.files import recover_dir, save_dir_atomic
 from ..utils.progress import Progress
-from .optim import update
+from .optim import plain_backward, update
 
 #: The metric of a run without a score (no evaluator, ``--select-on last``): the step, so the latest
 #: evaluation is best/; the summary's first and best scores are then None.
@@ -203,13 +203,13 @@ class TrainingLoop:
             torch.distributed.barrier()
 
     # -- the loop ------------------------------------------------------------------------------------
-    def fit(self, step_fn, after_step=None, backward=None) -> dict:
-        """Run ``step_fn(step) -> (loss, scalars)`` until --steps, evaluating every
-        --eval-every steps (and at step 0 and at the end) and writing last/ at each evaluation and
-        every --save-every steps. ``after_step()``, when given, runs after every optimiser step
-        (e.g. an EMA update); ``backward``, when given, replaces the plain backward of the step's
-        loss (``optim.update``). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns
-        a summary ("signal": the stopping signal's name, or None)."""
+    def fit(self, step_fn, after_step=None, backward=plain_backward) -> dict:
+        """Run ``step_fn(step) -> (losses, scalars)`` until --steps, evaluating every --eval-every steps
+        (and at 0 and at the end), writing last/ then and every --save-every steps. ``backward(losses,
+        scaler) -> scalars`` fills the gradients (``optim.update``; stage 3's: ``StepMethods.backward``),
+        its scalars logged with the step's; ``after_step()`` runs after every optimiser step (an EMA
+        update). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns a summary
+        ("signal": the stopping signal's name, or None)."""
         config = self.config
         save_every = config.save_every or config.eval_every
         self.run.start(self.step)

@@ -39,22 +39,28 @@ def make_scheduler(optimizer, kind: str, warmup_steps: int, total_steps: int):
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def update(optimizer, scaler, compute, device, precision: str, max_grad_norm: float = 0.0, backward=None):
-    """One optimiser step: ``compute() -> (loss, scalars)`` under autocast, the (scaled) backward,
-    clipping to ``max_grad_norm`` (0: off), the step. Returns what ``compute`` returned. The
-    Trainer's loop and the bench both step through here. ``backward(loss, scaler)``, when given,
-    fills the gradients instead of ``scaler.scale(loss).backward()`` (stage 3's gradient
-    aggregation across tasks)."""
+def plain_backward(loss, scaler) -> dict:
+    """The update of every training run but stage 3's methods: the backward of the (scaled) loss.
+    Returns the scalars it logs: none."""
+    scaler.scale(loss).backward()
+    return {}
+
+
+def update(optimizer, scaler, compute, device, precision: str, max_grad_norm: float = 0.0,
+           backward=plain_backward):
+    """One optimiser step: ``compute() -> (losses, scalars)`` under autocast, ``backward(losses,
+    scaler) -> scalars`` (the gradients, scaled by the GradScaler ``scaler``; stage 3's is
+    ``StepMethods.backward``), clipping to ``max_grad_norm`` (0: off), the step. ``losses``: the
+    step's loss, or what ``backward`` takes, with the loss as its ``total`` (stage 3's
+    ``StepLosses``). Returns the loss and ``compute``'s scalars with ``backward``'s (the weights a
+    multitask method gave). The Trainer's loop and the bench both step through here."""
     optimizer.zero_grad(set_to_none=True)
     with autocast(device, precision):
-        loss, scalars = compute()
-    if backward is not None:
-        backward(loss, scaler)
-    else:
-        scaler.scale(loss).backward()
+        losses, scalars = compute()
+    scalars = scalars | backward(losses, scaler)
     if max_grad_norm > 0:
         scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], max_grad_norm)
     scaler.step(optimizer)
     scaler.update()
-    return loss, scalars
+    return (losses if isinstance(losses, torch.Tensor) else losses.total), scalars

@@ -318,6 +318,30 @@ def test_bad_input():
         aggregated_backward(losses[:1], f, model.trunk.parameters(), build_aggregator("mgda"))
 
 
+def test_the_gramian_engine_only_for_gramian_based_aggregators():
+    """``--aggregator-gramian``: the aggregators of ``GRAMIAN_BASED`` are torchjd's
+    GramianWeightedAggregators, whose weights jac_to_grad can take from the Gramian; the others are
+    refused in one line. On the toy, the same update as from the whole Jacobian, to rounding."""
+    for name in OFFERED:
+        if not missing_modules(name):
+            gramian = isinstance(build_aggregator(name, NUM_TASKS), aggregation.tja.GramianWeightedAggregator)
+            assert gramian == (name in aggregation.GRAMIAN_BASED), name
+    with pytest.raises(UsageError, match="--aggregator-gramian needs an aggregator whose weights come from the "
+                                         "Gramian .*, not mean"):
+        check_aggregator("mean", num_tasks=3, gramian=True)
+    with pytest.raises(UsageError, match="not sum"):
+        check_aggregator("sum", num_tasks=3, gramian=True)
+    check_aggregator("pcgrad", num_tasks=3, gramian=True)
+    got = []
+    for gramian in (False, True):
+        model = Toy(dtype=torch.float32)
+        trunk = list(model.trunk.parameters())
+        f, losses = model.losses(*toy_batch(dtype=torch.float32))
+        weights = aggregated_backward(losses, f, trunk, build_aggregator("mgda"), gramian=gramian)
+        got.append((flat_grad(trunk), weights))
+    assert torch.allclose(got[0][0], got[1][0], rtol=1e-4, atol=1e-6) and torch.allclose(got[0][1], got[1][1])
+
+
 def test_a_missing_solver_is_one_line(monkeypatch):
     monkeypatch.setitem(aggregation.NEEDS, "upgrad", ("no_such_solver_module",))
     with pytest.raises(UsageError) as error:
