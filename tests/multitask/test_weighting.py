@@ -1,7 +1,7 @@
 """Loss weightings (bertcf.multitask.weighting) against independent implementations: torchjd's
 scalarizers ``UW`` and ``DWA`` (torchjd is a dependency), LibMTL's weightings ``UW`` and ``DWA``
-where LibMTL is installed (``pip install LibMTL --no-deps``; it is no test dependency, as its
-own dependencies would replace this project's torch), and the papers' formulas written out here:
+where LibMTL is installed (``pip install --no-deps LibMTL==1.1.5``, as .ci/run does; it is in no
+extra, as its own dependencies would replace this project's torch), and the papers' formulas written out here:
 Kendall, Gal & Cipolla 2018 (uncertainty weighting, LibMTL's form sum_t exp(-s_t) L_t / 2 +
 s_t / 2) and Liu, Johns & Davison 2019 (DWA). The fixed weighting is today's sum, bit for bit."""
 import copy
@@ -40,7 +40,7 @@ def libmtl(monkeypatch):
     package object instead: they need only torch and numpy."""
     spec = importlib.util.find_spec("LibMTL")
     if spec is None:
-        pytest.skip("LibMTL is not installed (pip install LibMTL --no-deps)")
+        pytest.skip("LibMTL is not installed (pip install --no-deps LibMTL==1.1.5)")
     for name, path in (("LibMTL", spec.submodule_search_locations),
                        ("LibMTL.weighting", [p + "/weighting" for p in spec.submodule_search_locations])):
         package = types.ModuleType(name)
