@@ -259,3 +259,17 @@ def test_the_onnx_export_refuses_an_unmerged_houlsby_checkpoint(tiny_bert_dir, t
 def test_settings_that_do_not_apply_are_refused(settings, needle):
     with pytest.raises(UsageError, match=needle):
         PeftSettings(**settings)
+
+
+def test_on_real_weights_the_start_is_the_base_and_the_count_is_the_papers(real_bert_dir):
+    """all-MiniLM-L6-v2 ($BERTCF_REAL_BERT): at initialisation the adapted encoder's vectors are the
+    base's bit for bit; the trained parameters are 2L (2 m D + m + D) for the adapters and the
+    LayerNorms' 2 D (1 + 2L), as the paper counts them."""
+    plain = SentenceEncoder.from_pretrained(real_bert_dir).eval()
+    adapted = SentenceEncoder.from_pretrained(real_bert_dir).eval()
+    adapted.adapters = make_adapters(adapted.bert, PeftSettings(peft="houlsby", peft_bottleneck=16))
+    sentences = ["A man is playing a guitar.", "The cat sleeps on the warm windowsill all afternoon."]
+    assert torch.equal(torch.as_tensor(adapted.encode(sentences)), torch.as_tensor(plain.encode(sentences)))
+    layers, width, m = adapted.bert.config.num_hidden_layers, adapted.dim, 16
+    trained = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    assert trained == 2 * layers * (2 * m * width + m + width) + 2 * width * (1 + 2 * layers)
