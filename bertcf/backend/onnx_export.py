@@ -364,6 +364,10 @@ def export_onnx(source, out=None, quantize_to: str | None = None, opset: int = D
     interrupted export leaves the previous one; a non-empty ``out`` that is no export is refused."""
     path = Path(resolve_encoder_path(source))
     encoder = SentenceEncoder.from_pretrained(path).eval()
+    if encoder.adapters is not None:
+        raise UsageError(f"{path} holds Houlsby adapters (--peft houlsby), which do not merge into the weights, and "
+                         f"the export writes the plain encoder's graph: encode with the torch backend "
+                         f"(python -m bertcf.encode --backend torch)")
     default_out = path / "onnx"
     out = Path(out) if out is not None else default_out
     if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / CONFIG_FILE).is_file()):

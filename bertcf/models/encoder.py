@@ -234,11 +234,11 @@ class SentenceEncoder(nn.Module):
         :meth:`encode`. ``link_weights_from``: see :meth:`minbert.BertModel.save_pretrained`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        peft.remove_adapter(directory)  # adapters saved there before, of any method or scope, are not these
         if self.adapters is not None:
             self.adapters.save(directory, link_weights_from)
         else:
             self.bert.save_pretrained(directory, link_weights_from)
-            peft.remove_adapter(directory)  # an adapter saved there before is not these weights
         self.tokenizer.save_pretrained(str(directory))
         meta = {"pooling": self.pooling, "max_length": self.max_length, "flow": self.flow is not None,
                 "normalize": self.normalize, "dense": self.dense is not None}
@@ -263,7 +263,8 @@ class SentenceEncoder(nn.Module):
         directory (its ``best/`` is used). ``vocab``: a vocab.txt for directories that carry no
         tokenizer files. Arguments given win over what the directory says. ``task_adapters``: the
         tasks of a checkpoint with one adapter per task (--peft-scope per-task), loaded unmerged
-        (``adapters``), as ``MultitaskModel.from_pretrained`` does; such a checkpoint is refused without."""
+        (``adapters``), as ``MultitaskModel.from_pretrained`` does; such a checkpoint is refused without.
+        Houlsby adapters (--peft houlsby), which do not merge, are loaded unmerged too."""
         path = resolve_encoder_path(path)
         meta, layout = {}, {}
         if Path(path).is_dir():
@@ -274,9 +275,7 @@ class SentenceEncoder(nn.Module):
                     raise CheckpointError(f"{Path(path) / ENCODER_FILE} is not a readable JSON file") from None
             layout = {k: v for k, v in (st_format.read(path) or {}).items() if v is not None}
         bert = BertModel.from_pretrained(path, **config_overrides)
-        adapters = peft.Adapters.load(path, bert, task_adapters) if task_adapters and peft.has_task_adapters(path) \
-            else None
-        bert = adapters.bert if adapters is not None else peft.load_merged(path, bert)  # an adapter merged
+        bert, adapters = peft.load_adapters(path, bert, task_adapters)  # a peft adapter merged, Houlsby's not
         tokenizer = load_tokenizer(path, vocab_fallback=vocab)
         flow_file = Path(path) / FLOW_FILE if (Path(path) / FLOW_FILE).is_file() else layout.get("flow")
         flow = None

@@ -6,7 +6,11 @@ frozen, small adapters in its Linear layers trained instead.
 - ``dora``: DoRA (Liu et al. 2024), the LoRA'd weight split into a learned magnitude per output and
   a direction, m (W + (alpha / r) B A) / ||W + (alpha / r) B A||;
 - ``ia3``: IA3 (Liu et al. 2022, T-Few), learned vectors that rescale the keys, the values and the
-  feed-forward activations (the input of a feed-forward layer), ones at the start.
+  feed-forward activations (the input of a feed-forward layer), ones at the start;
+- ``houlsby``: Houlsby et al. 2019's bottleneck adapters after each layer's attention and feed-forward
+  outputs, h + W_up f(W_down h + b_down) + b_up, the LayerNorms trained too; peft has none, so they are
+  written here (models/bottleneck.py, :class:`~bertcf.models.bottleneck.HoulsbyAdapters`, which
+  :func:`make_adapters` gives for them). They do not merge: their checkpoints load unmerged.
 
 peft wraps any ``nn.Linear`` by name, so no transformers model is needed: :class:`Adapters` injects
 the adapters into the minBERT in place (it stays a ``minbert.BertModel``, its Linear layers wrapped;
@@ -46,12 +50,17 @@ from minbert import CheckpointError
 from .. import cli
 from ..errors import UsageError
 from ..settings import Settings, option
+from .bottleneck import HOULSBY_CONFIG, HOULSBY_WEIGHTS, HoulsbyAdapters, has_houlsby, is_adapted, saved_config
 
-METHODS = ("lora", "dora", "ia3")
+METHODS = ("lora", "dora", "ia3", "houlsby")
 #: Every Linear layer of a transformer layer: attention's query, key, value and output, both feed-forward layers.
 LAYER_LINEARS = ("query", "key", "value", "output.dense", "intermediate.dense")
 DEFAULT_TARGETS = {"lora": LAYER_LINEARS, "dora": LAYER_LINEARS, "ia3": ("key", "value", "output.dense")}
 IA3_FEEDFORWARD = ("output.dense",)
+#: The settings that do not apply to each method (houlsby's adapters sit at fixed places: no targets).
+NOT_FOR = {None: (), "lora": ("peft_feedforward", "peft_bottleneck"), "dora": ("peft_feedforward", "peft_bottleneck"),
+           "ia3": ("peft_rank", "peft_alpha", "peft_dropout", "peft_bottleneck"),
+           "houlsby": ("peft_rank", "peft_alpha", "peft_dropout", "peft_targets", "peft_feedforward")}
 #: peft's file names (peft.utils.CONFIG_NAME, SAFETENSORS_WEIGHTS_NAME).
 ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
 #: The adapter every task passes through under --peft-scope per-task (a task of that name is refused).
@@ -65,7 +74,8 @@ class PeftSettings(Settings):
 
     GROUP = "parameter-efficient fine-tuning (peft)"
     peft: str | None = option(None, "train adapters in the frozen encoder instead of its weights: lora (Hu et al. "
-                                    "2021), dora (Liu et al. 2024), ia3 (Liu et al. 2022)", choices=METHODS)
+                                    "2021), dora (Liu et al. 2024), ia3 (Liu et al. 2022), houlsby (Houlsby et al. "
+                                    "2019: bottleneck adapters, the LayerNorms trained too)", choices=METHODS)
     peft_rank: int = option(8, "lora, dora: the rank r of the update B A", type=cli.AT_LEAST_1)
     peft_alpha: float = option(16.0, "lora, dora: alpha; the update is scaled by alpha / r", type=cli.POSITIVE)
     peft_dropout: float = option(0.0, "lora, dora: dropout on the adapter's input", type=cli.PROBABILITY)
@@ -75,8 +85,11 @@ class PeftSettings(Settings):
     peft_feedforward: tuple | None = option(None, "ia3: the targets that are feed-forward layers, whose input is "
                                                   "rescaled rather than their output (default output.dense)",
                                             type=NAMES, metavar="NAMES")
-    merge: bool = option(False, "--peft: at the end, also write merged/: the best checkpoint with its adapter merged "
-                                "into the weights (peft's merge_and_unload), a plain checkpoint", switch=True)
+    peft_bottleneck: int = option(64, "houlsby: the bottleneck size m of each adapter, W_down [m, D]",
+                                  type=cli.AT_LEAST_1)
+    merge: bool = option(False, "--peft lora|dora|ia3: at the end, also write merged/: the best checkpoint with its "
+                                "adapter merged into the weights (peft's merge_and_unload), a plain checkpoint",
+                         switch=True)
 
     def __post_init__(self):
         super().__post_init__()
@@ -84,12 +97,14 @@ class PeftSettings(Settings):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         fields = type(self).__dataclass_fields__
-        given = [n for n in ("peft_rank", "peft_alpha", "peft_dropout", "peft_targets", "peft_feedforward", "merge")
-                 if getattr(self, n) != fields[n].default]
+        given = [n for n in ("peft_rank", "peft_alpha", "peft_dropout", "peft_targets", "peft_feedforward",
+                             "peft_bottleneck", "merge") if getattr(self, n) != fields[n].default]
         if self.peft is None and given:
             raise UsageError(f"--{given[0].replace('_', '-')} does not apply without --peft")
-        not_here = {"ia3": ("peft_rank", "peft_alpha", "peft_dropout")}.get(self.peft, ("peft_feedforward",))
-        wrong = next((n for n in given if n in not_here), None)
+        if self.peft == "houlsby" and self.merge:
+            raise UsageError("--merge does not apply to --peft houlsby: its bottleneck adapters have a nonlinearity "
+                             "(GELU), which no weight of the encoder can absorb; their checkpoints load unmerged")
+        wrong = next((n for n in given if n in NOT_FOR[self.peft]), None)
         if wrong:
             raise UsageError(f"--{wrong.replace('_', '-')} does not apply to --peft {self.peft}")
         outside = set(self.feedforward_modules) - set(self.target_modules)
@@ -118,6 +133,8 @@ class PeftSettings(Settings):
     def peft_summary(self) -> str:
         if self.peft == "ia3":
             return f"ia3 on {','.join(self.target_modules)}"
+        if self.peft == "houlsby":
+            return f"houlsby m {self.peft_bottleneck}"
         return f"{self.peft} r {self.peft_rank}, alpha {self.peft_alpha:g} on {','.join(self.target_modules)}"
 
 
@@ -142,6 +159,21 @@ def check_targets(model: nn.Module, targets) -> None:
                              f"layer")
 
 
+def check_task_names(tasks) -> None:
+    if SHARED in tasks:
+        raise UsageError(f"--peft-scope per-task: a task named {SHARED!r} would share the shared adapter's name; "
+                         f"rename the task")
+
+
+def make_adapters(bert: nn.Module, settings: PeftSettings, tasks=()):
+    """The adapters of ``settings`` injected into ``bert``: Houlsby's (models/bottleneck.py) for
+    ``--peft houlsby``, else peft's (:class:`Adapters`); ``tasks``: one adapter per task beside a shared one."""
+    check_task_names(tasks)
+    if settings.peft == "houlsby":
+        return HoulsbyAdapters(bert, settings.peft_bottleneck, tasks, SHARED)
+    return Adapters(bert, settings, tasks)
+
+
 def _peft():
     try:
         import peft
@@ -154,14 +186,20 @@ class Adapters:
     """peft's adapters of ``settings`` injected into ``bert`` (a minBERT) in place; its base weights
     frozen. ``model``: the ``peft.PeftModel`` around it, which saves the adapter and merges it.
     ``tasks``: one adapter per task beside the :data:`SHARED` one (--peft-scope per-task), each
-    trained, ``shared`` alone active outside :meth:`of_task`; none: the one adapter, peft's default."""
+    trained, ``shared`` alone active outside :meth:`of_task`; none: the one adapter, peft's default.
+    :func:`make_adapters` gives these or, for ``houlsby``, :class:`~bertcf.models.bottleneck.HoulsbyAdapters`."""
+
+    WHAT = "Linear layers"  # what modules() counts, for the run's budget line
 
     def __init__(self, bert: nn.Module, settings: PeftSettings, tasks=()):
+        if settings.peft == "houlsby":
+            raise ValueError("houlsby is no peft method: make_adapters gives its HoulsbyAdapters")
+        if is_adapted(bert):
+            raise UsageError(f"--peft {settings.peft}: the encoder carries Houlsby adapters (a --peft houlsby "
+                             f"checkpoint, which does not merge): train it on without --peft, or start from its base")
         check_targets(bert, settings.target_modules)
         self.settings, self.tasks = settings, tuple(tasks)
-        if SHARED in self.tasks:
-            raise UsageError(f"--peft-scope per-task: a task named {SHARED!r} would share the shared adapter's name; "
-                             f"rename the task")
+        check_task_names(self.tasks)
         if not self.tasks:
             self.model = _peft().get_peft_model(bert, settings.peft_config())
             return
@@ -247,14 +285,28 @@ def has_adapter(path) -> bool:
 
 def has_task_adapters(path) -> bool:
     """Whether checkpoint ``path`` holds one adapter per task (--peft-scope per-task)."""
-    return has_adapter(Path(path) / SHARED)
+    return has_adapter(Path(path) / SHARED) or (has_houlsby(path) and bool(saved_config(path)["tasks"]))
 
 
 def remove_adapter(directory) -> None:
-    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
+    """The adapters saved in checkpoint ``directory``, of any method and scope, removed."""
+    for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS, HOULSBY_CONFIG, HOULSBY_WEIGHTS):
         (Path(directory) / name).unlink(missing_ok=True)
     for config in Path(directory).glob(f"*/{ADAPTER_CONFIG}"):  # per task: a folder per adapter
         shutil.rmtree(config.parent)
+
+
+def load_adapters(path, bert: nn.Module, tasks=()) -> tuple:
+    """(``bert``, its adapters) for checkpoint ``path`` (``bert``: its base weights): Houlsby's and,
+    where ``tasks`` are given, one per task read back unmerged; else the adapter saved there merged
+    into ``bert`` (:func:`load_merged`, which refuses one per task), adapters None."""
+    if has_houlsby(path) and (tasks or not has_task_adapters(path)):
+        adapters = HoulsbyAdapters.load(path, bert, tasks)
+    elif tasks and has_task_adapters(path):
+        adapters = Adapters.load(path, bert, tasks)
+    else:
+        return load_merged(path, bert), None
+    return adapters.bert, adapters
 
 
 def load_merged(path, bert: nn.Module) -> nn.Module:
@@ -264,6 +316,9 @@ def load_merged(path, bert: nn.Module) -> nn.Module:
     if has_task_adapters(path):
         raise CheckpointError(f"{path} holds one adapter per task (--peft-scope per-task), no single encoder: "
                               f"MultitaskModel.from_pretrained loads it, each task's rows through its adapter")
+    if has_houlsby(path):
+        raise CheckpointError(f"{path} holds Houlsby adapters (--peft houlsby), which do not merge into the weights: "
+                              f"load_adapters reads them back unmerged")
     if not has_adapter(path):
         return bert
     try:
@@ -290,8 +345,8 @@ def budget(module: nn.Module, optimizer) -> dict:
             "optimizer_state_mb": adamw_state_bytes(trained) / 2 ** 20}
 
 
-def budget_line(sizes: dict, adapters: Adapters | None = None) -> str:
+def budget_line(sizes: dict, adapters=None) -> str:
     share = sizes["trainable_params"] / max(sizes["params"], 1)
-    how = f" ({adapters.summary()}: {adapters.modules()} Linear layers)" if adapters else ""
+    how = f" ({adapters.summary()}: {adapters.modules()} {adapters.WHAT})" if adapters else ""
     return (f"trains {sizes['trainable_params']:,} of {sizes['params']:,} parameters ({share:.2%}){how}; "
             f"AdamW's state {sizes['optimizer_state_mb']:,.1f} MB")

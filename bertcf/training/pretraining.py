@@ -20,7 +20,7 @@ from ..data.tasks import TASK_FILES, TASKS, read_sts, task_file
 from ..errors import DataError, UsageError
 from ..evaluation.metrics import STSDevEvaluator
 from ..models.encoder import SentenceEncoder
-from ..models.peft import Adapters, PeftSettings
+from ..models.peft import PeftSettings, make_adapters
 from ..utils.distributed import dist_info, run_distributed
 from ..utils.files import save_dir_atomic
 from . import whiten
@@ -122,8 +122,8 @@ def load_encoder(config: PretrainConfig) -> tuple[SentenceEncoder, PretrainConfi
             print(f"note: the encoder's linear head ({encoder.dim} -> {encoder.dense.out_features}, e.g. a whitening "
                   f"map) is dropped: this stage changes the vectors it was fitted on", file=sys.stderr)
         encoder.dense = None
-    if config.peft:  # BERT's weights frozen, adapters in its Linear layers trained (models/peft.py)
-        encoder.adapters = Adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)))
+    if config.peft:  # BERT's weights frozen, adapters trained (models/peft.py; houlsby: models/bottleneck.py)
+        encoder.adapters = make_adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)))
     config = config.with_model(encoder.bert.config.max_position_embeddings)
     encoder.max_length = config.eval_max_length
     encoder.precision = config.precision  # evaluation (encode) in the run's precision

@@ -2,7 +2,8 @@
 for bit; the checkpoints hold the base unchanged beside the adapter as peft saves it; --merge writes a
 plain checkpoint equal to the unmerged model; the parameter count and the optimiser state in the log
 and TensorBoard; bad settings refused in one line with exit status 2, and a --resume that changes a
-peft setting refused."""
+peft setting refused. --peft houlsby (bertcf/models/bottleneck.py) likewise: resumed bit for bit, the
+base unchanged beside its adapters and trained LayerNorms, read back unmerged, --merge refused."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,6 +17,7 @@ peft = pytest.importorskip("peft", reason="peft is an optional extra: pip instal
 
 from bertcf.errors import UsageError  # noqa: E402
 from bertcf.models import peft as adapters  # noqa: E402
+from bertcf.models.bottleneck import HOULSBY_WEIGHTS, HoulsbyAdapters  # noqa: E402
 from bertcf.models.encoder import SentenceEncoder  # noqa: E402
 from bertcf.multitask import MultitaskModel  # noqa: E402
 from bertcf.multitask.config import resumed  # noqa: E402
@@ -123,6 +125,13 @@ def test_the_budget_is_logged_and_in_tensorboard(tiny_bert_dir, data_dir, tmp_pa
     (["--peft-rank", "4"], ["--peft-rank does not apply without --peft"]),
     (["--merge"], ["--merge does not apply without --peft"]),
     (["--peft", "ia3", "--peft-dropout", "0.1"], ["--peft-dropout does not apply to --peft ia3"]),
+    (["--peft", "houlsby", "--merge"], ["--merge does not apply to --peft houlsby", "nonlinearity"]),
+    (["--peft", "houlsby", "--peft-rank", "4"], ["--peft-rank does not apply to --peft houlsby"]),
+    (["--peft", "houlsby", "--peft-targets", "query"], ["--peft-targets does not apply to --peft houlsby"]),
+    (["--peft", "houlsby", "--peft-bottleneck", "0"], ["--peft-bottleneck", "at least 1"]),
+    (["--peft", "lora", "--peft-bottleneck", "4"], ["--peft-bottleneck does not apply to --peft lora"]),
+    (["--peft-bottleneck", "4"], ["--peft-bottleneck does not apply without --peft"]),
+    (["--peft", "houlsby", "--freeze-encoder"], ["--freeze-encoder"]),
 ])
 def test_bad_settings_are_refused_in_one_line(tiny_bert_dir, data_dir, tmp_path, capsys, extra, needles):
     out = tmp_path / "run"
@@ -143,3 +152,39 @@ def test_resume_refuses_another_adapter(tiny_bert_dir, data_dir, tmp_path, capsy
     with pytest.raises(UsageError, match="--peft is null here, lora in"):
         check_run(resumed(out, peft=None), [])
     assert quiet_multitask(["--resume", "--out-dir", str(out), "--steps", "3"])["step"] == 3
+
+
+def test_houlsby_resumes_bit_for_bit_keeps_the_base_and_reads_back_unmerged(tiny_bert_dir, data_dir, tmp_path,
+                                                                           capsys):
+    """--peft houlsby: last/ of a run resumed at step 2 equals the uninterrupted run's bit for bit (the
+    base, the heads, the adapters and LayerNorms); the base file is the encoder's as it started, the
+    trained LayerNorms beside it; the count of what trains in the log; best/ read back unmerged scores
+    what training scored; a --resume with another bottleneck size refused."""
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    houlsby = ("--peft", "houlsby", "--peft-bottleneck", "4")
+    capsys.readouterr()
+    summary = run(tiny_bert_dir, data_dir, straight, 4, *houlsby, "--progress", "lines")
+    line = next(l for l in capsys.readouterr().err.splitlines() if "parameters" in l)
+    run(tiny_bert_dir, data_dir, part, 2, *houlsby)
+    assert quiet_multitask(["--resume", "--out-dir", str(part), "--steps", "4"])["step"] == 4
+    files = ("model.safetensors", "heads.safetensors", HOULSBY_WEIGHTS)
+    a, b = ({f"{n}/{k}": v for n in files for k, v in load_file(str(out / "last" / n)).items()} for out in (straight,
+                                                                                                            part))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    base = load_file(str(tiny_bert_dir / "model.safetensors"))
+    assert all(torch.equal(v, base[k]) for k, v in load_file(str(straight / "last" / "model.safetensors")).items())
+    own = load_file(str(straight / "last" / HOULSBY_WEIGHTS))
+    assert all(v.abs().max() > 0 for k, v in own.items() if k.endswith("up.weight"))  # trained (W_up starts at 0)
+    assert not torch.equal(own["encoder.layer.1.output.LayerNorm.bias"], base["encoder.layer.1.output.LayerNorm.bias"])
+    state = torch.load(straight / "last" / "training_state.pt", weights_only=False)
+    assert len(state["optimizer"]["state"]) == len(own) + 2 * 3  # and each head's weight and bias
+    assert (part / "predictions" / "sst-dev-output.csv").read_bytes() == \
+        (straight / "predictions" / "sst-dev-output.csv").read_bytes()
+
+    best = MultitaskModel.from_pretrained(straight / "best")
+    assert isinstance(best.encoder.adapters, HoulsbyAdapters) and not best.per_task_adapters
+    assert summary["metrics"]["mean_dev"] == pytest.approx(summary["best"], abs=1e-6)
+    heads = sum(v.numel() for v in best.heads_state_dict().values())
+    assert f"trains {heads + sum(v.numel() for v in own.values()):,} of" in line
+    assert "houlsby m 4" in line and "4 sublayer outputs" in line
+    refused(["--resume", "--out-dir", part, "--peft-bottleneck", "8"], capsys, "--peft-bottleneck is 8 here, 4 in")

@@ -3,7 +3,8 @@ adapter and one per task, each task's rows through the shared one and its own. A
 reach a task's adapter from its rows only, the shared one from all; a task's outputs and gradients
 are those of peft's own model with the two adapters active; a stage-3 run trains the adapters apart,
 resumes bit for bit, and its checkpoint loads back each task's adapter; bad combinations are refused
-in one line."""
+in one line. --peft houlsby per task (bertcf/models/bottleneck.py) likewise: trained apart, resumed bit for
+bit, read back with each task's adapter."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,6 +20,7 @@ from minbert import BertModel, CheckpointError  # noqa: E402
 
 from bertcf.errors import UsageError  # noqa: E402
 from bertcf.models import peft as adapters  # noqa: E402
+from bertcf.models.bottleneck import HOULSBY_WEIGHTS, HoulsbyAdapters  # noqa: E402
 from bertcf.models.encoder import SentenceEncoder  # noqa: E402
 from bertcf.models.peft import SHARED, Adapters, PeftSettings  # noqa: E402
 from bertcf.multitask import MultitaskModel  # noqa: E402
@@ -205,6 +207,33 @@ def test_jointly_encoded_pairs_and_the_conflicts_run_per_task(tiny_bert_dir, dat
                                    "--pair-encoding", "cross", "--conflict-every", "1"))
     for name, tensors in adapter_files(out / "last").items():
         assert any(v.abs().max() > 0 for k, v in tensors.items() if "lora_B" in k), name
+
+
+def test_houlsby_per_task_trains_apart_resumes_bit_for_bit_and_loads_back(tiny_bert_dir, data_dir, tmp_path):
+    """--peft houlsby --peft-scope per-task: one file of adapters (shared and one per task) and
+    LayerNorms, equal bit for bit after a resume; each task's W_up trained and apart from the others';
+    best/ read back with each task's adapter, whose predictions are the run's."""
+    flags = ("--conflict-every", "0", "--peft", "houlsby", "--peft-bottleneck", "4", "--peft-scope", "per-task")
+    straight, part = tmp_path / "straight", tmp_path / "part"
+    quiet_multitask(multitask_argv(tiny_bert_dir, data_dir, straight, 4, *flags))
+    quiet_multitask(multitask_argv(tiny_bert_dir, data_dir, part, 2, *flags))
+    assert quiet_multitask(["--resume", "--out-dir", str(part), "--steps", "4"])["step"] == 4
+    for name in ("heads.safetensors", "model.safetensors", HOULSBY_WEIGHTS):
+        x, y = load_file(str(straight / "last" / name)), load_file(str(part / "last" / name))
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x), name
+    own = load_file(str(straight / "last" / HOULSBY_WEIGHTS))
+    up = {t: [v for k, v in own.items() if f".adapters.{t}.up.weight" in k] for t in [SHARED, *NAMES]}
+    assert all(v.abs().max() > 0 for t in up for v in up[t])
+    assert any(not torch.equal(x, y) for x, y in zip(up["sst"], up["qqp"]))
+    assert adapters.has_task_adapters(straight / "best")
+
+    best = MultitaskModel.from_pretrained(straight / "best")
+    assert isinstance(best.encoder.adapters, HoulsbyAdapters) and best.encoder.adapters.tasks == tuple(NAMES)
+    again = tmp_path / "again"
+    quiet_multitask(["--predict-only", "--checkpoint", str(straight), "--out-dir", str(again), "--device", "cpu"])
+    for task in NAMES:
+        name = prediction_file(task, "dev")
+        assert (again / "predictions" / name).read_bytes() == (straight / "predictions" / name).read_bytes(), task
 
 
 @pytest.mark.parametrize("extra, needles", [

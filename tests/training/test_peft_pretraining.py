@@ -1,6 +1,8 @@
 """run_pretrain.py --peft (a LoRA'd stage 1, bertcf/models/peft.py): the encoder's weights stay, the
 adapter trains and is saved beside them; --merge writes merged/, equal to best/ read back; --resume
-continues bit for bit; the stages that train no adapter refuse it in one line."""
+continues bit for bit; the stages that train no adapter refuse it in one line. --peft houlsby
+(bertcf/models/bottleneck.py): its adapters and LayerNorms train beside the unchanged base, best/ reads
+back unmerged, --merge refused."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +13,7 @@ pytest.importorskip("peft", reason="peft is an optional extra: pip install -e '.
 
 from bertcf.models import peft as adapters  # noqa: E402
 from bertcf.models.encoder import SentenceEncoder  # noqa: E402
+from bertcf.models.bottleneck import HOULSBY_WEIGHTS, HoulsbyAdapters  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SENTENCES = ["a man plays the guitar .", "the dog runs on the beach", "two women talk about the film"]
@@ -31,6 +34,23 @@ def test_lora_stage1_trains_the_adapter_alone_and_merges(tiny_bert_dir, data_dir
     vectors = torch.as_tensor(best.encode(SENTENCES))
     torch.testing.assert_close(torch.as_tensor(merged.encode(SENTENCES)), vectors, atol=1e-5, rtol=1e-5)
     assert (vectors - start).abs().max() > 1e-4  # the adapter trained
+
+
+def test_houlsby_stage1_trains_its_adapters_and_reads_back_unmerged(tiny_bert_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    run_quiet(base_args(tiny_bert_dir, data_dir, out, steps=3, stage="mirror", peft="houlsby", peft_bottleneck=4,
+                        lr=1e-2, select_on="last"))
+    base = tensors(tiny_bert_dir / "model.safetensors")
+    assert all(torch.equal(v, base[k]) for k, v in tensors(out / "last" / "model.safetensors").items())
+    assert all(v.abs().max() > 0 for k, v in tensors(out / "last" / HOULSBY_WEIGHTS).items() if k.endswith("up.weight"))
+    best = SentenceEncoder.from_pretrained(out / "best")
+    assert isinstance(best.adapters, HoulsbyAdapters)
+    start = torch.as_tensor(SentenceEncoder.from_pretrained(tiny_bert_dir).encode(SENTENCES))
+    assert (torch.as_tensor(best.encode(SENTENCES)) - start).abs().max() > 1e-4
+    capsys.readouterr()
+    assert exit_status(base_args(tiny_bert_dir, data_dir, tmp_path / "m", stage="mirror", peft="houlsby",
+                                 merge=True)) == 2
+    assert "--merge does not apply to --peft houlsby" in capsys.readouterr().err
 
 
 def test_resume_is_bit_identical(tiny_bert_dir, data_dir, tmp_path):
