@@ -133,8 +133,6 @@ class PeftSettings(Settings):
     def peft_summary(self) -> str:
         if self.peft == "ia3":
             return f"ia3 on {','.join(self.target_modules)}"
-        if self.peft == "houlsby":
-            return f"houlsby m {self.peft_bottleneck}"
         return f"{self.peft} r {self.peft_rank}, alpha {self.peft_alpha:g} on {','.join(self.target_modules)}"
 
 
