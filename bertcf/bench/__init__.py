@@ -20,7 +20,11 @@ Workloads (the report's settings):
              a 3-block Glow on both views, 0.3 * InfoNCE(F(x)) + L_flow, AdamW on the flow.
   multitask  bertcf.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
              pass, the heads (SST dropout 0.3 + linear D x 5; QQP linear D x 768; STS dropout
-             0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step.
+             0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step. Its variants
+             (multitask-*, on the same batches) change one setting of the run: the task sampling, the
+             conflict logging, a multitask method, or peft's adapters (multitask-lora, -dora, -ia3 and
+             their -per-task forms: run_multitask.py --peft X [--peft-scope per-task], peft's default
+             settings, in a copy of the encoder; skipped without peft).
   encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
              eval mode under torch.inference_mode.
 ``--onnx EXPORT_DIR`` times something else, on the CPU: ``encode()`` of STS-B test's 2,758
@@ -49,11 +53,15 @@ ones (torch.cuda.synchronize around each step on a GPU). tokens/s counts real (n
 transformers' step time / minBERT's (> 1: minBERT is faster). On a GPU with a known peak,
 MFU = model FLOPs / time / peak, with FLOPs = 6 N t (training) or 2 N t (inference) over the
 real tokens t, N the non-embedding encoder parameters (plus heads / flow), plus attention
-12 L d t^2 (training) or 4 L d t^2 (inference) per sentence.
+12 L d t^2 (training) or 4 L d t^2 (inference) per sentence; with peft's adapters, 4 N t for the
+frozen weights (no weight gradients) plus the adapters' products (timing.adapted_encoder_flops).
+Memory (each workload, one more step per implementation, untimed): the parameters trained, AdamW's
+state, the weights, and the step's peak of tensor memory above its start (CUDA: max_memory_allocated;
+CPU: torch.profiler's accounting of the CPU allocator; docs/benchmark.md says why not the RSS).
 
 The modules: :mod:`.models` (the two implementations, same config and weights), :mod:`.batches`
-(the random inputs), :mod:`.workloads` (the four workloads), :mod:`.timing` (alternating steps,
-FLOPs, MFU, the profiler), :mod:`.onnx_encode` (``--onnx``), :mod:`.search` (``--search``),
+(the random inputs), :mod:`.workloads` (the four workloads and stage 3's variants), :mod:`.timing` (alternating steps,
+FLOPs, MFU, the memory, the profiler), :mod:`.onnx_encode` (``--onnx``), :mod:`.search` (``--search``),
 :mod:`.load` (the load beside a run); the command line is :mod:`bertcf.commands.bench`
 (``python -m bertcf.bench`` runs it). Importing this package imports
 nothing else (no torch).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .batches import LENGTHS, make_batch, sample_lengths, special_ids
-from .timing import encoder_flops
+from .timing import adapted_encoder_flops, encoder_flops
 
 #: Stage 3's step with a multitask setting changed (bertcf.multitask.config's names): how tasks share
 #: the steps, the gradient-conflict logging at every step, and the multitask methods.
@@ -17,11 +17,18 @@ MULTITASK_VARIANTS = {
     "multitask-conflict": {"conflict_every": 1},
     "multitask-pcgrad": {"aggregator": "pcgrad"},
     "multitask-upgrad": {"aggregator": "upgrad"},
+    "multitask-upgrad-gramian": {"aggregator": "upgrad", "aggregator_gramian": True},
     "multitask-mgda": {"aggregator": "mgda"},
     "multitask-uncertainty": {"task_weighting": "uncertainty"},
     "multitask-dwa": {"task_weighting": "dwa"},
     "multitask-smart": {"smart_weight": 1.0},
 }
+#: Stage 3's step with adapters (``run_multitask.py --peft X --peft-scope Y``, their default settings)
+#: instead of full fine-tuning (``multitask``); all but houlsby need the peft extra.
+PEFT_VARIANTS = {f"multitask-{method}{suffix}": {"peft": method, "peft_scope": scope}
+                 for scope, suffix in (("shared", ""), ("per-task", "-per-task"))
+                 for method in ("lora", "dora", "ia3", "houlsby")}
+MULTITASK_VARIANTS |= PEFT_VARIANTS
 DEFAULT_WORKLOADS = ("mirror", "joint", "multitask", "encode")
 WORKLOADS = (*DEFAULT_WORKLOADS, *MULTITASK_VARIANTS)
 
@@ -37,6 +44,17 @@ class Workload:
         self.cls, self.sep, self.mask_id = special_ids(config.vocab_size)
         self.batches = self.make_inputs(n_batches)
 
+    @classmethod
+    def unavailable(cls, name) -> str | None:
+        """Why workload ``name`` cannot run here (a library missing), or None."""
+        return None
+
+    @staticmethod
+    def measured(step, module, optimizer=None):
+        """``step`` with what :func:`.timing.step_memory` measures: the module it runs, the optimiser."""
+        step.module, step.optimizer = module, optimizer
+        return step
+
     def batch(self, n, kind):
         median, max_len = LENGTHS[kind]
         max_len = min(max_len, self.config.max_position_embeddings)
@@ -47,9 +65,9 @@ class Workload:
         from ..utils.precision import autocast
         return autocast(self.device, self.precision)
 
-    def training_step(self, params, lr, loss_fn):
+    def training_step(self, params, lr, loss_fn, module):
         """A step closure: ``loss_fn(inputs)`` through ``training.update`` (autocast, scaled
-        backward) with AdamW (fused, weight decay 0.01) over ``params`` (or parameter groups)."""
+        backward) with AdamW (fused, weight decay 0.01) over ``params`` (or parameter groups) of ``module``."""
         from ..training.optim import make_optimizer, update
 
         opt = make_optimizer(params, lr, 0.01, self.device)
@@ -57,7 +75,7 @@ class Workload:
 
         def step(inputs):
             return update(opt, scaler, lambda: (loss_fn(inputs), {}), self.device, self.precision)[0]
-        return step
+        return self.measured(step, module, opt)
 
     # per-step figures, averaged over the input pool
     def sentences(self, inputs) -> int:
@@ -107,7 +125,7 @@ class Mirror(Workload):
         def loss(inputs):
             (b,) = inputs
             return objective(b.ids, b.mask, b.special)[0]
-        return self.training_step(objective.parameter_groups(), STAGE_LR[self.stage], loss)
+        return self.training_step(objective.parameter_groups(), STAGE_LR[self.stage], loss, objective)
 
     # The encoder sees two views of each sentence.
     def sentences(self, inputs) -> int:
@@ -140,14 +158,28 @@ class Multitask(Workload):
     sentences, the heads; 288 with a batch of every task), the tasks' losses combined by
     ``StepMethods``, around either implementation. A variant of :data:`MULTITASK_VARIANTS` changes
     one setting: the tasks a step draws (``TaskSampler`` over the CS224N training sets' sizes), the
-    gradient cosines at every step (``conflict_every``), or a multitask method."""
+    gradient cosines at every step (``conflict_every``), a multitask method, or peft's adapters
+    (:data:`PEFT_VARIANTS`: the encoder frozen, added as a run adds them, ``MultitaskModel.add_adapters``,
+    in a copy of the encoder, which the other workloads time as it is; per task, one encoder pass per
+    task). The optimiser is the run's: AdamW over the trainable parameters at the run's lr and decay."""
 
     sizes = {"sst": 32, "qqp": 96, "sts": 32}
     TRAIN_SIZES = {"sst": 8544, "qqp": 141506, "sts": 6040}
 
     def __init__(self, name, *args, **kwargs):
+        from ..multitask.config import MultitaskConfig
+
         self.settings = MULTITASK_VARIANTS.get(name, {})
         super().__init__(name, *args, **kwargs)
+        self.run_config = MultitaskConfig(precision=self.precision, **{"conflict_every": 0} | self.settings)
+
+    @classmethod
+    def unavailable(cls, name) -> str | None:
+        import importlib.util
+
+        if PEFT_VARIANTS.get(name, {}).get("peft", "houlsby") != "houlsby" and importlib.util.find_spec("peft") is None:
+            return "needs the peft library: pip install -e \".[peft]\""
+        return None
 
     def make_inputs(self, n):
         from ..multitask.sampling import TaskSampler
@@ -167,27 +199,32 @@ class Multitask(Workload):
         return out
 
     def build(self, bert):
+        import copy
+
         from ..models.encoder import SentenceEncoder
         from ..multitask import monitor
-        from ..multitask.config import MultitaskConfig
         from ..multitask.methods import StepMethods
         from ..multitask.model import MultitaskModel
         from ..multitask.step import step_losses
         from ..multitask.tasks import builtin_tasks
         from ..training.optim import make_optimizer, update
 
+        config = self.run_config
+        if config.peft:  # peft wraps the Linear layers in place: a copy, the encoder the other workloads time kept
+            bert = copy.deepcopy(bert)
         torch.manual_seed(0)  # the same initial heads for both implementations
         tasks = builtin_tasks()
-        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), list(tasks.values()), proj_dim=768).to(self.device)
-        model.requires_grad_(True)
-        model.train()
-        config = MultitaskConfig(precision=self.precision, **{"conflict_every": 0} | self.settings)
+        model = MultitaskModel(SentenceEncoder(bert, tokenizer=None), list(tasks.values()), proj_dim=768)
+        model.requires_grad_(True)  # a workload before may have frozen the encoder
+        if config.peft:
+            model.add_adapters(config)  # as a run does: the encoder frozen, the adapters trained
+        model.to(self.device).train()
         methods = StepMethods(config, model)
         g = torch.Generator(device=self.device).manual_seed(0)
         labels = {"sst": torch.randint(0, 5, (32,), generator=g, device=self.device),
                   "qqp": torch.randint(0, 2, (96,), generator=g, device=self.device).float(),
                   "sts": torch.rand(32, generator=g, device=self.device) * 5}
-        opt = make_optimizer([*model.parameters(), *methods.parameters()], 1e-5, 0.01, self.device)
+        opt = make_optimizer([*model.parameters(), *methods.parameters()], config.lr, config.weight_decay, self.device)
         scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         # the variant computes the cosines at every step, as the trainer does at its logged ones
         conflicts = (lambda parts: monitor.task_conflicts(model, parts)) if config.conflict_every else None
@@ -197,13 +234,20 @@ class Multitask(Workload):
             batch = {"input_ids": b.ids, "attention_mask": b.mask, "sizes": b.sizes, "num_tokens": b.tokens}
             return update(opt, scaler, lambda: step_losses(model, methods, batch, labels, conflicts=conflicts),
                           self.device, self.precision, backward=methods.backward)[0]
-        return step
+        return self.measured(step, model, opt)
 
     def flops(self, inputs):
         d = self.config.hidden_size
         heads = sum(6 * d * (5 * b.sizes.get("sst", 0) + 768 * 2 * (b.sizes.get("qqp", 0) + b.sizes.get("sts", 0)))
                     for b in inputs)
-        return super().flops(inputs) + heads  # the encoder's and the heads'; a method's extra passes are timed
+        if not self.run_config.peft:
+            return super().flops(inputs) + heads  # the encoder's and the heads'; a method's extra passes are timed
+        from ..models.peft import PeftSettings
+
+        settings = PeftSettings(**PeftSettings.pick(self.run_config))
+        per_task = self.run_config.peft_scope == "per-task"  # shared + the task's adapter, a pass per task
+        return heads + sum(adapted_encoder_flops(self.config, b.lengths, settings, adapters=2 if per_task else 1,
+                                                 passes=len(b.sizes) if per_task else 1) for b in inputs)
 
 
 class Encode(Workload):
@@ -236,7 +280,7 @@ class Encode(Workload):
                 with self.autocast():
                     out = pool(b.hidden(bert), b.mask)
             return out
-        return step
+        return self.measured(step, bert)
 
 
 WORKLOAD_CLASSES = {"mirror": Mirror, "joint": Joint, "multitask": Multitask, "encode": Encode,

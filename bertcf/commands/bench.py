@@ -13,7 +13,7 @@ from ..bench.load import DEFAULT_CHECK_S, LIMIT_CORES, LoadMonitor
 from ..bench.models import Encoder, load_models
 from ..bench.onnx_encode import print_onnx, run_onnx
 from ..bench.timing import device_name, time_workload
-from ..bench.workloads import DEFAULT_WORKLOADS, MULTITASK_VARIANTS, WORKLOAD_CLASSES, WORKLOADS
+from ..bench.workloads import DEFAULT_WORKLOADS, MULTITASK_VARIANTS, PEFT_VARIANTS, WORKLOAD_CLASSES, WORKLOADS
 
 
 def named_graph(text: str) -> tuple[str, str]:
@@ -114,6 +114,9 @@ def run(argv=None, monitor: LoadMonitor | None = None) -> dict:
     unknown = [w for w in workloads if w not in WORKLOADS]
     if unknown or not workloads:
         raise UsageError(f"--workloads: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(WORKLOADS)}")
+    if args.compile and set(workloads) & set(PEFT_VARIANTS):
+        raise UsageError(f"--compile: the peft variants ({', '.join(w for w in workloads if w in PEFT_VARIANTS)}) "
+                         f"wrap a copy of the encoder, which is not compiled; time them without --compile")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.search:
@@ -168,6 +171,11 @@ def run_workloads(args, workloads: list[str]) -> dict:
     results = {}
     n_batches = max(1, min(args.steps + args.warmup, 8))
     for i, name in enumerate(workloads):
+        skip = WORKLOAD_CLASSES[name].unavailable(name)
+        if skip:
+            results[name] = {"skipped": skip}
+            print(f"{name} skipped: {skip}", flush=True)
+            continue
         kwargs = {"sentences": args.encode_sentences} if name == "encode" else {}
         # A workload's inputs come from its own seed; stage 3's variants share the multitask step's, so
         # each is timed on the very batches its baseline is.
@@ -199,13 +207,53 @@ def print_workload(name: str, r: dict, profile: int) -> None:
         print(f"{name:9s} {impl:12s} {x['ms_per_step']:10.2f} ms/step {x['tokens_per_s']:12,.0f} tokens/s "
               f"{x['sentences_per_s']:10,.1f} sentences/s" + (f"  MFU {100 * x['mfu']:.1f}%" if x["mfu"] else ""),
               flush=True)
+        if x.get("peak_bytes") is not None:
+            print(f"{name:9s} {impl:12s} {memory_line(x)}", flush=True)
     if "speedup" in r:
         print(f"{name:9s} speed-up minBERT/transformers: {r['speedup']:.3f}x "
               f"({'minBERT faster' if r['speedup'] >= 1 else 'minBERT slower'})", flush=True)
 
 
+def mib(x) -> str:
+    return fmt(x and x / 2 ** 20, ",.1f")
+
+
+def memory_line(x: dict) -> str:
+    """An implementation's memory on a workload (``bench.timing.step_memory``)."""
+    trains = "" if x["trainable_params"] is None else (f"trains {x['trainable_params']:,} parameters, AdamW's state "
+                                                       f"{mib(x['optimizer_state_bytes'])} MiB; ")
+    device = "" if x["device_peak_bytes"] is None else f"; device maximum {mib(x['device_peak_bytes'])} MiB"
+    return (f"{trains}weights {mib(x['weights_bytes'])} MiB, the step's peak {mib(x['step_peak_bytes'])} MiB "
+            f"above its start, {mib(x['peak_bytes'])} MiB in all{device}")
+
+
+def print_memory_table(results: dict) -> None:
+    """A row per workload: what it trains, AdamW's state, each implementation's step peak and peak in all."""
+    impls = [i for i in ("minbert", "transformers") if any(i in r for r in results.values())]
+    head = "| workload | trainable parameters | AdamW state MiB |" + "".join(
+        f" {'minBERT' if i == 'minbert' else i} step peak MiB | {'minBERT' if i == 'minbert' else i} peak MiB |"
+        for i in impls)
+    print("\n" + head + "\n|" + "---|" * (head.count("|") - 1))
+    for name, r in results.items():
+        x = r["minbert"]
+        trainable = fmt(x["trainable_params"], ",")
+        row = f"| {name} | {trainable} | {mib(x['optimizer_state_bytes'])} |"
+        print(row + "".join(f" {mib(r[i]['step_peak_bytes'])} | {mib(r[i]['peak_bytes'])} |" for i in impls))
+
+
 def print_table(results: dict) -> None:
-    """The tidy table: a row per workload (MFU columns where a workload has one)."""
+    """The tidy table: a row per workload (MFU columns where a workload has one), then the memory
+    table; a workload skipped is a line below them."""
+    skipped = {name: r["skipped"] for name, r in results.items() if "skipped" in r}
+    results = {name: r for name, r in results.items() if name not in skipped}
+    if results:
+        print_timing_table(results)
+        print_memory_table(results)
+    for name, why in skipped.items():
+        print(f"{name}: skipped ({why})")
+
+
+def print_timing_table(results: dict) -> None:
     print()
     head = "| workload | per step | minBERT ms | transformers ms | minBERT tokens/s | transformers tokens/s | speed-up |"
     mfu_cols = any(results[w]["minbert"]["mfu"] for w in results)

@@ -91,8 +91,10 @@ class Adapted(nn.Module):
 
 
 def sublayer_outputs(bert: nn.Module) -> list:
-    """The modules whose dropout the adapters follow: each layer's attention output and feed-forward output."""
-    return [out for layer in bert.encoder.layer for out in (layer.attention.output, layer.output)]
+    """The modules whose dropout the adapters follow: each layer's attention output and feed-forward
+    output, in order, found by their class names (minBERT's, which are transformers' too), so that a
+    wrapper of the model (the bench's) or transformers' BertModel is adapted as minBERT is."""
+    return [m for m in bert.modules() if type(m).__name__ in ("BertSelfOutput", "BertOutput")]
 
 
 def is_adapted(bert: nn.Module) -> bool:

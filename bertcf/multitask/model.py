@@ -125,6 +125,16 @@ class MultitaskModel(nn.Module):
             return out, [torch.cat(f) for f in zip(*features)]
         return out, torch.cat(features)
 
+    def add_adapters(self, config) -> None:
+        """--peft: ``config``'s adapters (``models.peft.PeftSettings``: peft's in the encoder's Linear
+        layers, or Houlsby's bottlenecks), its weights frozen; with --peft-scope per-task, one per task
+        beside the shared one. A run adds them after the heads' draws (``MultitaskTrainer.build_model``),
+        the bench the same way."""
+        from ..models.peft import PeftSettings, make_adapters
+
+        per_task = list(self.tasks) if config.peft_scope == "per-task" else ()
+        self.encoder.adapters = make_adapters(self.encoder.bert, PeftSettings(**PeftSettings.pick(config)), per_task)
+
     @property
     def per_task_adapters(self) -> bool:
         """Whether the encoder has one peft adapter per task (--peft-scope per-task)."""

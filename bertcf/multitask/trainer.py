@@ -30,7 +30,7 @@ from .. import runs
 from ..errors import UsageError
 from ..models.cross_encoder import pad_pairs
 from ..models.encoder import SentenceEncoder
-from ..models.peft import PeftSettings, budget, budget_line, check_targets, make_adapters
+from ..models.peft import budget, budget_line, check_targets
 from ..training.loop import TrainingLoop, evaluation_steps, set_seed
 from ..training.optim import make_optimizer, make_scheduler
 from ..training.sampler import EpochSampler
@@ -145,8 +145,7 @@ class MultitaskTrainer:
             encoder.flow = encoder.dense = None
         model = MultitaskModel(encoder, self.tasks, config.proj_dim, config.pair_encoding)
         if config.peft:  # BERT's weights frozen, adapters trained (models/peft.py; after the heads' draws)
-            per_task = [t.name for t in self.tasks] if config.peft_scope == "per-task" else ()
-            encoder.adapters = make_adapters(encoder.bert, PeftSettings(**PeftSettings.pick(config)), per_task)
+            model.add_adapters(config)
         if config.freeze_encoder:
             encoder.requires_grad_(False)
         elif config.freeze_flow:

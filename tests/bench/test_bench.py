@@ -187,9 +187,10 @@ def test_onnx_torch_rows_each_run_their_own_model(tiny_bert_dir, tmp_path, monke
 def test_the_multitask_variants_run_the_stage_3_step(tmp_path):
     """Each stage-3 variant (a sampling mode, the conflict logging, a method) times the real step
     (bertcf.multitask's sampler and methods), here minBERT's alone."""
-    from bertcf.bench.workloads import MULTITASK_VARIANTS
+    from bertcf.bench.workloads import MULTITASK_VARIANTS, PEFT_VARIANTS
 
-    variants = [v for v in MULTITASK_VARIANTS if v not in ("multitask-upgrad",)]  # upgrad needs the solver extra
+    # upgrad needs the solver extra; the peft variants: tests/bench/test_peft_bench.py
+    variants = [v for v in MULTITASK_VARIANTS if v not in ("multitask-upgrad", *PEFT_VARIANTS)]
     out = tmp_path / "bench.json"
     proc = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--threads", "1", "--json",
                      str(out), "--allow-busy", "--load-check", "0", "--minbert-only", "--workloads",
