@@ -18,6 +18,7 @@ from ..settings import Settings, derived, option, redefault
 from .aggregation import AGGREGATORS
 from .model import PAIR_ENCODINGS, renamed_from_para, resolve_checkpoint, run_dir_of
 from .sampling import MODES
+from .weighting import WEIGHTINGS
 from .declarations import declared_tasks
 from .tasks import BUILTIN, DEFAULTS, REPORT, SPLITS
 from ..data.tasks import TASK_FILES
@@ -40,7 +41,9 @@ class HeadsConfig(Settings):
                                switch=True)
     drop_flow: bool = option(False, "heads on f(x): leave the checkpoint's flow and linear head (whitening) out, "
                                     "fine-tune the encoder alone", switch=True)
-    proj_dim: int = option(768, "output width of the cosine heads (QQP, STS)", type=cli.AT_LEAST_1)
+    proj_dim: int = option(768, "the cosine heads' projection: each sentence vector of a pair encoded apart (QQP, "
+                                "STS, a pair-ranking task) goes through a linear map to this width before the "
+                                "cosine", type=cli.AT_LEAST_1)
     sst_dropout: float = option(REPORT["sst_dropout"], "dropout before the SST head", type=cli.PROBABILITY)
     qqp_dropout: float = option(REPORT["qqp_dropout"], "dropout before the QQP head", type=cli.PROBABILITY)
     sts_dropout: float = option(REPORT["sts_dropout"], "dropout before the STS head", type=cli.PROBABILITY)
@@ -114,7 +117,7 @@ class MethodsConfig(Settings):
                                              "memory); the same update up to rounding, not bit for bit", switch=True)
     task_weighting: str = option("fixed", "the tasks' loss weights: fixed (the per-task weights), uncertainty "
                                           "(learned, Kendall et al. 2018), dwa (Dynamic Weight Average, Liu et al. "
-                                          "2019)", choices=("fixed", "uncertainty", "dwa"))
+                                          "2019)", choices=WEIGHTINGS)
     dwa_temperature: float = option(2.0, "T of --task-weighting dwa", type=cli.POSITIVE)
     dwa_window: int = option(50, "--task-weighting dwa: the steps whose mean loss makes one 'epoch' of the paper",
                              type=cli.AT_LEAST_1)
