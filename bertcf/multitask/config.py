@@ -16,7 +16,8 @@ from ..errors import UsageError
 from ..models.peft import PeftSettings
 from ..settings import Settings, derived, option, redefault
 from .aggregation import AGGREGATORS
-from .model import PAIR_ENCODINGS, renamed_from_para, resolve_checkpoint, run_dir_of
+from .legacy import RENAMED_FLAGS, renamed_from_para
+from .model import PAIR_ENCODINGS, resolve_checkpoint, run_dir_of
 from .sampling import MODES
 from .weighting import WEIGHTINGS
 from .declarations import declared_tasks
@@ -24,8 +25,6 @@ from .tasks import BUILTIN, DEFAULTS, REPORT, SPLITS
 from ..data.tasks import TASK_FILES
 
 MARGIN = cli.checked(float, lambda v: -1 <= v < 1, "in [-1, 1)")  # h of y = max(cos, h)
-#: Old flags (before QQP was called qqp) -> their names now.
-RENAMED_FLAGS = {f"--para-{name}": f"--qqp-{name}" for name in ("dropout", "margin", "batch-size", "weight", *SPLITS)}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ task, each task's rows through the shared adapter and its own (:meth:`MultitaskM
 
 ``save_pretrained(dir)`` writes the encoder checkpoint plus ``heads.safetensors`` and
 ``multitask.json`` (the tasks' declarations); ``from_pretrained(dir)`` rebuilds the whole model,
-also from a checkpoint written before tasks were declared (its SST/QQP/STS head settings).
+also from a checkpoint written before tasks were declared (its SST/QQP/STS head settings; ``legacy``).
 """
 from __future__ import annotations
 
@@ -27,21 +27,12 @@ from ..models.encoder import FIRST_LAST_AVG, SentenceEncoder
 from ..utils.files import save_tensors_atomic, write_json_atomic
 from ..utils.precision import autocast
 from .heads import TaskHead, Widths, build_head
-from .tasks import REPORT, Task, builtin_tasks
+from .legacy import checkpoint_builtin_tasks, renamed_from_para
+from .tasks import Task
 
 HEADS_FILE = "heads.safetensors"
 HEADS_CONFIG_FILE = "multitask.json"
 PAIR_ENCODINGS = ("bi", "cross")  # a pair's sentences encoded apart (the report's) or together
-
-
-def renamed_from_para(d: dict) -> dict:
-    """``d`` (and the dicts inside it) with QQP's old name in keys replaced: 'para' -> 'qqp',
-    'para_*' -> 'qqp_*' (flags para_batch_size, metric para_acc, tensors para_head.*). Files
-    written before QQP had one name in the code (config.json, metrics.json, multitask.json,
-    heads and training state) are read through it."""
-    def key(k):
-        return "qqp" + k[4:] if isinstance(k, str) and (k == "para" or k.startswith("para_")) else k
-    return {key(k): renamed_from_para(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
 class MultitaskModel(nn.Module):
@@ -226,7 +217,7 @@ def checkpoint_tasks(meta: dict) -> list[Task]:
             return [Task(**d) for d in meta["tasks"]]
         except Exception as e:
             raise CheckpointError(f"{HEADS_CONFIG_FILE}: a task declaration does not load ({e})") from None
-    return list(builtin_tasks(**{k: v for k, v in meta.items() if k in REPORT}).values())
+    return checkpoint_builtin_tasks(meta)
 
 
 def checkpoint_meta(path) -> dict:

@@ -43,7 +43,8 @@ from .data import check_files, fetch_data, load_data
 from .evaluation import SELECTION_METRIC, evaluate, final_sets, score, sentences, summary_line, write_predictions
 from .heads import head_type
 from .methods import StepMethods
-from .model import MultitaskModel, checkpoint_meta, renamed_from_para, resolve_checkpoint, run_dir_of
+from .legacy import upgrade_state
+from .model import MultitaskModel, checkpoint_meta, resolve_checkpoint, run_dir_of
 from .sampling import TaskSampler
 from .step import step_losses
 from .declarations import declared_tasks
@@ -329,14 +330,6 @@ def check_state_kept(run_dir: Path, config: MultitaskConfig) -> None:
     if (run_dir / "metrics.json").is_file() and not (run_dir / "last" / runs.STATE_FILE).is_file():
         raise UsageError(f"--resume: {run_dir} finished and kept no training state (--keep-last weights or none); "
                          f"start a new run, from its best checkpoint with --encoder {run_dir / 'best'}")
-
-
-def upgrade_state(state: dict) -> dict:
-    """A training state from before tasks were declared: QQP's old name; no task sampler yet (every
-    task had a batch at every step)."""
-    state = renamed_from_para(state)
-    state.setdefault("extra", {}).setdefault("task_sampler", {"counts": dict.fromkeys(state["samplers"], state["step"])})
-    return state
 
 
 # ---- the command -------------------------------------------------------------------------------------
