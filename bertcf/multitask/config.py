@@ -4,9 +4,7 @@ the old ``--para-*`` names, the encoder to start from and the run directory. The
 are declared by the built-in flags, --task-file and --task (``declarations.declared_tasks``)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, make_dataclass
-from pathlib import Path
 
 from .. import cli, runs
 from ..config.data import DataConfig
@@ -20,8 +18,7 @@ from .legacy import RENAMED_FLAGS, renamed_from_para
 from .model import PAIR_ENCODINGS, resolve_checkpoint, run_dir_of
 from .sampling import MODES
 from .weighting import WEIGHTINGS
-from .declarations import declared_tasks
-from .tasks import BUILTIN, DEFAULTS, REPORT, SPLITS
+from .tasks import BUILTIN, REPORT, SPLITS
 from ..data.tasks import TASK_FILES
 
 MARGIN = cli.checked(float, lambda v: -1 <= v < 1, "in [-1, 1)")  # h of y = max(cos, h)
@@ -260,93 +257,3 @@ def resumed(run_dir, command: str | None = None, /, **changes) -> MultitaskConfi
     flags = {n for n, f in MultitaskConfig.__dataclass_fields__.items() if f.metadata.get("cli")}
     saved = {k: v for k, v in renamed_from_para(cli.saved_settings(run_dir)).items() if k in flags}
     return resolve(MultitaskConfig(**saved | changes | {"out_dir": str(run_dir), "resume": True}), command)
-
-
-# ---- checks of a run's settings against its tasks, and of a resumed run against its record ----------
-#: The settings of the built-in tasks: flag's name -> (task, the Task field it sets).
-BUILTIN_SETTINGS = {**{key: tuple(key.split("_", 1)) for key in REPORT},
-                    **{f"{task}_{split}": (task, split) for task in BUILTIN for split in SPLITS}}
-#: What a resumed run may change: how long it runs, where, and how it reports, none of which
-#: changes what a step trains on. Any other setting must be the run's: else the run would be two.
-RESUME_MAY_CHANGE = ("steps", "device", "precision", "progress", "log_every", "eval_every", "save_every",
-                     "patience", "compile", "batch_size", "conflict_every", "keep_last", "prediction_labels",
-                     "resume", "out_dir", "command")
-#: The settings that declare the tasks: a resumed run compares the declarations they give (a task
-#: file's contents, not its path), not the settings.
-TASK_SOURCES = ("data_dir", "task_file", "task", "tasks", *(f"{t}_{s}" for t in BUILTIN for s in SPLITS))
-
-
-def check_task_settings(config: MultitaskConfig, tasks: list) -> None:
-    """UsageError for a setting that would be recorded but not applied: a built-in task's flag
-    (``--qqp-weight 3``, ``--sst-train F``) given while the trained task is declared otherwise (by
-    a task file, or as the Task objects given to ``MultitaskTrainer``), and, from Python, a task
-    file, --task or --tasks beside Task objects that are not theirs."""
-    by_name = {t.name: t for t in tasks}
-    fields = MultitaskConfig.__dataclass_fields__
-    for key, (name, field) in BUILTIN_SETTINGS.items():
-        value, task = getattr(config, key), by_name.get(name)
-        if value == fields[key].default or task is None:  # not given, or its task not trained here
-            continue
-        flag = f"--{key.replace('_', '-')} {value}"
-        if task.reader != name:
-            raise UsageError(f"{flag} does not apply: task {name!r} is declared anew (kind {task.kind}), not as "
-                             f"the built-in {name}")
-        if getattr(task, field) != value:
-            raise UsageError(f"{flag} does not apply: task {name!r} is declared with {field} "
-                             f"{getattr(task, field)!r} (its declaration decides)")
-    if (config.task_file or config.task or config.tasks is not None) and _declared(config) != list(tasks):
-        raise UsageError("--task-file, --task and --tasks do not apply to the tasks given as Task objects: "
-                         "leave them out, or train the tasks they declare (declarations.declared_tasks)")
-
-
-def _declared(config: MultitaskConfig) -> list | None:
-    """The tasks ``config``'s own settings declare; None where they declare none that can run
-    (then they are not the tasks given either, and that is the one line to show)."""
-    try:
-        return declared_tasks(config)
-    except UsageError:
-        return None
-
-
-def check_resumable(config: MultitaskConfig, tasks: list) -> None:
-    """For --resume: UsageError, one line naming the first difference, when a setting or a task
-    declaration is not what the run's config.json records (``RESUME_MAY_CHANGE`` aside). Checked
-    before anything is written, so a refused --resume leaves the run as it was."""
-    if not config.resume:
-        return
-    record = Path(config.out_dir) / "config.json"
-    saved = renamed_from_para(cli.saved_settings(config.out_dir))
-    fields = MultitaskConfig.__dataclass_fields__
-    now = _as_recorded(config.to_dict())
-    for name, value in now.items():
-        if name in RESUME_MAY_CHANGE or name in TASK_SOURCES:
-            continue
-        # a setting newer than the run: it ran with the setting's default
-        was = saved[name] if name in saved else _as_recorded(fields[name].default)
-        if value != was:
-            flag = f"--{name.replace('_', '-')}"
-            raise UsageError(f"--resume: {flag} is {_shown(value)} here, {_shown(was)} in {record}; leave {flag} "
-                             f"out to continue with the run's, or start a new run")
-    if "declared_tasks" not in saved:  # a run from before tasks were declared: its settings say it all
-        return
-    recorded = [d for d in saved["declared_tasks"] if isinstance(d, dict)]
-    names, was_names = [t.name for t in tasks], [d.get("name") for d in recorded]
-    if names != was_names:
-        raise UsageError(f"--resume: the run trains {', '.join(map(str, was_names))}, in that order ({record}); "
-                         f"these settings declare {', '.join(names)}: give the run's --tasks and declarations, or "
-                         f"start a new run")
-    for task, was_task in zip(tasks, recorded):
-        for field, value in _as_recorded(task.to_dict()).items():
-            was = was_task[field] if field in was_task else _as_recorded(DEFAULTS[field])
-            if value != was:
-                raise UsageError(f"--resume: task {task.name!r}: {field} is {_shown(value)} here, {_shown(was)} in "
-                                 f"{record}; restore its declaration, or start a new run")
-
-
-def _as_recorded(value):
-    """``value`` as config.json holds it (tuples as lists), to compare with what it holds."""
-    return json.loads(json.dumps(value))
-
-
-def _shown(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)

@@ -279,8 +279,8 @@ def test_a_single_text_column_may_be_given_as_a_word(data_dir):
 
 
 # ---- the Python API: UsageError with the command's words, before anything is written ----------------------
-@pytest.mark.parametrize("case", ["no tasks", "a name", "one task twice", "a built-in flag", "a task file",
-                                  "aggregator on a frozen encoder"])
+@pytest.mark.parametrize("case", ["no tasks", "a name", "one task twice", "a built-in flag", "a built-in flag, no such task",
+                                  "a task file", "aggregator on a frozen encoder"])
 def test_the_trainer_refuses_what_the_command_refuses(case, tiny_bert_dir, data_dir, tmp_path):
     builtin = builtin_tasks(data_dir)
     nli = Task(**nli_entry(data_dir))
@@ -290,6 +290,8 @@ def test_the_trainer_refuses_what_the_command_refuses(case, tiny_bert_dir, data_
         "one task twice": ([nli, nli], {}, "task 'nli' is given twice"),
         "a built-in flag": ([builtin["qqp"], nli], {"qqp_weight": 3}, "--qqp-weight 3 does not apply: task 'qqp' "
                                                                        "is declared with weight 20.0"),
+        "a built-in flag, no such task": ([builtin["sst"], nli], {"qqp_weight": 3}, "--qqp-weight 3 does not apply: no "
+                                                                                   "task 'qqp' among the tasks given"),
         "a task file": ([nli], {"task_file": str(task_file(tmp_path / "t.json", nli_entry(data_dir) | {"weight": 3}))},
                         "--task-file, --task and --tasks do not apply"),
         "aggregator on a frozen encoder": ([builtin["sst"], nli], {"aggregator": "pcgrad", "freeze_encoder": True},
