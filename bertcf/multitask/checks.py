@@ -2,7 +2,7 @@
 to ``MultitaskTrainer``, a task that no head reads, methods that cannot run on the tasks, settings
 that would be recorded but not applied, and a --resume whose settings or tasks are not the run's.
 ``check_run`` is the one check that the trainer, the command and the experiments' plan call; the
-settings' rules among themselves are ``MultitaskConfig``'s own."""
+settings' rules among themselves are ``config.check_settings``'s."""
 from __future__ import annotations
 
 import json

@@ -181,27 +181,74 @@ class MultitaskConfig(PredictionConfig, TaskFilesConfig, PeftScopeConfig, PeftSe
         super().__post_init__()
         if self.task is not None and not isinstance(self.task, tuple):
             object.__setattr__(self, "task", tuple(self.task))  # a list from the command line or config.json
-        if self.aggregator != "sum" and self.task_sampling != "all":
-            raise UsageError(f"--aggregator {self.aggregator} combines the tasks' gradients of one step: it needs "
-                             f"--task-sampling all, not {self.task_sampling}")
-        if self.peft and self.freeze_encoder:
-            raise UsageError(f"--peft {self.peft} trains adapters in the encoder, --freeze-encoder trains none of it: "
-                             f"give one of them")
-        if self.peft_scope == "per-task":
-            if not self.peft:
-                raise UsageError("--peft-scope per-task gives each task a peft adapter of its own: it needs --peft")
-            if self.merge:
-                raise UsageError("--merge writes one plain encoder, --peft-scope per-task has one per task: give one "
-                                 "of them")
-            if self.aggregator != "sum":
-                raise UsageError(f"--aggregator {self.aggregator} combines the tasks' gradients on what they share, "
-                                 f"--peft-scope per-task gives each its own adapter: give one of them")
-        if self.drop_flow and self.freeze_flow:
-            raise UsageError("--drop-flow leaves the flow out, --freeze-flow keeps it fixed: give one of them")
+        check_settings(self)
 
     def file_of(self, task: str, split: str) -> str | None:
         """The --{task}-{split} flag's file (None: the standard name in --data-dir)."""
         return getattr(self, f"{task}_{split}")
+
+
+# ---- the settings' rules among themselves -------------------------------------------------------------
+#: Settings that only one choice of another uses: setting -> (the setting that decides, the values it
+#: applies with, as the refusal says it). Given otherwise, they are refused rather than recorded unused.
+APPLIES_WITH = {
+    "sampling_temperature": ("task_sampling", ("temperature",), "--task-sampling temperature"),
+    "dwa_temperature": ("task_weighting", ("dwa",), "--task-weighting dwa"),
+    "dwa_window": ("task_weighting", ("dwa",), "--task-weighting dwa"),
+    **{name: ("smart_weight", None, "--smart-weight > 0")
+       for name in ("smart_steps", "smart_step_size", "smart_epsilon", "smart_noise_var")},
+}
+
+
+def check_settings(config: MultitaskConfig) -> None:
+    """The settings' rules among themselves, in one place (``MultitaskConfig`` checks them when it
+    is made): UsageError, one line, for settings that exclude each other, one that needs another,
+    and one given where it does not apply. The rules that involve the tasks are
+    ``checks.check_run``'s."""
+    check_prediction(config)
+    if config.aggregator != "sum":
+        if config.task_sampling != "all":
+            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients of one step: it needs "
+                             f"--task-sampling all, not {config.task_sampling}")
+        if config.freeze_encoder:
+            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients on the encoder, which "
+                             f"--freeze-encoder freezes: there is nothing to aggregate; use --aggregator sum")
+    if config.task_weighting != "fixed" and config.task_sampling != "all":
+        raise UsageError(f"--task-weighting {config.task_weighting} weighs every task's loss each step: it needs "
+                         f"--task-sampling all, not {config.task_sampling}")
+    if config.peft and config.freeze_encoder:
+        raise UsageError(f"--peft {config.peft} trains adapters in the encoder, --freeze-encoder trains none of it: "
+                         f"give one of them")
+    if config.peft_scope == "per-task":
+        if not config.peft:
+            raise UsageError("--peft-scope per-task gives each task a peft adapter of its own: it needs --peft")
+        if config.merge:
+            raise UsageError("--merge writes one plain encoder, --peft-scope per-task has one per task: give one "
+                             "of them")
+        if config.aggregator != "sum":
+            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients on what they share, "
+                             f"--peft-scope per-task gives each its own adapter: give one of them")
+    if config.drop_flow and config.freeze_flow:
+        raise UsageError("--drop-flow leaves the flow out, --freeze-flow keeps it fixed: give one of them")
+    fields = MultitaskConfig.__dataclass_fields__
+    for name, (decides, values, needed) in APPLIES_WITH.items():
+        choice = getattr(config, decides)
+        applies = choice in values if values is not None else choice > 0
+        if getattr(config, name) != fields[name].default and not applies:
+            flag = f"--{name.replace('_', '-')}"
+            raise UsageError(f"{flag} does not apply without {needed} (--{decides.replace('_', '-')} is {choice}); "
+                             f"leave {flag} out or give {needed}")
+
+
+def check_prediction(settings) -> None:
+    """--predict-only's rules (on the parsed flags too, before a checkpoint's settings are read)."""
+    if settings.predict_only:
+        if settings.resume:
+            raise UsageError("--predict-only and --resume exclude each other")
+        if not settings.checkpoint:
+            raise UsageError("--predict-only needs --checkpoint DIR (a finished run directory)")
+    elif settings.checkpoint:
+        raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
 
 
 #: The settings --predict-only takes from the run's config.json unless given on the command line.
@@ -222,19 +269,14 @@ def parse(argv=None) -> MultitaskConfig:
     """The run of ``argv``, resolved (see the module's docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_prediction(args)  # before the checkpoint's run settings are read
     if args.predict_only:
-        if args.resume:
-            raise UsageError("--predict-only and --resume exclude each other")
-        if not args.checkpoint:
-            raise UsageError("--predict-only needs --checkpoint DIR (a finished run directory)")
         found = runs.run_settings(run_dir_of(resolve_checkpoint(args.checkpoint)))
         if found:
             saved = found[1]
             if isinstance(saved, dict) and "sst_train" in saved:  # a multitask run's settings
                 saved = renamed_from_para(saved)
                 parser.set_defaults(**{k: saved[k] for k in PREDICT_SETTINGS if k in saved})
-    elif args.checkpoint:
-        raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
     config = MultitaskConfig(**vars(cli.parse_args(parser, argv, upgrade=renamed_from_para)))
     return resolve(config, cli.command_line("run_multitask.py", argv))
 
