@@ -40,5 +40,6 @@ def upgrade_state(state: dict) -> dict:
     """A training state from before tasks were declared: QQP's old name; no task sampler yet (every
     task had a batch at every step)."""
     state = renamed_from_para(state)
-    state.setdefault("extra", {}).setdefault("task_sampler", {"counts": dict.fromkeys(state["samplers"], state["step"])})
+    counts = dict.fromkeys(state["samplers"], state["step"])
+    state.setdefault("extra", {}).setdefault("task_sampler", {"counts": counts})
     return state

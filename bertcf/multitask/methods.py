@@ -55,12 +55,12 @@ class StepMethods:
         return {"aggregator": _AggregatorState(self.aggregator)}
 
     # ---- the step ------------------------------------------------------------------------------
-    def losses(self, parts: dict, features, inputs: dict, out: dict) -> StepLosses:
-        """The step's losses from its task losses ``parts`` (task -> L_t), weighted, with SMART's
+    def losses(self, task_losses: dict, features, inputs: dict, out: dict) -> StepLosses:
+        """The step's losses from its ``task_losses`` (task -> L_t), weighted, with SMART's
         term on ``inputs`` and the heads' outputs ``out``; ``features``: what the heads read."""
         weights = self.weighting.weights()  # before DWA's forward, which may start a new period's
-        total, weighted = self.weighting(parts)
-        losses = StepLosses(total, weighted, features, {t: float(weights[t]) for t in parts})
+        total, weighted = self.weighting(task_losses)
+        losses = StepLosses(total, weighted, features, {t: float(weights[t]) for t in task_losses})
         if self.config.smart_weight > 0:
             regulariser = self.smart_loss(inputs, out)
             losses.smart = self.config.smart_weight * regulariser

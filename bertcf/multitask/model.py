@@ -60,9 +60,9 @@ class MultitaskModel(nn.Module):
     def device(self) -> torch.device:
         return self.encoder.device
 
-    def columns(self, task: str) -> int:
+    def rows_per_example(self, task: str) -> int:
         """Rows a training example of ``task`` takes in a step's batch: 2 for a pair encoded apart."""
-        return self.heads[task].columns
+        return self.heads[task].rows_per_example
 
     def forward(self, input_ids, attention_mask, sizes: dict, num_tokens: int | None = None,
                 token_type_ids=None, inputs_embeds=None, return_features: bool = False):
@@ -94,8 +94,8 @@ class MultitaskModel(nn.Module):
         tasks = list(sizes)
         kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         u = self.encoder(input_ids, attention_mask, num_tokens=num_tokens, **kwargs)  # [n, D] float32
-        parts = u.split([sizes[t] * self.heads[t].columns for t in tasks])
-        return {task: self.heads[task](vectors) for task, vectors in zip(tasks, parts)}, u
+        blocks = u.split([sizes[t] * self.heads[t].rows_per_example for t in tasks])  # each task's rows
+        return {task: self.heads[task](vectors) for task, vectors in zip(tasks, blocks)}, u
 
     def forward_each_task(self, input_ids, attention_mask, sizes: dict, num_tokens=None, token_type_ids=None,
                           inputs_embeds=None):
@@ -104,7 +104,7 @@ class MultitaskModel(nn.Module):
         pass counts its own real tokens (``num_tokens`` is the whole batch's)."""
         out, features, start = {}, [], 0
         for task, n in sizes.items():
-            rows = slice(start, start + n * self.heads[task].columns)
+            rows = slice(start, start + n * self.heads[task].rows_per_example)
             start = rows.stop
             own = [None if x is None else x[rows] for x in (token_type_ids, inputs_embeds)]
             with self.adapter_of(task):
@@ -148,25 +148,25 @@ class MultitaskModel(nn.Module):
             features.append(out["first_layer_hidden_state"])
         return result, features
 
-    def joint_outputs(self, task: str, ids: list, types: list, batch_size: int = 128,
-                      precision: str | None = None) -> torch.Tensor:
+    def joint_head_outputs(self, task: str, tokens: list, types: list, batch_size: int = 128,
+                           precision: str | None = None) -> torch.Tensor:
         """A joint head's outputs ([n], or [n, C] for several classes; float32, CPU, input order)
-        for pairs tokenised jointly (``ids``, ``types``: token ids and token types per pair),
+        for pairs tokenised jointly (``tokens``, ``types``: token ids and token types per pair),
         length-sorted batches, no gradient; the caller sets eval mode."""
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        order = sorted(range(len(tokens)), key=lambda i: -len(tokens[i]))
         device, chunks, head = self.device, [], self.heads[task]
         with torch.inference_mode(), self.adapter_of(task):
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
-                input_ids, token_types, mask = pad_pairs([ids[i] for i in rows], [types[i] for i in rows],
+                input_ids, token_types, mask = pad_pairs([tokens[i] for i in rows], [types[i] for i in rows],
                                                          self.encoder.tokenizer.pad_token_id)
                 with autocast(device, precision or self.encoder.precision):
                     pooled = self.encoder.bert(input_ids.to(device), mask.to(device), token_types.to(device),
                                                num_tokens=int(mask.sum()))["pooler_output"]
                     chunks.append(head(pooled).cpu())
         width = head.linear.out_features
-        y = torch.empty(len(ids)) if width == 1 else torch.empty(len(ids), width)
-        if ids:
+        y = torch.empty(len(tokens)) if width == 1 else torch.empty(len(tokens), width)
+        if tokens:
             y[torch.tensor(order)] = torch.cat(chunks)
         return y
 

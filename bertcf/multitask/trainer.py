@@ -174,7 +174,7 @@ class MultitaskTrainer:
             return metrics | {f"batches_{t}": n for t, n in task_sampler.counts.items()}
 
         # the sentences a batch of each task holds: the steps that draw one task count only its own
-        by_task = {t.name: t.batch_size * model.columns(t.name) for t in self.tasks}
+        by_task = {t.name: t.batch_size * model.rows_per_example(t.name) for t in self.tasks}
         # What scoring costs, in sentences: an evaluation's (a sample with --max-eval-examples), and the end's
         per_evaluation = sum(sentences(d.labeled(config.max_eval_examples)) for d in dev_sets.values())
         at_end = sum(sentences(d) for d in final_sets(data).values())
@@ -279,9 +279,9 @@ class Step:
             scalars["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
         return losses, scalars
 
-    def log_conflicts(self, step: int, parts: dict) -> None:
+    def log_conflicts(self, step: int, task_losses: dict) -> None:
         """The cosines between the tasks' gradients on the encoder (``monitor.gradient_cosines``)."""
-        cosines = monitor.task_conflicts(self.model, parts)
+        cosines = monitor.task_conflicts(self.model, task_losses)
         if cosines:
             self.run.scalars(step, cosines, prefix="conflict/")
 

@@ -286,8 +286,9 @@ def test_a_single_text_column_may_be_given_as_a_word(data_dir):
 
 
 # ---- the Python API: UsageError with the command's words, before anything is written ----------------------
-@pytest.mark.parametrize("case", ["no tasks", "a name", "one task twice", "a built-in flag", "a built-in flag, no such task",
-                                  "a task file", "aggregator on a frozen encoder", "a setting that does not apply"])
+@pytest.mark.parametrize("case", ["no tasks", "a name", "one task twice", "a built-in flag",
+                                  "a built-in flag, no such task", "a task file", "aggregator on a frozen encoder",
+                                  "a setting that does not apply"])
 def test_the_trainer_refuses_what_the_command_refuses(case, tiny_bert_dir, data_dir, tmp_path):
     builtin = builtin_tasks(data_dir)
     nli = Task(**nli_entry(data_dir))
