@@ -20,11 +20,11 @@ Workloads (the report's settings):
              a 3-block Glow on both views, 0.3 * InfoNCE(F(x)) + L_flow, AdamW on the flow.
   multitask  bertcf.multitask's step: 32 SST + 96 x 2 QQP + 32 x 2 STS sentences in one encoder
              pass, the heads (SST dropout 0.3 + linear D x 5; QQP linear D x 768; STS dropout
-             0.1 + linear D x 768), MultitaskLoss (5 / 20 / 1), backward, AdamW step. Its variants
-             (multitask-*, on the same batches) change one setting of the run: the task sampling, the
-             conflict logging, a multitask method, or peft's adapters (multitask-lora, -dora, -ia3 and
-             their -per-task forms: run_multitask.py --peft X [--peft-scope per-task], peft's default
-             settings, in a copy of the encoder; skipped without peft).
+             0.1 + linear D x 768), each head's loss weighted (5 / 20 / 1) by StepMethods, its backward,
+             AdamW step. Its variants (multitask-*, on the same batches) change one setting of the run:
+             the task sampling, the conflict logging, a multitask method, or adapters (multitask-lora,
+             -dora, -ia3, -houlsby and their -per-task forms: run_multitask.py --peft X [--peft-scope
+             per-task], the default settings, in a copy of the encoder; peft's skipped without peft).
   encode     inference throughput: --encode-sentences sentences, length-sorted batches of 64,
              eval mode under torch.inference_mode.
 ``--onnx EXPORT_DIR`` times something else, on the CPU: ``encode()`` of STS-B test's 2,758

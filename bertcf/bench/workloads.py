@@ -2,6 +2,8 @@
 implementation a ``step()`` closure plus the per-step counts (sentences, real tokens, FLOPs)."""
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from .batches import LENGTHS, make_batch, sample_lengths, special_ids
@@ -227,7 +229,7 @@ class Multitask(Workload):
         opt = make_optimizer([*model.parameters(), *methods.parameters()], config.lr, config.weight_decay, self.device)
         scaler = torch.amp.GradScaler("cuda", enabled=self.precision == "fp16")
         # the variant computes the cosines at every step, as the trainer does at its logged ones
-        conflicts = (lambda parts: monitor.task_conflicts(model, parts)) if config.conflict_every else None
+        conflicts = partial(monitor.task_conflicts, model) if config.conflict_every else None
 
         def step(inputs):  # the trainer's step (bertcf.multitask.step) on this workload's batch
             (b,) = inputs

@@ -147,7 +147,7 @@ def check_finetune(task: PlannedRun) -> None:
     from ..multitask import config as multitask
     from ..multitask.data import check_files
     from ..multitask.declarations import declared_tasks
-    from ..multitask.trainer import check_run
+    from ..multitask.checks import check_run
 
     config = finetune_config(task, task.state == "resume")  # parses the words: an unknown flag ends here
     planned = [name for name in PLANNED_FINETUNE_SETTINGS
@@ -156,5 +156,5 @@ def check_finetune(task: PlannedRun) -> None:
         raise UsageError(f"--finetune-args: --{planned[0].replace('_', '-')} is set by the plan for each row and "
                          f"seed; given here, every fine-tuning would share it")
     tasks = declared_tasks(config)
-    check_run(config, tasks)
+    check_run(config, tasks, declared=True)
     check_files([t for t in tasks if not t.reader])  # the built-in tasks' files: input_problems

@@ -58,8 +58,8 @@ def run_planned(task: PlannedRun) -> dict:
     if task.kind == "pretraining":
         from ..training.pretraining import run
         return run(pretraining_config(task, resume))
-    from ..multitask.trainer import run
-    return run(finetune_config(task, resume))
+    from ..multitask.command import run_config
+    return run_config(finetune_config(task, resume))
 
 
 def finetune_config(task: PlannedRun, resume: bool = False):

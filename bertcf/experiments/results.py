@@ -14,7 +14,7 @@ from ..data.words import word_similarity_files
 from ..evaluation import bootstrap
 from ..evaluation.lexical import POOLINGS as LEXICAL_POOLINGS
 from ..multitask.evaluation import prediction_file
-from ..multitask.model import renamed_from_para
+from ..multitask.legacy import renamed_from_para
 from ..utils.files import write_json_atomic
 from .plan import Plan
 from .planned import abs_if_path, read_json

@@ -12,12 +12,14 @@
 
 The package, by concern: ``tasks`` (the declarations, task files), ``data`` (reading and
 tokenising), ``heads`` (all that depends on a task's kind: a class per kind and pair encoding, its
-layers, loss, predictions and views), ``model`` (the encoder and a head per task), ``losses`` (the
-heads' loss functions), ``sampling`` (how tasks share
-the steps), ``weighting``, ``aggregation`` and ``smart`` (the multitask methods, ``methods``
-combines them in a step), ``step`` (the step the trainer runs and the bench times),
-``evaluation`` (metrics, prediction files), ``monitor`` (TensorBoard), ``config`` (the command's
-settings), ``trainer`` (the step's batches and the run) and ``command``.
+layers, loss, predictions and views), ``model`` (the encoder and a head per task), ``legacy`` (what
+older versions wrote: QQP's old name, checkpoints and runs from before tasks were declared),
+``losses`` (the heads' loss functions), ``sampling`` (how tasks share the steps), ``weighting``,
+``aggregation`` and ``smart`` (the multitask methods, ``methods`` combines them in a step), ``step``
+(the step the trainer runs and the bench times), ``evaluation`` (metrics, prediction files),
+``monitor`` (TensorBoard), ``config`` (the command's settings and their rules among themselves),
+``checks`` (what a run refuses before it writes anything: ``check_run``), ``trainer`` (the step's
+batches and the run) and ``command`` (the command: the tasks declared once, --predict-only).
 """
 from .config import MultitaskConfig
 from .model import MultitaskModel

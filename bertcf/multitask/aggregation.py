@@ -165,7 +165,6 @@ def check_aggregator(name: str, num_tasks: int, world_size: int = 1, gramian: bo
 
 def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Tensor],
                         shared_params: Iterable[Tensor], aggregator: tja.Aggregator | None,
-                        task_params: Sequence[Iterable[Tensor]] | None = None,
                         loss_scale: float | None = None, gramian: bool = False) -> Tensor | None:
     """Backward pass of one multitask step: fills (accumulates into) the parameters' ``.grad``.
 
@@ -177,9 +176,6 @@ def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Te
     - ``shared_params``: the parameters that compute ``features``, e.g. ``encoder.parameters()``
       (the frozen ones, and those ``features`` do not depend on, such as an unused pooler, are
       left alone, as ``backward`` leaves them);
-    - ``task_params``: each task's own parameters (its head; a learned loss weight such as
-      ``UncertaintyWeighting``'s). None: whatever each loss depends on beyond ``features``,
-      found in its graph (torchjd's default), which is what the caller wants in general;
     - ``aggregator``: from ``build_aggregator``; None (``sum``) backpropagates ``sum(losses)``
       as plain training does, bit for bit;
     - ``loss_scale``: a GradScaler's ``get_scale()`` when ``losses`` are scaled (fp16);
@@ -188,7 +184,8 @@ def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Te
       ``optimize_gramian_computation``): the same update up to rounding, not bit for bit.
 
     The shared parameters get the aggregation of the tasks' gradients on them (torchjd's
-    ``jac_to_grad``); each task's parameters their task's own gradient (when no shared parameter
+    ``jac_to_grad``); each task's own parameters, whatever its loss reaches beyond ``features`` (its
+    head; a learned loss weight), their task's own gradient (when no shared parameter
     is trained, a frozen encoder, that is all, and the plain backward of the sum does it). Returns
     the weights the aggregator gave the tasks' gradients ([m], for logging) when it combines them
     linearly, else None.
@@ -197,7 +194,7 @@ def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Te
     (m times the shared parameters in float32: 3 x 440 MB for BERT-base; once with ``gramian``)."""
     losses = list(losses)
     if aggregator is None:
-        sum(losses).backward()  # python's sum from 0, as MultitaskLoss adds its parts
+        sum(losses).backward()  # python's sum from 0, as the weighting adds the heads' losses
         return None
     if len(losses) < 2:
         raise ValueError(f"aggregated_backward needs at least two losses, got {len(losses)}")
@@ -213,10 +210,9 @@ def aggregated_backward(losses: Sequence[Tensor], features: Tensor | Sequence[Te
     # no batching rule for attention's backward on the CPU and does not run through the
     # torch.compile'd layers minBERT uses on a GPU (compile_layers).
     if _nested(features):
-        _jacobian_backward(losses, shared, task_params)
+        _jacobian_backward(losses, shared)
     else:
-        mtl_backward(losses, features=features, tasks_params=task_params, shared_params=shared,
-                     parallel_chunk_size=1)
+        mtl_backward(losses, features=features, shared_params=shared, parallel_chunk_size=1)
     return _jac_to_grad(shared, aggregator, loss_scale, gramian)
 
 
@@ -287,15 +283,12 @@ def _nested(features: Sequence[Tensor]) -> bool:
                for node in nodes for other in nodes if other is not node)
 
 
-def _jacobian_backward(losses: list[Tensor], shared: list[Tensor], task_params=None) -> None:
+def _jacobian_backward(losses: list[Tensor], shared: list[Tensor]) -> None:
     """What ``mtl_backward`` does, without features: each loss's gradient on the parameters it
     reaches beyond ``shared`` into their ``.grad`` (a head's own task's; a part several heads read,
     their sum), and the Jacobian of the losses on ``shared`` into each one's ``.jac``."""
     ids = {id(p) for p in shared}
-    if task_params is None:
-        own = [p for i, p in _leaves(losses).items() if i not in ids]
-    else:
-        own = list({id(p): p for params in task_params for p in params if p.requires_grad}.values())
+    own = [p for i, p in _leaves(losses).items() if i not in ids]
     if own:
         torch.autograd.backward(sum(losses), inputs=own, retain_graph=True)
     autojac_backward(losses, inputs=shared, parallel_chunk_size=1)

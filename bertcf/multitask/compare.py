@@ -29,8 +29,8 @@ from ..evaluation.bootstrap import paired_difference
 from ..utils.files import write_json_atomic, write_text_atomic
 from .data import check_unique_ids, read_rows
 from .evaluation import prediction_file, read_predictions, task_metric
-from .model import renamed_from_para
-from .tasks import Task, builtin_tasks
+from .legacy import renamed_from_para, run_builtin_tasks
+from .tasks import Task
 
 RUN_NAME = re.compile(r"(?P<label>.+)-seed(?P<seed>\d+)\Z")
 RESAMPLES, BOOTSTRAP_SEED = 2000, 0
@@ -57,8 +57,7 @@ def run_tasks(run_dir: Path) -> list[Task]:
                         f"tasks and dev files") from None
     if "declared_tasks" in config:
         return [Task(**d) for d in config["declared_tasks"]]
-    files = {(t, s): config.get(f"{t}_{s}") for t in ("sst", "qqp", "sts") for s in ("train", "dev", "test")}
-    return list(builtin_tasks(config.get("data_dir", "data"), files).values())
+    return run_builtin_tasks(config)
 
 
 def gold_labels(task: Task) -> dict:

@@ -4,9 +4,7 @@ the old ``--para-*`` names, the encoder to start from and the run directory. The
 are declared by the built-in flags, --task-file and --task (``declarations.declared_tasks``)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, make_dataclass
-from pathlib import Path
 
 from .. import cli, runs
 from ..config.data import DataConfig
@@ -16,15 +14,14 @@ from ..errors import UsageError
 from ..models.peft import PeftSettings
 from ..settings import Settings, derived, option, redefault
 from .aggregation import AGGREGATORS
-from .model import PAIR_ENCODINGS, renamed_from_para, resolve_checkpoint, run_dir_of
+from .legacy import RENAMED_FLAGS, renamed_from_para
+from .model import PAIR_ENCODINGS, resolve_checkpoint, run_dir_of
 from .sampling import MODES
-from .declarations import declared_tasks
-from .tasks import BUILTIN, DEFAULTS, REPORT, SPLITS
+from .weighting import WEIGHTINGS
+from .tasks import BUILTIN, REPORT, SPLITS
 from ..data.tasks import TASK_FILES
 
 MARGIN = cli.checked(float, lambda v: -1 <= v < 1, "in [-1, 1)")  # h of y = max(cos, h)
-#: Old flags (before QQP was called qqp) -> their names now.
-RENAMED_FLAGS = {f"--para-{name}": f"--qqp-{name}" for name in ("dropout", "margin", "batch-size", "weight", *SPLITS)}
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,9 @@ class HeadsConfig(Settings):
                                switch=True)
     drop_flow: bool = option(False, "heads on f(x): leave the checkpoint's flow and linear head (whitening) out, "
                                     "fine-tune the encoder alone", switch=True)
-    proj_dim: int = option(768, "output width of the cosine heads (QQP, STS)", type=cli.AT_LEAST_1)
+    proj_dim: int = option(768, "the cosine heads' projection: each sentence vector of a pair encoded apart (QQP, "
+                                "STS, a pair-ranking task) goes through a linear map to this width before the "
+                                "cosine", type=cli.AT_LEAST_1)
     sst_dropout: float = option(REPORT["sst_dropout"], "dropout before the SST head", type=cli.PROBABILITY)
     qqp_dropout: float = option(REPORT["qqp_dropout"], "dropout before the QQP head", type=cli.PROBABILITY)
     sts_dropout: float = option(REPORT["sts_dropout"], "dropout before the STS head", type=cli.PROBABILITY)
@@ -114,7 +113,7 @@ class MethodsConfig(Settings):
                                              "memory); the same update up to rounding, not bit for bit", switch=True)
     task_weighting: str = option("fixed", "the tasks' loss weights: fixed (the per-task weights), uncertainty "
                                           "(learned, Kendall et al. 2018), dwa (Dynamic Weight Average, Liu et al. "
-                                          "2019)", choices=("fixed", "uncertainty", "dwa"))
+                                          "2019)", choices=WEIGHTINGS)
     dwa_temperature: float = option(2.0, "T of --task-weighting dwa", type=cli.POSITIVE)
     dwa_window: int = option(50, "--task-weighting dwa: the steps whose mean loss makes one 'epoch' of the paper",
                              type=cli.AT_LEAST_1)
@@ -182,27 +181,74 @@ class MultitaskConfig(PredictionConfig, TaskFilesConfig, PeftScopeConfig, PeftSe
         super().__post_init__()
         if self.task is not None and not isinstance(self.task, tuple):
             object.__setattr__(self, "task", tuple(self.task))  # a list from the command line or config.json
-        if self.aggregator != "sum" and self.task_sampling != "all":
-            raise UsageError(f"--aggregator {self.aggregator} combines the tasks' gradients of one step: it needs "
-                             f"--task-sampling all, not {self.task_sampling}")
-        if self.peft and self.freeze_encoder:
-            raise UsageError(f"--peft {self.peft} trains adapters in the encoder, --freeze-encoder trains none of it: "
-                             f"give one of them")
-        if self.peft_scope == "per-task":
-            if not self.peft:
-                raise UsageError("--peft-scope per-task gives each task a peft adapter of its own: it needs --peft")
-            if self.merge:
-                raise UsageError("--merge writes one plain encoder, --peft-scope per-task has one per task: give one "
-                                 "of them")
-            if self.aggregator != "sum":
-                raise UsageError(f"--aggregator {self.aggregator} combines the tasks' gradients on what they share, "
-                                 f"--peft-scope per-task gives each its own adapter: give one of them")
-        if self.drop_flow and self.freeze_flow:
-            raise UsageError("--drop-flow leaves the flow out, --freeze-flow keeps it fixed: give one of them")
+        check_settings(self)
 
     def file_of(self, task: str, split: str) -> str | None:
         """The --{task}-{split} flag's file (None: the standard name in --data-dir)."""
         return getattr(self, f"{task}_{split}")
+
+
+# ---- the settings' rules among themselves -------------------------------------------------------------
+#: Settings that only one choice of another uses: setting -> (the setting that decides, the values it
+#: applies with, as the refusal says it). Given otherwise, they are refused rather than recorded unused.
+APPLIES_WITH = {
+    "sampling_temperature": ("task_sampling", ("temperature",), "--task-sampling temperature"),
+    "dwa_temperature": ("task_weighting", ("dwa",), "--task-weighting dwa"),
+    "dwa_window": ("task_weighting", ("dwa",), "--task-weighting dwa"),
+    **{name: ("smart_weight", None, "--smart-weight > 0")
+       for name in ("smart_steps", "smart_step_size", "smart_epsilon", "smart_noise_var")},
+}
+
+
+def check_settings(config: MultitaskConfig) -> None:
+    """The settings' rules among themselves, in one place (``MultitaskConfig`` checks them when it
+    is made): UsageError, one line, for settings that exclude each other, one that needs another,
+    and one given where it does not apply. The rules that involve the tasks are
+    ``checks.check_run``'s."""
+    check_prediction(config)
+    if config.aggregator != "sum":
+        if config.task_sampling != "all":
+            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients of one step: it needs "
+                             f"--task-sampling all, not {config.task_sampling}")
+        if config.freeze_encoder:
+            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients on the encoder, which "
+                             f"--freeze-encoder freezes: there is nothing to aggregate; use --aggregator sum")
+    if config.task_weighting != "fixed" and config.task_sampling != "all":
+        raise UsageError(f"--task-weighting {config.task_weighting} weighs every task's loss each step: it needs "
+                         f"--task-sampling all, not {config.task_sampling}")
+    if config.peft and config.freeze_encoder:
+        raise UsageError(f"--peft {config.peft} trains adapters in the encoder, --freeze-encoder trains none of it: "
+                         f"give one of them")
+    if config.peft_scope == "per-task":
+        if not config.peft:
+            raise UsageError("--peft-scope per-task gives each task a peft adapter of its own: it needs --peft")
+        if config.merge:
+            raise UsageError("--merge writes one plain encoder, --peft-scope per-task has one per task: give one "
+                             "of them")
+        if config.aggregator != "sum":
+            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients on what they share, "
+                             f"--peft-scope per-task gives each its own adapter: give one of them")
+    if config.drop_flow and config.freeze_flow:
+        raise UsageError("--drop-flow leaves the flow out, --freeze-flow keeps it fixed: give one of them")
+    fields = MultitaskConfig.__dataclass_fields__
+    for name, (decides, values, needed) in APPLIES_WITH.items():
+        choice = getattr(config, decides)
+        applies = choice in values if values is not None else choice > 0
+        if getattr(config, name) != fields[name].default and not applies:
+            flag = f"--{name.replace('_', '-')}"
+            raise UsageError(f"{flag} does not apply without {needed} (--{decides.replace('_', '-')} is {choice}); "
+                             f"leave {flag} out or give {needed}")
+
+
+def check_prediction(settings) -> None:
+    """--predict-only's rules (on the parsed flags too, before a checkpoint's settings are read)."""
+    if settings.predict_only:
+        if settings.resume:
+            raise UsageError("--predict-only and --resume exclude each other")
+        if not settings.checkpoint:
+            raise UsageError("--predict-only needs --checkpoint DIR (a finished run directory)")
+    elif settings.checkpoint:
+        raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
 
 
 #: The settings --predict-only takes from the run's config.json unless given on the command line.
@@ -223,19 +269,14 @@ def parse(argv=None) -> MultitaskConfig:
     """The run of ``argv``, resolved (see the module's docstring)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_prediction(args)  # before the checkpoint's run settings are read
     if args.predict_only:
-        if args.resume:
-            raise UsageError("--predict-only and --resume exclude each other")
-        if not args.checkpoint:
-            raise UsageError("--predict-only needs --checkpoint DIR (a finished run directory)")
         found = runs.run_settings(run_dir_of(resolve_checkpoint(args.checkpoint)))
         if found:
             saved = found[1]
             if isinstance(saved, dict) and "sst_train" in saved:  # a multitask run's settings
                 saved = renamed_from_para(saved)
                 parser.set_defaults(**{k: saved[k] for k in PREDICT_SETTINGS if k in saved})
-    elif args.checkpoint:
-        raise UsageError("--checkpoint is for --predict-only (to start from a checkpoint, use --encoder)")
     config = MultitaskConfig(**vars(cli.parse_args(parser, argv, upgrade=renamed_from_para)))
     return resolve(config, cli.command_line("run_multitask.py", argv))
 
@@ -258,93 +299,3 @@ def resumed(run_dir, command: str | None = None, /, **changes) -> MultitaskConfi
     flags = {n for n, f in MultitaskConfig.__dataclass_fields__.items() if f.metadata.get("cli")}
     saved = {k: v for k, v in renamed_from_para(cli.saved_settings(run_dir)).items() if k in flags}
     return resolve(MultitaskConfig(**saved | changes | {"out_dir": str(run_dir), "resume": True}), command)
-
-
-# ---- checks of a run's settings against its tasks, and of a resumed run against its record ----------
-#: The settings of the built-in tasks: flag's name -> (task, the Task field it sets).
-BUILTIN_SETTINGS = {**{key: tuple(key.split("_", 1)) for key in REPORT},
-                    **{f"{task}_{split}": (task, split) for task in BUILTIN for split in SPLITS}}
-#: What a resumed run may change: how long it runs, where, and how it reports, none of which
-#: changes what a step trains on. Any other setting must be the run's: else the run would be two.
-RESUME_MAY_CHANGE = ("steps", "device", "precision", "progress", "log_every", "eval_every", "save_every",
-                     "patience", "compile", "batch_size", "conflict_every", "keep_last", "prediction_labels",
-                     "resume", "out_dir", "command")
-#: The settings that declare the tasks: a resumed run compares the declarations they give (a task
-#: file's contents, not its path), not the settings.
-TASK_SOURCES = ("data_dir", "task_file", "task", "tasks", *(f"{t}_{s}" for t in BUILTIN for s in SPLITS))
-
-
-def check_task_settings(config: MultitaskConfig, tasks: list) -> None:
-    """UsageError for a setting that would be recorded but not applied: a built-in task's flag
-    (``--qqp-weight 3``, ``--sst-train F``) given while the trained task is declared otherwise (by
-    a task file, or as the Task objects given to ``MultitaskTrainer``), and, from Python, a task
-    file, --task or --tasks beside Task objects that are not theirs."""
-    by_name = {t.name: t for t in tasks}
-    fields = MultitaskConfig.__dataclass_fields__
-    for key, (name, field) in BUILTIN_SETTINGS.items():
-        value, task = getattr(config, key), by_name.get(name)
-        if value == fields[key].default or task is None:  # not given, or its task not trained here
-            continue
-        flag = f"--{key.replace('_', '-')} {value}"
-        if task.reader != name:
-            raise UsageError(f"{flag} does not apply: task {name!r} is declared anew (kind {task.kind}), not as "
-                             f"the built-in {name}")
-        if getattr(task, field) != value:
-            raise UsageError(f"{flag} does not apply: task {name!r} is declared with {field} "
-                             f"{getattr(task, field)!r} (its declaration decides)")
-    if (config.task_file or config.task or config.tasks is not None) and _declared(config) != list(tasks):
-        raise UsageError("--task-file, --task and --tasks do not apply to the tasks given as Task objects: "
-                         "leave them out, or train the tasks they declare (declarations.declared_tasks)")
-
-
-def _declared(config: MultitaskConfig) -> list | None:
-    """The tasks ``config``'s own settings declare; None where they declare none that can run
-    (then they are not the tasks given either, and that is the one line to show)."""
-    try:
-        return declared_tasks(config)
-    except UsageError:
-        return None
-
-
-def check_resumable(config: MultitaskConfig, tasks: list) -> None:
-    """For --resume: UsageError, one line naming the first difference, when a setting or a task
-    declaration is not what the run's config.json records (``RESUME_MAY_CHANGE`` aside). Checked
-    before anything is written, so a refused --resume leaves the run as it was."""
-    if not config.resume:
-        return
-    record = Path(config.out_dir) / "config.json"
-    saved = renamed_from_para(cli.saved_settings(config.out_dir))
-    fields = MultitaskConfig.__dataclass_fields__
-    now = _as_recorded(config.to_dict())
-    for name, value in now.items():
-        if name in RESUME_MAY_CHANGE or name in TASK_SOURCES:
-            continue
-        # a setting newer than the run: it ran with the setting's default
-        was = saved[name] if name in saved else _as_recorded(fields[name].default)
-        if value != was:
-            flag = f"--{name.replace('_', '-')}"
-            raise UsageError(f"--resume: {flag} is {_shown(value)} here, {_shown(was)} in {record}; leave {flag} "
-                             f"out to continue with the run's, or start a new run")
-    if "declared_tasks" not in saved:  # a run from before tasks were declared: its settings say it all
-        return
-    recorded = [d for d in saved["declared_tasks"] if isinstance(d, dict)]
-    names, was_names = [t.name for t in tasks], [d.get("name") for d in recorded]
-    if names != was_names:
-        raise UsageError(f"--resume: the run trains {', '.join(map(str, was_names))}, in that order ({record}); "
-                         f"these settings declare {', '.join(names)}: give the run's --tasks and declarations, or "
-                         f"start a new run")
-    for task, was_task in zip(tasks, recorded):
-        for field, value in _as_recorded(task.to_dict()).items():
-            was = was_task[field] if field in was_task else _as_recorded(DEFAULTS[field])
-            if value != was:
-                raise UsageError(f"--resume: task {task.name!r}: {field} is {_shown(value)} here, {_shown(was)} in "
-                                 f"{record}; restore its declaration, or start a new run")
-
-
-def _as_recorded(value):
-    """``value`` as config.json holds it (tuples as lists), to compare with what it holds."""
-    return json.loads(json.dumps(value))
-
-
-def _shown(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)

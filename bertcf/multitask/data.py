@@ -36,10 +36,11 @@ def eval_sample(n: int, limit: int | None) -> list[int]:
 
 @dataclass
 class TaskData:
-    """One task file, tokenised once: ``ids`` [n]; ``tokens``: one list of token-id lists per
-    text column (1 for a sentence, 2 for a pair; 1 for a pair encoded jointly, ``[CLS] s1 [SEP]
-    s2 [SEP]``); ``labels`` [n] (None for unlabeled rows); ``token_types``: a jointly encoded
-    pair's token types (0 for s1, 1 for s2) per row, else None."""
+    """One task file, tokenised once: ``ids`` [n], the rows' ids (as the prediction files key
+    them); ``tokens``: one list of token-id lists per sentence the encoder reads of a row (1 for a
+    sentence, 2 for a pair; 1 for a pair encoded jointly, ``[CLS] s1 [SEP] s2 [SEP]``); ``labels``
+    [n] (None for unlabeled rows); ``token_types``: a jointly encoded pair's token types (0 for s1,
+    1 for s2) per row, else None."""
 
     task: Task
     ids: list[str]
@@ -241,11 +242,11 @@ def load_task(task: Task, split: str, tokenizer, max_length: int, limit: int | N
         raise DataError(f"task {task.name!r}: {path} has no training rows")
     if split != "train":
         check_unique_ids(task, path, ids)
-    columns = list(zip(*texts)) if texts else [[] for _ in task.text_columns]
+    text_columns = list(zip(*texts)) if texts else [[] for _ in task.text_columns]
     if joint:
-        token_ids, types = tokenize_pairs(tokenizer, columns[0], columns[1], max_length)
+        token_ids, types = tokenize_pairs(tokenizer, text_columns[0], text_columns[1], max_length)
         return TaskData(task, ids, (token_ids,), labels, types)
-    tokens = tuple(tokenize_column(tokenizer, col, max_length) for col in columns)
+    tokens = tuple(tokenize_column(tokenizer, column, max_length) for column in text_columns)
     return TaskData(task, ids, tokens, labels)
 
 

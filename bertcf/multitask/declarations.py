@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from ..errors import UsageError
-from .tasks import BUILTIN, DEFAULTS, KINDS, REPORT, SPLITS, Task, builtin_tasks
+from .tasks import BUILTIN, KINDS, REPORT, SPLITS, Task, builtin_tasks
 
 FIELDS = {f.name for f in dataclasses.fields(Task)} - {"reader"}
 LIST_FIELDS = ("text_columns", "labels", "label_range")

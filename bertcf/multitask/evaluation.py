@@ -76,18 +76,18 @@ def mean_dev(metrics: dict, tasks: list[Task]) -> float:
 def in_chunks(encode, lengths: list[int], batch_size: int, shown: Progress | None = None) -> torch.Tensor:
     """``encode(rows)`` (rows: indices) of every row, ``lengths`` their lengths in tokens, called on
     chunks of ``CHUNK_BATCHES`` whole batches in the longest-first order that the encoders here
-    batch by (``encode_ids``, ``joint_outputs``): a chunk is already in that order, so its batches
+    batch by (``encode_ids``, ``joint_head_outputs``): a chunk is already in that order, so its batches
     are those of one call over every row, and so are the outputs. ``shown`` advances after each."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     size = batch_size * CHUNK_BATCHES
-    parts = []
+    encoded = []
     for start in range(0, len(order), size):
-        parts.append(encode(order[start:start + size]))
+        encoded.append(encode(order[start:start + size]))
         if shown is not None:
-            shown.advance(len(parts[-1]))
-    if not parts:
+            shown.advance(len(encoded[-1]))
+    if not encoded:
         return encode([])
-    outputs = torch.cat(parts)
+    outputs = torch.cat(encoded)
     result = torch.empty_like(outputs)
     result[torch.tensor(order)] = outputs
     return result
@@ -100,7 +100,7 @@ def sentences(data: TaskData) -> int:
 
 def sentence_vectors(model: MultitaskModel, data: TaskData, batch_size: int = 128, precision: str | None = None,
                      shown: Progress | None = None) -> torch.Tensor:
-    """The encoder's vectors of every sentence of ``data``, column after column ([columns·n, D],
+    """The encoder's vectors of every sentence of ``data``, column after column ([rows·n, D],
     float32, CPU): a pair task's two columns in one length-sorted pass, through the task's adapter
     where each task has its own."""
     rows = [t for col in data.tokens for t in col]
@@ -119,10 +119,10 @@ def raw_outputs(model: MultitaskModel, data: TaskData, batch_size: int = 128, pr
     model.eval()
     try:
         if head.joint:
-            ids, types = data.tokens[0], data.token_types
-            return in_chunks(lambda chunk: model.joint_outputs(data.task.name, [ids[i] for i in chunk],
-                                                               [types[i] for i in chunk], batch_size, precision),
-                             [len(t) for t in ids], batch_size, shown)
+            tokens, types = data.tokens[0], data.token_types
+            return in_chunks(lambda chunk: model.joint_head_outputs(data.task.name, [tokens[i] for i in chunk],
+                                                                    [types[i] for i in chunk], batch_size, precision),
+                             [len(t) for t in tokens], batch_size, shown)
         if vectors is None:
             vectors = sentence_vectors(model, data, batch_size, precision, shown)
         with torch.inference_mode():
@@ -230,5 +230,5 @@ def write_predictions(model: MultitaskModel, data: dict, out_dir, batch_size: in
 
 def summary_line(metrics: dict, tasks: list[Task], out_dir) -> str:
     """The dev metrics in one line, and where the predictions are."""
-    parts = ", ".join(f"{t.name} {t.metric_key.rsplit('_', 1)[1]} {metrics[t.metric_key]:.4f}" for t in tasks)
-    return f"dev: {parts}, mean {metrics[SELECTION_METRIC]:.4f}; predictions in {Path(out_dir) / 'predictions'}"
+    scores = ", ".join(f"{t.name} {t.metric_key.rsplit('_', 1)[1]} {metrics[t.metric_key]:.4f}" for t in tasks)
+    return f"dev: {scores}, mean {metrics[SELECTION_METRIC]:.4f}; predictions in {Path(out_dir) / 'predictions'}"

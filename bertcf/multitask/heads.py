@@ -66,13 +66,13 @@ class TaskHead(nn.Module):
     """A task's head on the shared encoder: dropout + one linear layer, and what the task does with
     its output and labels. Subclasses set the class attributes and the methods below.
 
-    ``columns``: rows a training example takes in the step's batch of sentences (2 for a pair
+    ``rows_per_example``: rows an example takes in the step's batch of sentences (2 for a pair
     encoded apart); ``joint``: its pairs are tokenised together and read through BERT's pooled
     [CLS] (:meth:`forward_joint`); ``projector`` / ``pr_curve``: what TensorBoard shows of it at the
     best checkpoint (its dev sentences labelled by class / a precision-recall curve per class)."""
 
     name = ""
-    columns = 1
+    rows_per_example = 1
     joint = False
     projector = False
     pr_curve = False
@@ -103,7 +103,7 @@ class TaskHead(nn.Module):
         return self._modules["1"](self._modules["0"](x))
 
     def forward(self, x: torch.Tensor):
-        """The head's output in a training step, from its rows of sentence vectors [columns·b, D]
+        """The head's output in a training step, from its rows of sentence vectors [rows·b, D]
         (a pair's first sentences, then its second)."""
         return self.project(x)
 
@@ -134,7 +134,7 @@ class TaskHead(nn.Module):
 
     def scores(self, vectors: torch.Tensor, n: int) -> torch.Tensor:
         """The raw outputs (:meth:`view`) of ``n`` rows at evaluation, from their sentence vectors
-        [columns·n, D] (no gradient, eval mode), float32."""
+        [rows·n, D] (rows: ``rows_per_example``; no gradient, eval mode), float32."""
         return self.project(vectors).float()
 
     def predictions(self, y: torch.Tensor) -> torch.Tensor:
@@ -169,7 +169,7 @@ class CosinePairHead(TaskHead):
     """A pair encoded apart, each sentence projected: (p1, p2) [b, proj_dim] each (one call on both,
     so one dropout draw), and y = max(cos(p1, p2), h) [b] as its view."""
 
-    columns = 2
+    rows_per_example = 2
 
     def __init__(self, task: Task, widths: Widths):
         super().__init__(task, widths.sentence, widths.proj)
@@ -242,7 +242,7 @@ class SoftmaxPairHead(TaskHead):
     Gurevych 2019; sentence-transformers' SoftmaxLoss), cross-entropy."""
 
     name = "softmax-pair"
-    columns = 2
+    rows_per_example = 2
     pr_curve = True
 
     def __init__(self, task: Task, widths: Widths):

@@ -30,21 +30,14 @@ class StepMethods:
 
     @staticmethod
     def check(config, tasks, world_size: int) -> None:
-        """Refuse, in one line, what cannot run: an unknown aggregator or one without its solver, an
-        aggregator with one task, under DDP or on a frozen encoder, SMART's weight not finite or under
-        DDP, an adaptive weighting with one task a step."""
+        """Refuse, in one line, what cannot run on these tasks and processes: an unknown aggregator or
+        one without its solver, an aggregator with one task or under DDP, SMART's weight not finite or
+        under DDP. (The methods' settings among themselves: ``config.check_settings``.)"""
         aggregation.check_aggregator(config.aggregator, len(tasks), world_size, config.aggregator_gramian)
-        if config.aggregator != aggregation.SUM and config.freeze_encoder:
-            raise UsageError(f"--aggregator {config.aggregator} combines the tasks' gradients on the encoder, which "
-                             f"--freeze-encoder freezes: there is nothing to aggregate; use --aggregator "
-                             f"{aggregation.SUM}")
         check_smart_weight(config.smart_weight)
         if config.smart_weight > 0 and world_size > 1:
             raise UsageError("--smart-weight cannot train on several processes: its extra forward passes run "
                              "outside DistributedDataParallel's gradient hooks; train on one process")
-        if config.task_weighting != "fixed" and config.task_sampling != "all":
-            raise UsageError(f"--task-weighting {config.task_weighting} weighs every task's loss each step: it "
-                             f"needs --task-sampling all, not {config.task_sampling}")
 
     # ---- what the loop keeps -------------------------------------------------------------------
     def parameters(self) -> list:
@@ -62,12 +55,12 @@ class StepMethods:
         return {"aggregator": _AggregatorState(self.aggregator)}
 
     # ---- the step ------------------------------------------------------------------------------
-    def losses(self, parts: dict, features, inputs: dict, out: dict) -> StepLosses:
-        """The step's losses from its task losses ``parts`` (task -> L_t), weighted, with SMART's
+    def losses(self, task_losses: dict, features, inputs: dict, out: dict) -> StepLosses:
+        """The step's losses from its ``task_losses`` (task -> L_t), weighted, with SMART's
         term on ``inputs`` and the heads' outputs ``out``; ``features``: what the heads read."""
         weights = self.weighting.weights()  # before DWA's forward, which may start a new period's
-        total, weighted = self.weighting(parts)
-        losses = StepLosses(total, weighted, features, {t: float(weights[t]) for t in parts})
+        total, weighted = self.weighting(task_losses)
+        losses = StepLosses(total, weighted, features, {t: float(weights[t]) for t in task_losses})
         if self.config.smart_weight > 0:
             regulariser = self.smart_loss(inputs, out)
             losses.smart = self.config.smart_weight * regulariser

@@ -9,7 +9,7 @@ task, each task's rows through the shared adapter and its own (:meth:`MultitaskM
 
 ``save_pretrained(dir)`` writes the encoder checkpoint plus ``heads.safetensors`` and
 ``multitask.json`` (the tasks' declarations); ``from_pretrained(dir)`` rebuilds the whole model,
-also from a checkpoint written before tasks were declared (its SST/QQP/STS head settings).
+also from a checkpoint written before tasks were declared (its SST/QQP/STS head settings; ``legacy``).
 """
 from __future__ import annotations
 
@@ -27,21 +27,12 @@ from ..models.encoder import FIRST_LAST_AVG, SentenceEncoder
 from ..utils.files import save_tensors_atomic, write_json_atomic
 from ..utils.precision import autocast
 from .heads import TaskHead, Widths, build_head
-from .tasks import REPORT, Task, builtin_tasks
+from .legacy import checkpoint_builtin_tasks, renamed_from_para
+from .tasks import Task
 
 HEADS_FILE = "heads.safetensors"
 HEADS_CONFIG_FILE = "multitask.json"
 PAIR_ENCODINGS = ("bi", "cross")  # a pair's sentences encoded apart (the report's) or together
-
-
-def renamed_from_para(d: dict) -> dict:
-    """``d`` (and the dicts inside it) with QQP's old name in keys replaced: 'para' -> 'qqp',
-    'para_*' -> 'qqp_*' (flags para_batch_size, metric para_acc, tensors para_head.*). Files
-    written before QQP had one name in the code (config.json, metrics.json, multitask.json,
-    heads and training state) are read through it."""
-    def key(k):
-        return "qqp" + k[4:] if isinstance(k, str) and (k == "para" or k.startswith("para_")) else k
-    return {key(k): renamed_from_para(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
 class MultitaskModel(nn.Module):
@@ -69,9 +60,9 @@ class MultitaskModel(nn.Module):
     def device(self) -> torch.device:
         return self.encoder.device
 
-    def columns(self, task: str) -> int:
+    def rows_per_example(self, task: str) -> int:
         """Rows a training example of ``task`` takes in a step's batch: 2 for a pair encoded apart."""
-        return self.heads[task].columns
+        return self.heads[task].rows_per_example
 
     def forward(self, input_ids, attention_mask, sizes: dict, num_tokens: int | None = None,
                 token_type_ids=None, inputs_embeds=None, return_features: bool = False):
@@ -103,8 +94,8 @@ class MultitaskModel(nn.Module):
         tasks = list(sizes)
         kwargs = {} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
         u = self.encoder(input_ids, attention_mask, num_tokens=num_tokens, **kwargs)  # [n, D] float32
-        parts = u.split([sizes[t] * self.heads[t].columns for t in tasks])
-        return {task: self.heads[task](vectors) for task, vectors in zip(tasks, parts)}, u
+        blocks = u.split([sizes[t] * self.heads[t].rows_per_example for t in tasks])  # each task's rows
+        return {task: self.heads[task](vectors) for task, vectors in zip(tasks, blocks)}, u
 
     def forward_each_task(self, input_ids, attention_mask, sizes: dict, num_tokens=None, token_type_ids=None,
                           inputs_embeds=None):
@@ -113,7 +104,7 @@ class MultitaskModel(nn.Module):
         pass counts its own real tokens (``num_tokens`` is the whole batch's)."""
         out, features, start = {}, [], 0
         for task, n in sizes.items():
-            rows = slice(start, start + n * self.heads[task].columns)
+            rows = slice(start, start + n * self.heads[task].rows_per_example)
             start = rows.stop
             own = [None if x is None else x[rows] for x in (token_type_ids, inputs_embeds)]
             with self.adapter_of(task):
@@ -167,25 +158,25 @@ class MultitaskModel(nn.Module):
             features.append(out["first_layer_hidden_state"])
         return result, features
 
-    def joint_outputs(self, task: str, ids: list, types: list, batch_size: int = 128,
-                      precision: str | None = None) -> torch.Tensor:
+    def joint_head_outputs(self, task: str, tokens: list, types: list, batch_size: int = 128,
+                           precision: str | None = None) -> torch.Tensor:
         """A joint head's outputs ([n], or [n, C] for several classes; float32, CPU, input order)
-        for pairs tokenised jointly (``ids``, ``types``: token ids and token types per pair),
+        for pairs tokenised jointly (``tokens``, ``types``: token ids and token types per pair),
         length-sorted batches, no gradient; the caller sets eval mode."""
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        order = sorted(range(len(tokens)), key=lambda i: -len(tokens[i]))
         device, chunks, head = self.device, [], self.heads[task]
         with torch.inference_mode(), self.adapter_of(task):
             for start in range(0, len(order), batch_size):
                 rows = order[start:start + batch_size]
-                input_ids, token_types, mask = pad_pairs([ids[i] for i in rows], [types[i] for i in rows],
+                input_ids, token_types, mask = pad_pairs([tokens[i] for i in rows], [types[i] for i in rows],
                                                          self.encoder.tokenizer.pad_token_id)
                 with autocast(device, precision or self.encoder.precision):
                     pooled = self.encoder.bert(input_ids.to(device), mask.to(device), token_types.to(device),
                                                num_tokens=int(mask.sum()))["pooler_output"]
                     chunks.append(head(pooled).cpu())
         width = head.linear.out_features
-        y = torch.empty(len(ids)) if width == 1 else torch.empty(len(ids), width)
-        if ids:
+        y = torch.empty(len(tokens)) if width == 1 else torch.empty(len(tokens), width)
+        if tokens:
             y[torch.tensor(order)] = torch.cat(chunks)
         return y
 
@@ -236,7 +227,7 @@ def checkpoint_tasks(meta: dict) -> list[Task]:
             return [Task(**d) for d in meta["tasks"]]
         except Exception as e:
             raise CheckpointError(f"{HEADS_CONFIG_FILE}: a task declaration does not load ({e})") from None
-    return list(builtin_tasks(**{k: v for k, v in meta.items() if k in REPORT}).values())
+    return checkpoint_builtin_tasks(meta)
 
 
 def checkpoint_meta(path) -> dict:

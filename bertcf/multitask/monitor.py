@@ -36,9 +36,9 @@ def gradient_cosines(losses: dict, params: list) -> dict:
     backward). A task whose loss does not reach a parameter counts zero there."""
     grads = {}
     for task, loss in losses.items():
-        parts = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        per_param = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
         grads[task] = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).float()
-                                 for g, p in zip(parts, params)])
+                                 for g, p in zip(per_param, params)])
     return {f"cos_{a}_{b}": torch.nn.functional.cosine_similarity(grads[a], grads[b], dim=0).detach()
             for a, b in itertools.combinations(grads, 2)}
 

@@ -43,11 +43,12 @@ def step_losses(model, methods, inputs: dict, labels: dict, step_model=None,
     """The forward half of one step: ``inputs`` (``MultitaskModel.forward``'s keyword arguments,
     ``trainer.train_batch``'s) through ``step_model`` (``model`` itself, or its
     DistributedDataParallel wrapper), each task's loss on ``labels`` (task -> its labels), weighted
-    by ``methods.losses``. ``conflicts(parts)``, when given, sees the task losses first (the
+    by ``methods.losses``. ``conflicts(task_losses)``, when given, sees the task losses first (the
     trainer logs the gradient cosines there). Returns the :class:`StepLosses` and the scalars to
     log (``loss_TASK``, each task's unweighted loss)."""
     out, features = (step_model or model)(**inputs, return_features=True)
-    parts = {task: model.heads[task].loss(y, labels[task]) for task, y in out.items()}
+    task_losses = {task: model.heads[task].loss(y, labels[task]) for task, y in out.items()}
     if conflicts is not None:
-        conflicts(parts)
-    return methods.losses(parts, features, inputs, out), {f"loss_{t}": parts[t].detach() for t in parts}
+        conflicts(task_losses)
+    return (methods.losses(task_losses, features, inputs, out),
+            {f"loss_{t}": loss.detach() for t, loss in task_losses.items()})

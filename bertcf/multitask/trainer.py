@@ -1,5 +1,5 @@
 """Multitask fine-tuning (``run_multitask.py``; the report's sections 4.3 and 5.3): the training step
-and the run around it, from Python (``MultitaskTrainer``) and from the command (``run``).
+and the run around it (``MultitaskTrainer``), from Python and from the command (``command``).
 
 Each step draws the batches of the tasks ``--task-sampling`` picks (every task by default: 32 SST
 sentences, 96 QQP pairs, 32 STS pairs; each task's data cycles on its own), encodes all their
@@ -27,26 +27,26 @@ import torch
 from minbert import pad_batch
 
 from .. import runs
-from ..errors import UsageError
 from ..models.cross_encoder import pad_pairs
 from ..models.encoder import SentenceEncoder
 from ..models.peft import budget, budget_line, check_targets
-from ..training.loop import TrainingLoop, evaluation_steps, set_seed
+from ..training.loop import TrainingLoop, evaluation_steps
 from ..training.optim import make_optimizer, make_scheduler
 from ..training.sampler import EpochSampler
-from ..utils.distributed import dist_info, local_rows, run_distributed, wrap_ddp
+from ..utils.distributed import dist_info, local_rows, wrap_ddp
 from ..utils.files import save_dir_atomic
 from ..utils.progress import clock, note
 from . import monitor
-from .config import MultitaskConfig, check_resumable, check_task_settings
-from .data import check_files, fetch_data, load_data
+from .checks import check_run, check_state_kept, check_task_list
+from .config import MultitaskConfig
+from .data import check_files, load_data
 from .evaluation import SELECTION_METRIC, evaluate, final_sets, score, sentences, summary_line, write_predictions
 from .heads import head_type
+from .legacy import upgrade_state
 from .methods import StepMethods
-from .model import MultitaskModel, checkpoint_meta, renamed_from_para, resolve_checkpoint, run_dir_of
+from .model import MultitaskModel, checkpoint_meta
 from .sampling import TaskSampler
 from .step import step_losses
-from .declarations import declared_tasks
 from .tasks import Task
 
 
@@ -82,35 +82,8 @@ def make_samplers(sizes: dict, seed: int) -> dict:
     return {task: EpochSampler(n, seed=seed + 1009 * i) for i, (task, n) in enumerate(sizes.items())}
 
 
-def load_encoder(config: MultitaskConfig) -> SentenceEncoder:
-    return SentenceEncoder.from_pretrained(runs.resolve_encoder_path(config.encoder), pooling=config.pooling,
-                                           vocab=config.vocab, hidden_dropout_prob=config.dropout,
-                                           attention_probs_dropout_prob=config.dropout)
-
-
 def effective_max_length(config: MultitaskConfig, encoder) -> int:
     return min(config.max_length, encoder.bert.config.max_position_embeddings)
-
-
-def check_task_list(tasks) -> list[Task]:
-    """``tasks`` (what ``MultitaskTrainer`` is given) as a list: Task objects with distinct names,
-    at least one; UsageError otherwise."""
-    given = repr(tasks) if len(repr(tasks)) < 60 else f"a {type(tasks).__name__}"
-    if not isinstance(tasks, (str, dict)) and hasattr(tasks, "__iter__"):  # a dict: its values were meant?
-        tasks = list(tasks)
-    if not isinstance(tasks, list) or not tasks:
-        raise UsageError(f"MultitaskTrainer needs a list of tasks (Task objects; "
-                         f"list(builtin_tasks(data_dir).values()) gives the report's), not {given}")
-    for task in tasks:
-        if not isinstance(task, Task):
-            raise UsageError(f"MultitaskTrainer: the tasks are Task objects, not {task!r} ({type(task).__name__}); "
-                             f"builtin_tasks(data_dir)[name] gives a built-in one")
-    names = [t.name for t in tasks]
-    twice = next((n for n in names if names.count(n) > 1), None)
-    if twice:
-        raise UsageError(f"MultitaskTrainer: task {twice!r} is given twice (each task's name names its head, metric "
-                         f"and files)")
-    return tasks
 
 
 class MultitaskTrainer:
@@ -127,10 +100,21 @@ class MultitaskTrainer:
         config = MultitaskConfig(**settings) if config is None else config.replace(**settings)
         if config.out_dir is None:
             config = config.replace(out_dir=runs.default_out_dir("multitask", "python"))
-        self.encoder, self.tasks, self.config = encoder, check_task_list(tasks), config.on_device()
-        check_run(self.config, self.tasks)
-        if self.config.peft:
-            check_targets(encoder.bert, self.config.target_modules)
+        self._start(encoder, check_task_list(tasks), config.on_device(), declared=False)
+
+    @classmethod
+    def of_declared(cls, encoder: SentenceEncoder, tasks: list[Task], config: MultitaskConfig) -> "MultitaskTrainer":
+        """The command's trainer: ``tasks`` are those ``config`` declares (``declarations.declared_tasks``,
+        read once by the command), so that --tasks may leave out a built-in task that its flags set."""
+        trainer = cls.__new__(cls)
+        trainer._start(encoder, tasks, config.on_device(), declared=True)
+        return trainer
+
+    def _start(self, encoder: SentenceEncoder, tasks: list[Task], config: MultitaskConfig, declared: bool) -> None:
+        self.encoder, self.tasks, self.config = encoder, tasks, config
+        check_run(config, tasks, declared)
+        if config.peft:
+            check_targets(encoder.bert, config.target_modules)
 
     def fit(self) -> dict:
         with runs.hold(self.config.out_dir):
@@ -189,7 +173,7 @@ class MultitaskTrainer:
             return metrics | {f"batches_{t}": n for t, n in task_sampler.counts.items()}
 
         # the sentences a batch of each task holds: the steps that draw one task count only its own
-        by_task = {t.name: t.batch_size * model.columns(t.name) for t in self.tasks}
+        by_task = {t.name: t.batch_size * model.rows_per_example(t.name) for t in self.tasks}
         # What scoring costs, in sentences: an evaluation's (a sample with --max-eval-examples), and the end's
         per_evaluation = sum(sentences(d.labeled(config.max_eval_examples)) for d in dev_sets.values())
         at_end = sum(sentences(d) for d in final_sets(data).values())
@@ -294,9 +278,9 @@ class Step:
             scalars["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
         return losses, scalars
 
-    def log_conflicts(self, step: int, parts: dict) -> None:
+    def log_conflicts(self, step: int, task_losses: dict) -> None:
         """The cosines between the tasks' gradients on the encoder (``monitor.gradient_cosines``)."""
-        cosines = monitor.task_conflicts(self.model, parts)
+        cosines = monitor.task_conflicts(self.model, task_losses)
         if cosines:
             self.run.scalars(step, cosines, prefix="conflict/")
 
@@ -320,72 +304,3 @@ def keep_last(run_dir: Path, keep: str) -> None:
         shutil.rmtree(last, ignore_errors=True)
     elif keep == "weights":
         (last / runs.STATE_FILE).unlink(missing_ok=True)
-
-
-def check_state_kept(run_dir: Path, config: MultitaskConfig) -> None:
-    """--resume of a finished run (metrics.json) whose last/ kept no training state (--keep-last):
-    UsageError, saying so, rather than the loop's 'never reached its first checkpoint'."""
-    if (run_dir / "metrics.json").is_file() and not (run_dir / "last" / runs.STATE_FILE).is_file():
-        raise UsageError(f"--resume: {run_dir} finished and kept no training state (--keep-last weights or none); "
-                         f"start a new run, from its best checkpoint with --encoder {run_dir / 'best'}")
-
-
-def upgrade_state(state: dict) -> dict:
-    """A training state from before tasks were declared: QQP's old name; no task sampler yet (every
-    task had a batch at every step)."""
-    state = renamed_from_para(state)
-    state.setdefault("extra", {}).setdefault("task_sampler", {"counts": dict.fromkeys(state["samplers"], state["step"])})
-    return state
-
-
-# ---- the command -------------------------------------------------------------------------------------
-def run(config: MultitaskConfig) -> dict:
-    """The run of ``config``: --predict-only writes the predictions of a finished run again;
-    otherwise fine-tuning, in the run directory it names (held: one run per directory)."""
-    if config.predict_only:
-        return predict_only(config)
-    tasks = declared_tasks(config)  # a bad declaration is refused before anything is written
-    check_run(config, tasks)
-    with runs.hold(config.out_dir):  # one run per directory, from before anything is written
-        check_files(tasks, why=fetch_data(tasks, config.data_dir))
-        return run_distributed(command_train, config)
-
-
-def check_run(config: MultitaskConfig, tasks: list[Task]) -> None:
-    """What is refused before a run writes anything (UsageError, one line): a --resume whose
-    settings or tasks are not the run's, methods that cannot run on these tasks, settings that
-    would be recorded but not applied."""
-    check_resumable(config, tasks)
-    for task in tasks:  # a head for each task as the pairs are encoded
-        head_type(task, config.pair_encoding)
-    StepMethods.check(config, tasks, dist_info()[1])
-    check_task_settings(config, tasks)
-
-
-def command_train(config: MultitaskConfig, device) -> dict:
-    set_seed(config.seed)
-    return MultitaskTrainer(load_encoder(config), declared_tasks(config), config).train(device)
-
-
-def predict_only(config: MultitaskConfig) -> dict:
-    checkpoint = resolve_checkpoint(config.checkpoint)
-    out_dir = Path(config.out_dir) if config.out_dir else run_dir_of(checkpoint)
-    model = MultitaskModel.from_pretrained(checkpoint, vocab=config.vocab).to(config.device)
-    declared = {t.name: t for t in declared_tasks(config)}  # the files: the run's settings, or the flags
-    tasks = [declared[name].replace(**_head_fields(task)) if name in declared else task
-             for name, task in model.tasks.items()]
-    data = load_data(tasks, model.encoder.tokenizer, effective_max_length(config, model.encoder),
-                     splits=("dev", "test"), joint={name for name, head in model.heads.items() if head.joint})
-    meta = {"checkpoint": str(checkpoint), "step": checkpoint_meta(checkpoint).get("step")}
-    with runs.hold(out_dir):  # not into a run directory that a run is writing
-        metrics = write_predictions(model, data, out_dir, config.batch_size, config.precision, meta,
-                                    label_names=config.prediction_labels == "name", show=config.progress)
-    print(summary_line(metrics, tasks, out_dir))
-    return metrics
-
-
-def _head_fields(task: Task) -> dict:
-    """What a checkpoint's task declaration decides about its head and predictions (the rest,
-    its files, comes from the run's settings)."""
-    keep = ("kind", "num_classes", "labels", "label_range", "loss", "metric", "dropout", "margin")
-    return {k: getattr(task, k) for k in keep}

@@ -2,7 +2,7 @@
 it minimises.
 
 - :class:`FixedWeighting`: sum_t w_t L_t with constant weights (the report's 5 SST, 20 QQP, 1 STS),
-  computed exactly as ``MultitaskLoss`` adds them, bit for bit.
+  computed as the report's step added the heads' losses (python's sum from 0), bit for bit.
 - :class:`UncertaintyWeighting`: Kendall, Gal & Cipolla 2018, "Multi-Task Learning Using
   Uncertainty to Weigh Losses for Scene Geometry and Semantics": a learned log-variance
   s_t = log sigma_t^2 per task, sum_t (exp(-s_t) L_t / 2 + s_t / 2). That is the paper's
@@ -60,7 +60,7 @@ class LossWeighting(nn.Module):
 
 
 class FixedWeighting(LossWeighting):
-    """total = sum_t w_t L_t with constant weights, as ``MultitaskLoss`` computes it.
+    """total = sum_t w_t L_t with constant weights, the report's sum of the heads' losses.
 
     ``weights``: task -> w_t (e.g. {'sst': 5, 'qqp': 20, 'sts': 1}). Input: ``losses``, task -> a
     scalar loss, any subset of the tasks. Output: (total, {task: w_t L_t}); total is

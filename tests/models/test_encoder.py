@@ -325,9 +325,9 @@ def test_checkpoint_directories_and_hub_names_are_not_run_directories(tiny_bert_
 def test_multitask_encoder_flag_uses_the_same_resolver():
     """One function turns a run directory into its checkpoint: SentenceEncoder.from_pretrained,
     multitask's --encoder (here) and pretrain's --init (tests/training/test_pretrain.py) all use it."""
-    from bertcf.multitask import trainer
+    from bertcf.multitask import command
 
-    assert trainer.runs.resolve_encoder_path is resolve_encoder_path
+    assert command.runs.resolve_encoder_path is resolve_encoder_path
 
 
 def test_vocab_fallback_for_directories_without_tokenizer(tiny_bert_dir, vocab_path, tmp_path):

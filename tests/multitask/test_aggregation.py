@@ -129,7 +129,7 @@ def test_pcgrad_follows_the_paper(seed):
 
 
 def test_sum_is_todays_backward_bit_for_bit():
-    """``sum`` is plain training: the step's loss sum(w_t L_t) (MultitaskLoss's python sum) and its
+    """``sum`` is plain training: the step's loss sum(w_t L_t) (the weighting's python sum) and its
     backward, on every parameter."""
     weights = {"sst": 5.0, "qqp": 20.0, "sts": 1.0}
     grads = []

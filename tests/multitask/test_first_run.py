@@ -62,10 +62,10 @@ def test_scoring_in_chunks_gives_the_outputs_of_one_call(tiny_bert_dir, monkeypa
 
     model = MultitaskModel(encoder, [builtin_tasks()["qqp"]], proj_dim=8, pair_encoding="cross").eval()
     types = [[0] * (len(r) // 2) + [1] * (len(r) - len(r) // 2) for r in rows]
-    joint = evaluation.in_chunks(lambda chunk: model.joint_outputs("qqp", [rows[i] for i in chunk],
+    joint = evaluation.in_chunks(lambda chunk: model.joint_head_outputs("qqp", [rows[i] for i in chunk],
                                                                    [types[i] for i in chunk], 8),
                                  lengths, 8)
-    assert torch.equal(joint, model.joint_outputs("qqp", rows, types, 8))
+    assert torch.equal(joint, model.joint_head_outputs("qqp", rows, types, 8))
 
 
 # ---- the pace and the time left -----------------------------------------------------------------------------

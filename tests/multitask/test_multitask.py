@@ -582,7 +582,7 @@ def test_joint_forward_equals_each_part_alone(tiny_bert_dir, data_dir):
         ids, types, mask = pad_pairs(data.tokens[0], data.token_types)
         pooled = model.encoder.bert(ids, mask, types)["pooler_output"]
         torch.testing.assert_close(out[task], model.heads[task](pooled).squeeze(-1), rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(model.joint_outputs(task, data.tokens[0], data.token_types, batch_size=3),
+        torch.testing.assert_close(model.joint_head_outputs(task, data.tokens[0], data.token_types, batch_size=3),
                                    out[task], rtol=1e-5, atol=1e-6)
 
 

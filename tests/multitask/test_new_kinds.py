@@ -44,7 +44,7 @@ def test_regression_is_sentence_transformers_mse_on_the_same_vectors():
 def test_pair_ranking_is_multiple_negatives_ranking_on_the_same_vectors():
     torch.manual_seed(0)
     head = build_head(PAIRS, WIDTHS)
-    assert type(head) is PairRankingHead and head.columns == 2 and head.linear.out_features == 6
+    assert type(head) is PairRankingHead and head.rows_per_example == 2 and head.linear.out_features == 6
     u, v = torch.randn(5, 12), torch.randn(5, 12)
     p1, p2 = head(torch.cat([u, v]))  # each sentence projected, one call
     theirs = MultipleNegativesRankingLoss(torch.nn.Identity()).compute_loss_from_embeddings([p1, p2], torch.ones(5))

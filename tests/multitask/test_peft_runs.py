@@ -21,7 +21,7 @@ from bertcf.models.bottleneck import HOULSBY_WEIGHTS, HoulsbyAdapters  # noqa: E
 from bertcf.models.encoder import SentenceEncoder  # noqa: E402
 from bertcf.multitask import MultitaskModel  # noqa: E402
 from bertcf.multitask.config import resumed  # noqa: E402
-from bertcf.multitask.trainer import check_run  # noqa: E402
+from bertcf.multitask.checks import check_run  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -53,7 +53,7 @@ def per_task_model(bert_dir, method="lora") -> MultitaskModel:
 def batch(model, sizes: dict, seed=0) -> dict:
     """MultitaskModel.forward's inputs: each task's rows (a pair task two columns), padded to one width."""
     g = torch.Generator().manual_seed(seed)
-    n = sum(b * model.columns(t) for t, b in sizes.items())
+    n = sum(b * model.rows_per_example(t) for t, b in sizes.items())
     lengths = torch.randint(3, 9, (n,), generator=g)
     mask = (torch.arange(9)[None] < lengths[:, None]).long()
     ids = torch.randint(5, 100, (n, 9), generator=g) * mask
@@ -84,7 +84,7 @@ def test_a_task_reaches_the_shared_adapter_and_its_own_only(tiny_bert_dir, metho
     inputs = batch(model, {"sst": 2, "qqp": 3, "sts": 2}, seed=1)
     alone, rows, start = {}, {}, 0
     for task, n in inputs["sizes"].items():  # each task's rows on their own
-        width = n * model.columns(task)
+        width = n * model.rows_per_example(task)
         rows[task], start = slice(start, start + width), start + width
         model.zero_grad()
         own = {"input_ids": inputs["input_ids"][rows[task]], "attention_mask": inputs["attention_mask"][rows[task]]}

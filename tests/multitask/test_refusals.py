@@ -252,6 +252,13 @@ def test_a_built_in_task_is_checked_against_its_declaration(case, tiny_bert_dir,
     (["--tasks", ", "], "--tasks ', ' names no task"),
     (["--tasks", ""], "--tasks '' names no task"),
     (["--aggregator", "pcgrad", "--freeze-encoder"], "which --freeze-encoder freezes"),
+    # a setting where it does not apply: refused, not recorded unused (config.check_settings)
+    (["--task-sampling", "proportional", "--sampling-temperature", "3"],
+     "--sampling-temperature does not apply without --task-sampling temperature (--task-sampling is proportional)"),
+    (["--dwa-window", "5"], "--dwa-window does not apply without --task-weighting dwa (--task-weighting is fixed)"),
+    (["--smart-steps", "2"], "--smart-steps does not apply without --smart-weight > 0"),
+    (["--predict-only"], "--predict-only needs --checkpoint DIR"),
+    (["--checkpoint", "somewhere"], "--checkpoint is for --predict-only"),
     (["--task", "name=x,kind=pair-regression,train=a,dev=b,text_columns=s;t,label_range=0;a"],
      "task 'x': label_range must be two numbers [low, high], not [0, 'a']"),
 ])
@@ -279,8 +286,9 @@ def test_a_single_text_column_may_be_given_as_a_word(data_dir):
 
 
 # ---- the Python API: UsageError with the command's words, before anything is written ----------------------
-@pytest.mark.parametrize("case", ["no tasks", "a name", "one task twice", "a built-in flag", "a task file",
-                                  "aggregator on a frozen encoder"])
+@pytest.mark.parametrize("case", ["no tasks", "a name", "one task twice", "a built-in flag",
+                                  "a built-in flag, no such task", "a task file", "aggregator on a frozen encoder",
+                                  "a setting that does not apply"])
 def test_the_trainer_refuses_what_the_command_refuses(case, tiny_bert_dir, data_dir, tmp_path):
     builtin = builtin_tasks(data_dir)
     nli = Task(**nli_entry(data_dir))
@@ -290,10 +298,14 @@ def test_the_trainer_refuses_what_the_command_refuses(case, tiny_bert_dir, data_
         "one task twice": ([nli, nli], {}, "task 'nli' is given twice"),
         "a built-in flag": ([builtin["qqp"], nli], {"qqp_weight": 3}, "--qqp-weight 3 does not apply: task 'qqp' "
                                                                        "is declared with weight 20.0"),
+        "a built-in flag, no such task": ([builtin["sst"], nli], {"qqp_weight": 3}, "--qqp-weight 3 does not apply: no "
+                                                                                   "task 'qqp' among the tasks given"),
         "a task file": ([nli], {"task_file": str(task_file(tmp_path / "t.json", nli_entry(data_dir) | {"weight": 3}))},
                         "--task-file, --task and --tasks do not apply"),
         "aggregator on a frozen encoder": ([builtin["sst"], nli], {"aggregator": "pcgrad", "freeze_encoder": True},
                                            "which --freeze-encoder freezes"),
+        "a setting that does not apply": ([builtin["sst"], nli], {"dwa_temperature": 3.0},
+                                          "--dwa-temperature does not apply without --task-weighting dwa"),
     }[case]
     out = tmp_path / "run"
     with pytest.raises(UsageError, match=re.escape(needle)):

@@ -19,7 +19,7 @@ from bertcf import SentenceEncoder, set_seed
 from bertcf.cli import run_main
 from bertcf.errors import DataError, UsageError
 from bertcf.multitask import MultitaskConfig, MultitaskModel, MultitaskTrainer, Task, builtin_tasks, command
-from bertcf.multitask import losses
+from bertcf.multitask import declarations, losses
 from bertcf.multitask.config import parse
 from bertcf.multitask.data import load_task
 from bertcf.multitask.heads import Widths, build_head
@@ -136,11 +136,15 @@ def test_softmax_pair_head_is_sberts_classifier(tiny_bert_dir):
 
 
 # ---- four tasks -----------------------------------------------------------------------------------
-def test_four_tasks_from_a_task_file_and_from_python_give_the_same_weights(tiny_bert_dir, data_dir, tmp_path):
+def test_four_tasks_from_a_task_file_and_from_python_give_the_same_weights(tiny_bert_dir, data_dir, tmp_path,
+                                                                           monkeypatch):
     path = tmp_path / "tasks.yaml"
     path.write_text("- " + json.dumps(nli_entry(data_dir)) + "\n")
     out = tmp_path / "cli"
+    reads, read = [], declarations.read_task_file
+    monkeypatch.setattr(declarations, "read_task_file", lambda file: reads.append(file) or read(file))
     summary = quiet(argv(tiny_bert_dir, data_dir, out, "--task-file", path))
+    assert reads == [str(path)]  # the task file read once: the checks and the run take the same tasks
     metrics = summary["metrics"]
     assert set(metrics) >= {"sst_acc", "qqp_acc", "sts_pearson", "nli_acc", "nli_acc_ci95"}
     assert metrics["mean_dev"] == pytest.approx(sum(metrics[k] for k in ("sst_acc", "qqp_acc", "sts_pearson",

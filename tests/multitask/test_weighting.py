@@ -215,6 +215,9 @@ def test_dwa_resumes_bit_identically_mid_period():
 def test_bad_input():
     with pytest.raises(UsageError, match="unknown loss weighting 'gradnorm'; choose one of: fixed, uncertainty, dwa"):
         build_weighting("gradnorm", TASKS)
+    from bertcf.multitask.config import MultitaskConfig  # the setting's choices are the registry's
+    with pytest.raises(UsageError, match="task_weighting must be one of fixed, uncertainty, dwa, not 'gradnorm'"):
+        MultitaskConfig(task_weighting="gradnorm", out_dir="unused")
     with pytest.raises(UsageError, match="fixed needs a weight for task sts"):
         build_weighting("fixed", TASKS, {"sst": 1, "qqp": 1})
     for bad in (-1.0, math.inf, math.nan, "2"):

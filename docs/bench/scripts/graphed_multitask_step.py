@@ -1,5 +1,5 @@
 """How much of minBERT's multitask training step is the host's: the same step (bench's
-Multitask workload: MultitaskModel + MultitaskLoss, bf16, AdamW made capturable) run eagerly and
+Multitask workload: MultitaskModel, the heads' losses and StepMethods, bf16, AdamW made capturable) run eagerly and
 replayed from one CUDA graph captured on one fixed batch, which leaves only the kernels. Not a
 training mode: a graph replays fixed shapes, and every real batch has its own number of tokens.
 bert-base-uncased's config with random weights. Usage:
