@@ -15,7 +15,8 @@ for ``conftest.py``). Everything here works offline; torch and bertcf load on fi
   ``batch``, ``random_batch`` (objectives on a batch); ``PREMISES``, ``ENTAILED``, ``NEUTRAL``,
   ``CONTRADICTED``, ``stacked`` (NLI columns);
 - SentEval files: ``write_senteval``, ``write_sts_year``, ``write_lines``, ``senteval_sentence``;
-- sentence-transformers where bertcf is not installed: ``ST_SENTENCES``, ``standalone_vectors``.
+- sentence-transformers where bertcf is not installed: ``ST_SENTENCES``, ``standalone_vectors``;
+- processes: ``run_side_by_side`` (several commands at once, one per core).
 """
 from __future__ import annotations
 
@@ -482,6 +483,21 @@ def standalone_vectors(*models) -> list[torch.Tensor]:
                               cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [torch.tensor(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+# ----------------------------------------------------------------------------- processes
+
+def run_side_by_side(commands: dict, timeout: float = 300, **kwargs) -> dict:
+    """name -> argv, each run to its end, as many at a time as there are cores (most of a command a test
+    starts is a single-threaded Python start and import, which one at a time leaves the other cores idle):
+    name -> its ``subprocess.CompletedProcess`` (text; stdout and stderr captured). ``kwargs``: cwd, env, ..."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        started = {name: pool.submit(subprocess.run, argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+                   for name, argv in commands.items()}
+    return {name: future.result() for name, future in started.items()}
 
 
 # ----------------------------------------------------------------------------- stage 3 runs

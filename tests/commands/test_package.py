@@ -7,10 +7,10 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import run_side_by_side
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
@@ -18,15 +18,6 @@ COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multi
             "bertcf-bench": "python -m bertcf.bench", "bertcf-export": "python -m bertcf.export",
             "bertcf-encode": "python -m bertcf.encode", "bertcf-search": "python -m bertcf.search",
             "bertcf-cross": "python -m bertcf.cross", "bertcf-gpl": "python -m bertcf.gpl"}
-
-
-def run_side_by_side(commands: dict, **kwargs) -> dict:
-    """name -> argv, each run to its end, a few at a time (most of each is starting Python and importing, on
-    one core): name -> its CompletedProcess (text, stdout and stderr captured)."""
-    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
-        started = {name: pool.submit(subprocess.run, argv, capture_output=True, text=True, timeout=300, **kwargs)
-                   for name, argv in commands.items()}
-    return {name: future.result() for name, future in started.items()}
 
 
 def requirements() -> list[str]:
