@@ -15,7 +15,8 @@ for ``conftest.py``). Everything here works offline; torch and bertcf load on fi
   ``batch``, ``random_batch`` (objectives on a batch); ``PREMISES``, ``ENTAILED``, ``NEUTRAL``,
   ``CONTRADICTED``, ``stacked`` (NLI columns);
 - SentEval files: ``write_senteval``, ``write_sts_year``, ``write_lines``, ``senteval_sentence``;
-- sentence-transformers where bertcf is not installed: ``ST_SENTENCES``, ``standalone_vectors``.
+- sentence-transformers where bertcf is not installed: ``ST_SENTENCES``, ``standalone_vectors``;
+- processes: ``run_side_by_side`` (several commands at once, one per core).
 """
 from __future__ import annotations
 
@@ -444,8 +445,11 @@ def write_senteval(root: Path) -> Path:
 ST_SENTENCES = ["A man is playing a guitar.", "Two dogs run across the park in the morning sun.", "Hello",
                 "the quick brown fox jumps over the lazy dog " * 3]
 
+#: The process that ``standalone_vectors`` asks: sentence-transformers imported once (7 s of a 2-core machine's time)
+#: where bertcf cannot be imported, then each request (a line: [sentences, [[path, trust_remote_code], ...]]) in a
+#: fork of it as it is then, no model nor remote code loaded yet; a line of vectors back, or null if the fork failed.
 STANDALONE = """
-import importlib.abc, json, sys
+import importlib.abc, json, os, sys, traceback
 class NoBertcf(importlib.abc.MetaPathFinder):  # as on a machine where BERT-CF was never installed
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in ("bertcf", "minbert"):
@@ -457,31 +461,92 @@ try:
 except ImportError:
     pass
 from sentence_transformers import SentenceTransformer
-sentences, models = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-print(json.dumps([SentenceTransformer(path, device="cpu", trust_remote_code=trust).encode(sentences).tolist()
-                  for path, trust in models]))
+for request in sys.stdin:
+    child = os.fork()
+    if child == 0:
+        try:
+            sentences, models = json.loads(request)
+            vectors = [SentenceTransformer(path, device="cpu", trust_remote_code=trust).encode(sentences).tolist()
+                       for path, trust in models]
+            print(json.dumps(vectors), flush=True)
+            os._exit(0)
+        except BaseException:
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
+    if os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]) != 0:
+        print("null", flush=True)
 """
+_standalone: dict = {}  # the STANDALONE process of this test session, started on first use
+
+
+def _standalone_process():
+    """STANDALONE started outside the repository (-I: no current directory or PYTHONPATH on the path; a fresh
+    HF_MODULES_CACHE), offline, once a session; ended when the session's process exits."""
+    import atexit
+    import contextlib
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    if "proc" not in _standalone:
+        elsewhere = tempfile.mkdtemp(prefix="bertcf-standalone-")
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+            "HF_MODULES_CACHE": os.path.join(elsewhere, "hf-modules"), "HF_HUB_OFFLINE": "1"}
+        stderr = open(os.path.join(elsewhere, "stderr.txt"), "w+")
+        proc = subprocess.Popen([sys.executable, "-I", "-c", STANDALONE], cwd=elsewhere, env=env, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
+
+        def stop():
+            with contextlib.suppress(OSError):  # a process that died has closed its end
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            stderr.close()
+            shutil.rmtree(elsewhere, ignore_errors=True)
+        atexit.register(stop)
+        _standalone.update(proc=proc, stderr=stderr)
+    return _standalone["proc"], _standalone["stderr"]
 
 
 def standalone_vectors(*models) -> list[torch.Tensor]:
     """The vectors sentence-transformers gives for ST_SENTENCES from each (checkpoint,
     trust_remote_code) of ``models``, in a process started outside the repository (-I: no current
-    directory or PYTHONPATH on the path) where bertcf cannot be imported."""
+    directory or PYTHONPATH on the path) where bertcf cannot be imported: a fork of the session's
+    STANDALONE process, which imported sentence-transformers once."""
     import json
-    import subprocess
-    import sys
-    import tempfile
+    import select
 
     import torch
 
-    with tempfile.TemporaryDirectory() as elsewhere:
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
-            "HF_MODULES_CACHE": os.path.join(elsewhere, "hf-modules"), "HF_HUB_OFFLINE": "1"}
-        proc = subprocess.run([sys.executable, "-I", "-c", STANDALONE, json.dumps(ST_SENTENCES),
-                               json.dumps([(str(path), trust) for path, trust in models])],
-                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return [torch.tensor(v) for v in json.loads(proc.stdout.strip().splitlines()[-1])]
+    proc, stderr = _standalone_process()
+    try:
+        proc.stdin.write(json.dumps([ST_SENTENCES, [(str(path), trust) for path, trust in models]]) + "\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline() if select.select([proc.stdout], [], [], 300)[0] else ""
+    except BrokenPipeError:
+        line = ""
+    stderr.seek(0)
+    assert line.strip() not in ("", "null"), stderr.read()[-3000:] or f"exit status {proc.poll()}"
+    return [torch.tensor(v) for v in json.loads(line)]
+
+
+# ----------------------------------------------------------------------------- processes
+
+def run_side_by_side(commands: dict, timeout: float = 300, **kwargs) -> dict:
+    """name -> argv, each run to its end, as many at a time as there are cores (most of a command a test
+    starts is a single-threaded Python start and import, which one at a time leaves the other cores idle):
+    name -> its ``subprocess.CompletedProcess`` (text; stdout and stderr captured). ``kwargs``: cwd, env, ..."""
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 1)) as pool:
+        started = {name: pool.submit(subprocess.run, argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+                   for name, argv in commands.items()}
+    return {name: future.result() for name, future in started.items()}
 
 
 # ----------------------------------------------------------------------------- stage 3 runs

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,6 +68,22 @@ def plain_export(tiny_bert_dir, tmp_path_factory) -> Path:
     encoder.save_pretrained(path)
     out = path.parent / "served"
     assert export([path, "--out", out]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tiny_bert_dir, tmp_path_factory) -> Path:
+    """The tiny BERT exported as the command does by default (minBERT's fused graph), with int8. Read-only."""
+    out = tmp_path_factory.mktemp("tiny-export") / "out"
+    assert export([tiny_bert_dir, "--out", out, "--quantize", "int8"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_attention_export(tiny_bert_dir, tmp_path_factory) -> Path:
+    """The tiny BERT exported with --attention plain (standard operators only), no int8. Read-only."""
+    out = tmp_path_factory.mktemp("plain-attention") / "plain"
+    assert export([tiny_bert_dir, "--out", out, "--attention", "plain"]) == 0
     return out
 
 
@@ -182,7 +199,8 @@ def test_int8_quantises_every_weight_matrix_but_q_k_v(flow_checkpoint):
     assert 0 < max_diff(int8.encode(SENTENCES, batch_size=2), int8.encode(SENTENCES)) < 0.1
 
 
-def test_attention_projections_are_each_layers_q_k_v_in_every_graph(flow_checkpoint, tiny_bert_dir, tmp_path):
+def test_attention_projections_are_each_layers_q_k_v_in_every_graph(flow_checkpoint, plain_attention_export,
+                                                                    tiny_bert_dir, tmp_path):
     """exporter.attention_projections, the MatMuls the int8 graphs keep in float, finds each layer's
     Q, K and V projections and nothing else in every graph the export quantises: minBERT's fused
     graph (with a flow and a linear head, whose matrices it must not take), model.onnx, minBERT's
@@ -193,13 +211,12 @@ def test_attention_projections_are_each_layers_q_k_v_in_every_graph(flow_checkpo
     from onnxruntime.quantization.onnx_model import ONNXModel
 
     encoder = SentenceEncoder.from_pretrained(tiny_bert_dir).eval()  # flow_checkpoint's BERT
-    exporter.write_graph(encoder, tmp_path / "plain.onnx", attention="plain")
     exporter.write_graph(encoder, tmp_path / "transformers.onnx", "transformers")
     layers = encoder.bert.config.num_hidden_layers
     expected = {f"encoder.layer.{i}.attention.self.{p}.weight" for i in range(layers) for p in ("query", "key", "value")}
     matrices = {name: w.detach().numpy().T for name, w in encoder.bert.named_parameters() if w.dim() == 2}
     for path in (flow_checkpoint / "onnx" / "encoder.onnx", flow_checkpoint / "onnx" / "model.onnx",
-                 tmp_path / "plain.onnx", tmp_path / "transformers.onnx"):
+                 plain_attention_export / "encoder.onnx", tmp_path / "transformers.onnx"):
         model = onnx.load(str(path))
         ONNXModel(model).replace_gemm_with_matmul()  # as quantize does first
         weights = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
@@ -211,7 +228,7 @@ def test_attention_projections_are_each_layers_q_k_v_in_every_graph(flow_checkpo
         assert multiplied == expected, path.name
 
 
-def test_onnx_runtime_runs_the_graph_with_its_fused_operators(tiny_bert_dir, tmp_path):
+def test_onnx_runtime_runs_the_graph_with_its_fused_operators(tiny_bert_dir, tiny_export, tmp_path):
     """What a default ONNX Runtime session makes of the exported graphs (issue 69), counted in the
     graph it optimised: each layer's attention one MultiHeadAttention, the GELU one Gelu (BiasGelu
     where the bias Add stays apart), every LayerNorm ONNX's LayerNormalization and none fused into
@@ -221,7 +238,7 @@ def test_onnx_runtime_runs_the_graph_with_its_fused_operators(tiny_bert_dir, tmp
     which ONNX Runtime fuses with their LayerNorm; the same vectors either way."""
     encoder = SentenceEncoder.from_pretrained(tiny_bert_dir)
     layers = encoder.bert.config.num_hidden_layers
-    assert export([tiny_bert_dir, "--out", tmp_path / "out", "--quantize", "int8"]) == 0
+    shutil.copytree(tiny_export, tmp_path / "out")  # skip.onnx joins it below
     fp32 = exporter.runtime_operators(tmp_path / "out" / "encoder.onnx")
     assert fp32["MultiHeadAttention"] == layers and fp32["Gelu"] + fp32["BiasGelu"] == layers
     assert fp32["LayerNormalization"] == 2 * layers + 1  # and the embeddings'
@@ -241,7 +258,8 @@ def test_onnx_runtime_runs_the_graph_with_its_fused_operators(tiny_bert_dir, tmp
 
 
 @pytest.mark.parametrize("exclude", [True, False])
-def test_static_int8_fixes_each_weight_matmul_range_and_keeps_the_scores_float(tiny_bert_dir, tmp_path, exclude):
+def test_static_int8_fixes_each_weight_matmul_range_and_keeps_the_scores_float(tiny_bert_dir, plain_attention_export,
+                                                                              tmp_path, exclude):
     """quantize_static_graph on a plain graph (attention as standard operators): every MatMul with a
     weight reads a DequantizeLinear of a QuantizeLinear whose scale and zero point are constants
     (calibrated once, not per batch), weights int8, activations uint8; the attention's products of
@@ -253,13 +271,10 @@ def test_static_int8_fixes_each_weight_matmul_range_and_keeps_the_scores_float(t
 
     encoder = SentenceEncoder.from_pretrained(tiny_bert_dir).eval()
     layers = encoder.bert.config.num_hidden_layers
-    path = tmp_path / "ckpt"
-    encoder.save_pretrained(path)
-    assert export([path, "--out", tmp_path / "plain", "--attention", "plain"]) == 0
-    fp32 = tmp_path / "plain" / "encoder.onnx"
+    fp32 = plain_attention_export / "encoder.onnx"
     products = exporter.activation_matmuls(onnx.load(str(fp32)))
     assert len(products) == 2 * layers  # Q·Kᵀ and the weighted sum of V, each layer
-    target = tmp_path / "plain" / "static.onnx"
+    target = tmp_path / "static.onnx"
     exporter.quantize_static_graph(fp32, target, calibration_batches(encoder, [s for s in SENTENCES if s]),
                                    exclude_activation_products=exclude)
     model = onnx.load(str(target))
@@ -585,11 +600,12 @@ def test_minilm_int8_keeps_stsb_within_a_fifth_of_a_point(minilm_export, shared_
 
 
 @pytest.mark.slow
-def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_bert_dir, tmp_path):
+def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_export, tmp_path, monkeypatch):
     """``python -m bertcf.bench --onnx``: torch and every graph variant on an STS-B test file, the
     operators ONNX Runtime runs for each counted, the profiled ones broken down by operator, their
     JSON; --onnx-graph adds a graph file of one's own; a checkpoint without a flow adds transformers'
-    engines."""
+    engines (that run writes one minBERT variant: the flow's run above wrote them all)."""
+    from bertcf.bench import onnx_variants
     from bertcf.bench.onnx_encode import PROFILED
     from bertcf.bench.onnx_variants import MINBERT_VARIANTS, STATIC_VARIANTS
     from bertcf.commands import bench
@@ -643,21 +659,21 @@ def test_bench_compares_torch_and_every_graph_variant(flow_checkpoint, tiny_bert
     with pytest.raises(SystemExit) as stop:  # no NAME=
         bench.run(["--onnx", str(flow_checkpoint / "onnx"), "--onnx-graph", str(earlier)])
     assert stop.value.code == 2
-    assert export([tiny_bert_dir, "--out", tmp_path / "tiny"]) == 0
-    result = bench.run(["--allow-busy", "--load-check", "0", "--onnx", str(tmp_path / "tiny"), "--senteval-dir", str(tmp_path / "senteval"), "--steps", "1",
-                        "--warmup", "0", "--threads", "1"])
+    monkeypatch.setattr(onnx_variants, "MINBERT_VARIANTS", {"minBERT fp32": MINBERT_VARIANTS["minBERT fp32"]})
+    monkeypatch.setattr(onnx_variants, "STATIC_VARIANTS", {})
+    result = bench.run(["--allow-busy", "--load-check", "0", "--onnx", str(tiny_export), "--senteval-dir",
+                        str(tmp_path / "senteval"), "--steps", "1", "--warmup", "0", "--threads", "1"])
     assert {"transformers torch fp32", "transformers export fp32", "transformers export + ORT optimizer int8"} <= set(
         result["results"]["onnx_encode"])
 
 
-def test_plain_attention_writes_standard_operators_only(tiny_bert_dir, tmp_path):
+def test_plain_attention_writes_standard_operators_only(tiny_bert_dir, plain_attention_export):
     """--attention plain: no com.microsoft operator in the graph, the same vectors."""
-    assert export([tiny_bert_dir, "--out", tmp_path / "plain", "--attention", "plain"]) == 0
-    model = onnx.load(str(tmp_path / "plain" / "encoder.onnx"))
+    model = onnx.load(str(plain_attention_export / "encoder.onnx"))
     assert {n.domain for n in model.graph.node} <= {"", "ai.onnx"}
     expected = SentenceEncoder.from_pretrained(tiny_bert_dir).encode(SENTENCES).numpy()
-    assert max_diff(OnnxEncoder(tmp_path / "plain").encode(SENTENCES), expected) < 1e-4
-    sources = json.loads((tmp_path / "plain" / "onnx_encoder.json").read_text())["graph_sources"]
+    assert max_diff(OnnxEncoder(plain_attention_export).encode(SENTENCES), expected) < 1e-4
+    sources = json.loads((plain_attention_export / "onnx_encoder.json").read_text())["graph_sources"]
     assert sources == {"fp32": {"graph": "minbert", "attention": "plain"}}
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import run_side_by_side
 
 from bertcf.bench import batches, models, timing
 from bertcf.bench.workloads import DEFAULT_WORKLOADS as WORKLOADS
@@ -21,11 +22,29 @@ def run_bench(*args):
                           timeout=300)
 
 
+@pytest.fixture(scope="module")
+def bench_runs(tmp_path_factory) -> dict:
+    """The three --tiny runs whose output the slow tests below read, started side by side once for the module
+    (each is a Python start and a few one-thread steps; one after the other they left a core idle):
+    name -> (its CompletedProcess, its --json file). Each run's load check sees the others: --allow-busy."""
+    from bertcf.bench.workloads import MULTITASK_VARIANTS, PEFT_VARIANTS
+
+    out = tmp_path_factory.mktemp("bench-runs")
+    # upgrad needs the solver extra; the adapter variants: tests/bench/test_peft_bench.py
+    variants = [v for v in MULTITASK_VARIANTS if v not in ("multitask-upgrad", "multitask-upgrad-gramian", *PEFT_VARIANTS)]
+    argvs = {"tiny": ["--steps", "2", "--warmup", "1", "--threads", "1", "--allow-busy"],
+             "profile": ["--steps", "1", "--warmup", "0", "--threads", "1", "--workloads", "mirror", "--profile", "2",
+                         "--allow-busy", "--load-check", "0"],
+             "multitask": ["--steps", "1", "--warmup", "0", "--threads", "1", "--allow-busy", "--load-check", "0",
+                           "--minbert-only", "--workloads", ",".join(["multitask", *variants])]}
+    done = run_side_by_side({name: [sys.executable, "-m", "bertcf.bench", "--tiny", "--device", "cpu", *argv, "--json",
+                                    str(out / f"{name}.json")] for name, argv in argvs.items()}, cwd=REPO)
+    return {name: (proc, out / f"{name}.json") for name, proc in done.items()} | {"variants": variants}
+
+
 @pytest.mark.slow
-def test_bench_tiny_end_to_end(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = run_bench("--tiny", "--device", "cpu", "--steps", "2", "--warmup", "1", "--threads", "1",
-                     "--json", str(out), "--allow-busy")  # the machine running the tests may be busy
+def test_bench_tiny_end_to_end(bench_runs):
+    proc, out = bench_runs["tiny"]  # --steps 2 --warmup 1, the machine's load checked before
     assert proc.returncode == 0, proc.stderr
     assert "load: " in proc.stdout  # the idle check's line, and the run's
     for name in WORKLOADS:
@@ -51,10 +70,8 @@ def test_bench_tiny_end_to_end(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_profile_prints_the_operator_table(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--threads", "1",
-                     "--workloads", "mirror", "--profile", "2", "--json", str(out), "--allow-busy", "--load-check", "0")
+def test_bench_profile_prints_the_operator_table(bench_runs):
+    proc, out = bench_runs["profile"]  # --workloads mirror --profile 2
     assert proc.returncode == 0, proc.stderr
     assert "mirror minBERT, torch.profiler over 2 steps" in proc.stdout
     profile = json.loads(out.read_text())["results"]["mirror"]["profile"]
@@ -184,17 +201,10 @@ def test_onnx_torch_rows_each_run_their_own_model(tiny_bert_dir, tmp_path, monke
 
 
 @pytest.mark.slow
-def test_the_multitask_variants_run_the_stage_3_step(tmp_path):
+def test_the_multitask_variants_run_the_stage_3_step(bench_runs):
     """Each stage-3 variant (a sampling mode, the conflict logging, a method) times the real step
     (bertcf.multitask's sampler and methods), here minBERT's alone."""
-    from bertcf.bench.workloads import MULTITASK_VARIANTS, PEFT_VARIANTS
-
-    # upgrad needs the solver extra; the peft variants: tests/bench/test_peft_bench.py
-    variants = [v for v in MULTITASK_VARIANTS if v not in ("multitask-upgrad", *PEFT_VARIANTS)]
-    out = tmp_path / "bench.json"
-    proc = run_bench("--tiny", "--device", "cpu", "--steps", "1", "--warmup", "0", "--threads", "1", "--json",
-                     str(out), "--allow-busy", "--load-check", "0", "--minbert-only", "--workloads",
-                     ",".join(["multitask", *variants]))
+    (proc, out), variants = bench_runs["multitask"], bench_runs["variants"]  # --minbert-only
     assert proc.returncode == 0, proc.stderr
     results = json.loads(out.read_text())["results"]
     assert set(results) == {"multitask", *variants}

@@ -10,6 +10,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from helpers import run_side_by_side
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = {"bertcf-pretrain": "run_pretrain.py", "bertcf-multitask": "run_multitask.py",
@@ -77,14 +78,13 @@ def test_installed_commands_run_from_outside_the_repository(wheel, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = os.environ | {"PYTHONPATH": str(site)}  # the installed package; its dependencies from this environment
+    done = run_side_by_side({command: [str(site / "bin" / command), "--help"] for command in COMMANDS} | {
+        "where": [sys.executable, "-c", "import bertcf; print(bertcf.__file__)"]}, cwd=elsewhere, env=env)
     for command, prog in COMMANDS.items():
-        proc = subprocess.run([str(site / "bin" / command), "--help"], cwd=elsewhere, env=env, capture_output=True,
-                              text=True, timeout=300)
+        proc = done[command]
         assert proc.returncode == 0, (command, proc.stderr[-2000:])
         assert proc.stdout.startswith(f"usage: {prog}"), (command, proc.stdout[:200])
-    where = subprocess.run([sys.executable, "-c", "import bertcf; print(bertcf.__file__)"], cwd=elsewhere, env=env,
-                           capture_output=True, text=True, timeout=120).stdout
-    assert where.startswith(str(site)), where  # not the repository's copy
+    assert done["where"].stdout.startswith(str(site)), done["where"]  # not the repository's copy
 
 
 #: Every command the README shows, as a user types it (from the repository root): its --help works.
@@ -108,10 +108,16 @@ DOCUMENTED = {
 }
 
 
+@pytest.fixture(scope="module")
+def documented_help() -> dict:
+    """Each documented command's ``--help``, run side by side once for the module: name -> its CompletedProcess."""
+    return run_side_by_side({name: argv + ["--help"] for name, argv in DOCUMENTED.items()}, cwd=REPO)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(DOCUMENTED))
-def test_every_documented_command_answers_help(name):
-    proc = subprocess.run(DOCUMENTED[name] + ["--help"], cwd=REPO, capture_output=True, text=True, timeout=300)
+def test_every_documented_command_answers_help(documented_help, name):
+    proc = documented_help[name]
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage:"), proc.stdout[:200]
 

@@ -19,6 +19,8 @@ from sklearn.model_selection import StratifiedKFold
 
 from bertcf.evaluation.probe import FASTTEST, SEED, TEST, Fit, linear_init, train_probes
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
+
 SMALL_TEST = replace(TEST, folds=3, batch_size=16, max_epoch=12)
 SMALL_FAST = replace(FASTTEST, folds=3, batch_size=16, max_epoch=12)
 

@@ -26,6 +26,8 @@ BEST_DIRS = ["simcse", "mirror", "flow", "minbert-whitening", "bertcf", "simcse-
 WHITENING = ("minbert-whitening", "mirror-whitening")  # closed form: no steps
 OBJECTIVES = ["bsl", "ct", "tsdae", "mlm"]
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest's: one intra-op thread
+
 
 # ---- the maths -----------------------------------------------------------------------------------------
 def test_alignment_and_uniformity_on_known_vectors():

@@ -133,6 +133,7 @@ def train_objective(method, rank=0, world=1, wrap=lambda m: m, mini_batch_size=N
 
 
 def _worker(rank, init_file, out_dir):
+    torch.set_num_threads(1)  # a spawned process starts at one thread per core: two ranks on 2 cores would fight
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
                             timeout=datetime.timedelta(seconds=60))
     try:

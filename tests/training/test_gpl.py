@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from helpers import (
     assert_one_error_line,
     load,
     make_hf_bert_dir,
+    run_side_by_side,
     tensors,
     training_state,
 )
@@ -341,20 +341,21 @@ def test_a_cross_encoder_that_is_none_is_refused_before_any_step(tiny_bert_dir, 
     assert not out.exists()
 
 
-@pytest.mark.slow  # starts python -m bertcf.gpl twice
+@pytest.mark.slow  # starts python -m bertcf.gpl twice, side by side
 def test_a_hub_name_offline_is_one_line_and_exit_status_2(tmp_path, tiny_bert_dir, passages, data_dir):
     env = {k: v for k, v in os.environ.items()} | {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
                                                     "BERTCF_OFFLINE": "1"}
-    argv = [sys.executable, "-m", "bertcf.gpl", "--encoder", str(tiny_bert_dir), "--out", str(tmp_path / "out"),
-            "--corpus", str(passages), "--device", "cpu"]
-    # the training step's evaluation file is missing: refused before step 1, not after it
-    proc = subprocess.run(argv + ["--data-dir", str(tmp_path / "nodata")], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=300)
+    argv = [sys.executable, "-m", "bertcf.gpl", "--encoder", str(tiny_bert_dir), "--corpus", str(passages), "--device",
+            "cpu"]
+    # the training step's evaluation file is missing: refused before step 1, not after it; each its own --out
+    done = run_side_by_side({"nodata": argv + ["--out", str(tmp_path / "out"), "--data-dir", str(tmp_path / "nodata")],
+                             "offline": argv + ["--out", str(tmp_path / "out2"), "--data-dir", str(data_dir)]},
+                            cwd=REPO, env=env)
+    proc = done["nodata"]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "nodata/sts-dev.csv not found" in proc.stderr.strip().splitlines()[-1]
     assert not (tmp_path / "out" / "queries").exists()
-    proc = subprocess.run(argv + ["--data-dir", str(data_dir)], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = done["offline"]
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
         "error: --generator BeIR/query-gen-msmarco-t5-base-v1 cannot be loaded (offline: not in the local Hugging Face "

@@ -179,16 +179,19 @@ def test_two_runs_into_one_directory(tiny_bert_dir, data_dir, tmp_path):
     script = str(REPO / "run_pretrain.py")
     first = start([script, *pretrain_argv(tiny_bert_dir, data_dir, out, steps=40, eval_every=10, seed=1)],
                   tmp_path / "first.log")
+    seconds = {}
     try:
         wait_for(lambda: (out / "last" / runs.STATE_FILE).is_file(), first, tmp_path / "first.log")
         first.send_signal(signal.SIGSTOP)
         before = tree(out)
         assert holder_pid(out) == first.pid
-        for name, argv in {"fresh": pretrain_argv(tiny_bert_dir, data_dir, out, steps=40, eval_every=10, seed=2),
-                           "resume": ["--resume", "--out-dir", str(out)]}.items():
-            second = subprocess.run([sys.executable, script, *argv], cwd=REPO, capture_output=True, text=True,
-                                    timeout=180)
-            lines = (second.stdout + second.stderr).strip().splitlines()
+        attempts = {"fresh": pretrain_argv(tiny_bert_dir, data_dir, out, steps=40, eval_every=10, seed=2),
+                    "resume": ["--resume", "--out-dir", str(out)]}
+        for name, argv in attempts.items():  # side by side: most of each is starting Python
+            seconds[name] = subprocess.Popen([sys.executable, script, *argv], cwd=REPO, stdout=subprocess.PIPE,
+                                             stderr=subprocess.STDOUT, text=True)
+        for name, second in seconds.items():
+            lines = second.communicate(timeout=180)[0].strip().splitlines()
             assert second.returncode == 2 and len(lines) == 1, (name, lines)
             assert lines[0].startswith(f"error: {out} is in use by another process (pid {first.pid}, started ")
             assert "run_pretrain.py" in lines[0] and "--seed 1" in lines[0]
@@ -196,10 +199,11 @@ def test_two_runs_into_one_directory(tiny_bert_dir, data_dir, tmp_path):
         first.send_signal(signal.SIGCONT)
         assert first.wait(timeout=300) == 0, (tmp_path / "first.log").read_text()[-3000:]
     finally:
-        if first.poll() is None:
-            first.send_signal(signal.SIGCONT)
-            first.kill()
-            first.wait()
+        for proc in (first, *seconds.values()):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.kill()
+                proc.communicate()
     steps = [json.loads(l)["step"] for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert steps == [0, 10, 20, 30, 40]
     assert json.loads((out / "config.json").read_text())["seed"] == 1
