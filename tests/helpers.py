@@ -342,6 +342,16 @@ def batch(encoder, sentences=OBJECTIVE_SENTENCES):
     return ids, mask, special
 
 
+def padded_ids(seed=0, lengths=(9, 5, 2), vocab=100):
+    """Random ids of rows of these ``lengths``, right-padded with 0, and their attention mask."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=g)
+    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
+    return ids * mask, mask
+
+
 def random_batch(vocab_size, b=400, t=40, seed=0):
     """Random ids with [CLS]=2 / [SEP]=3 around 1..t-2 real tokens per row, right padding (0)."""
     import torch

@@ -25,18 +25,12 @@ from bertcf.models.peft import SHARED, PeftSettings, make_adapters
 from bertcf.multitask import MultitaskModel
 from bertcf.multitask.tasks import builtin_tasks
 from bertcf.training.optim import make_optimizer
+from helpers import padded_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 HOULSBY = PeftSettings(peft="houlsby", peft_bottleneck=4)
 TASKS = ["sst", "qqp", "sts"]
-
-
-def batch(seed=0, lengths=(9, 5, 2), vocab=100):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
-    return ids * mask, mask
 
 
 def randomized(bert: nn.Module, seed=1) -> None:
@@ -95,7 +89,7 @@ def test_the_adapted_encoder_is_the_papers_equation(tiny_bert_dir):
     assert all(isinstance(out.dropout, Adapted) for layer in bert.encoder.layer
                for out in (layer.attention.output, layer.output))
     randomized(bert)
-    ids, _ = batch(lengths=(7, 7))
+    ids, _ = padded_ids(lengths=(7, 7))
     y = bert(ids)["last_hidden_state"]
     torch.testing.assert_close(y, encoder_by_hand(bert, ids, [DEFAULT]), atol=1e-12, rtol=1e-12)
     assert (y - plain(ids)["last_hidden_state"]).abs().max() > 1e-2
@@ -109,7 +103,7 @@ def test_at_initialisation_the_adapted_encoder_is_the_base_exactly(tiny_bert_dir
     plain = BertModel.from_pretrained(tiny_bert_dir).eval()
     bert = copy.deepcopy(plain)
     make_adapters(bert, HOULSBY)
-    ids, mask = batch()
+    ids, mask = padded_ids()
     for train in (False, True):
         plain.train(train), bert.train(train)
         torch.manual_seed(3)
@@ -135,7 +129,7 @@ def test_gradients_reach_the_adapters_and_the_layernorms_only(tiny_bert_dir):
     assert trained == layer_norms | {n for n, p in bert.named_parameters() if id(p) in own}
     assert len(layer_norms) == 2 * (1 + 2 * bert.config.num_hidden_layers)
     assert set(houlsby.state_dict()) == trained
-    ids, mask = batch()
+    ids, mask = padded_ids()
     optimizer = make_optimizer(bert.parameters(), 1e-2, 0.01, "cpu")
     bert(ids, mask)["last_hidden_state"].square().mean().backward()
     grads = dict(bert.named_parameters())
@@ -157,7 +151,7 @@ def test_a_task_passes_through_the_shared_adapter_and_its_own(tiny_bert_dir):
     _, bert, houlsby = adapted_bert(tiny_bert_dir, TASKS)
     assert houlsby.tasks == tuple(TASKS) and houlsby.names == (SHARED, *TASKS)
     randomized(bert)
-    ids, _ = batch(seed=2, lengths=(6, 6))
+    ids, _ = padded_ids(seed=2, lengths=(6, 6))
     with houlsby.of_task("qqp"):
         y = bert(ids)["last_hidden_state"]
     torch.testing.assert_close(y, encoder_by_hand(bert, ids, [SHARED, "qqp"]), atol=1e-12, rtol=1e-12)
@@ -170,7 +164,7 @@ def test_a_task_passes_through_the_shared_adapter_and_its_own(tiny_bert_dir):
                            list(builtin_tasks().values()), proj_dim=8).eval()
     model.encoder.adapters = make_adapters(model.encoder.bert, HOULSBY, TASKS)
     randomized(model.encoder.bert)
-    ids, mask = batch(seed=3, lengths=(5, 8, 3, 6, 4, 7))  # three QQP pairs
+    ids, mask = padded_ids(seed=3, lengths=(5, 8, 3, 6, 4, 7))  # three QQP pairs
     model(ids, mask, {"qqp": 3})["qqp"][0].sum().backward()
     grads = {name: torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel())
                               for p in model.encoder.adapters.parameters_of(name)]) for name in [SHARED, *TASKS]}
@@ -228,7 +222,7 @@ def test_a_per_task_checkpoint_reads_back_with_its_tasks_only(tiny_bert_dir, tmp
     with pytest.raises(CheckpointError, match="no adapter for the tasks para"):
         SentenceEncoder.from_pretrained(tmp_path, task_adapters=["sst", "para"])
     loaded = SentenceEncoder.from_pretrained(tmp_path, task_adapters=TASKS).eval()
-    ids, mask = batch(seed=5)
+    ids, mask = padded_ids(seed=5)
     for task in TASKS:
         with encoder.adapters.of_task(task), loaded.adapters.of_task(task):
             assert torch.equal(loaded(ids, mask), encoder(ids, mask))

@@ -22,19 +22,13 @@ from bertcf.models import peft as adapters  # noqa: E402
 from bertcf.models.encoder import SentenceEncoder  # noqa: E402
 from bertcf.models.peft import Adapters, PeftSettings, adamw_state_bytes, check_targets  # noqa: E402
 from bertcf.training.optim import make_optimizer  # noqa: E402
+from helpers import padded_ids  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NO_DROPOUT = dict(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 SETTINGS = {"lora": PeftSettings(peft="lora", peft_rank=4, peft_alpha=12.0),
             "dora": PeftSettings(peft="dora", peft_rank=4, peft_alpha=12.0),
             "ia3": PeftSettings(peft="ia3")}
-
-
-def batch(seed=0, lengths=(9, 5, 2), vocab=100):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (len(lengths), max(lengths)), generator=g)
-    mask = (torch.arange(max(lengths))[None] < torch.tensor(lengths)[:, None]).long()
-    return ids * mask, mask
 
 
 def randomized(adapted: nn.Module, seed=1) -> dict:
@@ -85,7 +79,7 @@ def test_outputs_and_gradients_equal_the_papers_equations(tiny_bert_dir, method)
     of a loss with respect to every adapter tensor."""
     plain, adapted, trained = adapted_bert(tiny_bert_dir, method)
     adapted = adapted.bert
-    ids, mask = batch()
+    ids, mask = padded_ids()
     probe = torch.randn(*ids.shape, plain.config.hidden_size, generator=torch.Generator().manual_seed(2),
                         dtype=torch.float64)
 
@@ -114,7 +108,7 @@ def test_equals_transformers_bert_wrapped_by_peft(tiny_bert_dir, method):
     result = peft.set_peft_model_state_dict(hf, ours)
     assert not [k for k in result.missing_keys if any(t in k for t in ("lora_", "ia3_"))]
     assert not result.unexpected_keys
-    ids, mask = batch(seed=3)
+    ids, mask = padded_ids(seed=3)
     y_ours = adapted.bert(ids, mask)["last_hidden_state"]
     y_hf = hf(input_ids=ids, attention_mask=mask).last_hidden_state
     real = mask.bool()
@@ -164,7 +158,7 @@ def test_checkpoint_holds_the_base_and_peft_adapter_and_loads_merged(tiny_bert_d
     # transformers' own loading finds the adapter beside the base (its peft integration) and applies it;
     # transformers 5.24 misnames DoRA's magnitudes and leaves them at their initial values: merged/ serves it
     hf_found = [transformers.BertModel.from_pretrained(str(tmp_path / "adapted"), **NO_DROPOUT)] * (method != "dora")
-    ids, mask = batch(seed=4)
+    ids, mask = padded_ids(seed=4)
     real = mask.bool()
     ours = merged.bert(ids, mask)["last_hidden_state"][real]
     with torch.no_grad():
@@ -217,7 +211,7 @@ def test_adamw_state_size_is_what_adamw_keeps(tiny_bert_dir):
     bert = BertModel.from_pretrained(tiny_bert_dir)
     Adapters(bert, PeftSettings(peft="dora"))
     optimizer = make_optimizer(bert.parameters(), 1e-3, 0.01, "cpu")
-    ids, mask = batch()
+    ids, mask = padded_ids()
     bert(ids, mask)["last_hidden_state"].square().mean().backward()
     optimizer.step()
     held = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
