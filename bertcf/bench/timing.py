@@ -42,9 +42,9 @@ def adapted_encoder_flops(config, lengths, settings, adapters: int = 1, passes: 
     pass (peft: ``lora_B(lora_A(eye))``, 2 r in (in + out) a layer, its weight norm detached). IA3's
     vectors only scale (no matrix product). Assumes what every default target set gives: some of the
     first layer's query, key and value adapted, so everything above them needs input gradients."""
-    d, layers = config.hidden_size, config.num_hidden_layers
     if settings.peft == "houlsby":
         return houlsby_encoder_flops(config, lengths, settings.peft_bottleneck, adapters)
+    d, layers = config.hidden_size, config.num_hidden_layers
     shapes = layer_linears(config)
     adapted = {name for name in shapes for t in settings.target_modules if name == t or name.endswith("." + t)}
     qkv = [f"attention.self.{n}" for n in ("query", "key", "value")]
