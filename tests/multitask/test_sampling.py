@@ -1,4 +1,4 @@
-"""How tasks share the steps (bertcf.multitask.sampling): each mode's probabilities against the
+"""How tasks share the steps (bertcf.training.sampler.TaskSampler): each mode's probabilities against the
 formulas written out here, the draws' frequencies, the counts in metrics.jsonl and TensorBoard,
 and a resumed run that continues the same draws, bit for bit."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from helpers import write_cs224n_files
 from safetensors.torch import load_file
 
 from bertcf.errors import UsageError
-from bertcf.multitask.sampling import MODES, TaskSampler
+from bertcf.training.sampler import MODES, TaskSampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SIZES = {"sst": 8544, "qqp": 141506, "sts": 6040}  # the CS224N training sets
@@ -60,7 +60,7 @@ def test_a_draw_depends_on_the_seed_and_step_only():
 
 
 def test_bad_settings():
-    with pytest.raises(UsageError, match="--task-sampling must be one of"):
+    with pytest.raises(UsageError, match="sampling must be one of"):
         TaskSampler("uniform", SIZES, 10, 0)
     with pytest.raises(UsageError, match="positive"):
         TaskSampler("temperature", SIZES, 10, 0, temperature=0)

@@ -57,9 +57,9 @@ def toy_trainer(tmp_path, max_grad_norm: float, grad_scale: float = 100.0):
                        max_grad_norm=max_grad_norm)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     run = runs.Run(tmp_path / "run", {})
-    trainer = training.TrainingLoop(args, run, {"model": model}, opt, training.make_scheduler(opt, "constant", 0, 1),
-                                    {}, metric="score", save_model=lambda d: (d / "weights.txt").write_text("w"),
-                               evaluate=lambda step: {"score": float(step)}, items_per_step=1)
+    trainer = training.TrainingLoop(args, run, {"model": model}, model.parameters(), {}, optimizer=opt, metric="score",
+                                    save_model=lambda d: (d / "weights.txt").write_text("w"),
+                                    evaluate=lambda step: {"score": float(step)}, items_per_step=1)
     x = torch.ones(1, 4)
 
     def step_fn(step):
@@ -85,10 +85,9 @@ def scripted_loss_trainer(tmp_path, losses):
     args = TrainConfig(steps=len(losses), log_every=10, eval_every=2, seed=0, device="cpu", precision="fp32",
                        max_grad_norm=0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    trainer = training.TrainingLoop(args, runs.Run(tmp_path / "run", {}), {"model": model}, opt,
-                               training.make_scheduler(opt, "constant", 0, len(losses)), {}, metric="score",
-                               save_model=lambda d: (d / "weights.txt").write_text("w"),
-                               evaluate=lambda step: {"score": float(step)}, items_per_step=1)
+    trainer = training.TrainingLoop(args, runs.Run(tmp_path / "run", {}), {"model": model}, model.parameters(), {},
+                                    optimizer=opt, metric="score",
+                                    save_model=lambda d: (d / "weights.txt").write_text("w"), evaluate=lambda step: {"score": float(step)}, items_per_step=1)
     return trainer, lambda step: (losses[step] + 0 * model(torch.ones(1, 1)).sum(), {})
 
 
