@@ -3,10 +3,13 @@ checkpoints (best/, last/, --resume) in the run directory (``bertcf.runs``); pro
 evaluation, non-finite losses and Ctrl-C. The optimiser is ``training.optim``, the data order
 ``training.sampler``.
 
-Its users (``training.Trainer`` for an objective, multitask fine-tuning, the cross-encoder) give
-``TrainingLoop`` their ``evaluate(step)`` (returning metrics) and ``save_model(dir)``, and
-``TrainingLoop.fit`` their ``step_fn(step)`` (returning the loss and some scalars to log), an
-optional ``after_step`` and the update's ``backward`` (stage 3's methods; default the loss's).
+Its users (``training.Trainer`` for an objective, multitask fine-tuning, the cross-encoder) set it
+up alike: ``TrainingLoop`` takes their modules, the parameters AdamW trains (the optimiser and its
+schedule come from the config), their data orders, ``evaluate(step)`` (returning metrics) and
+``save_model(dir)``; ``TrainingLoop.fit`` their ``step_fn(step)`` (returning the loss and some
+scalars to log), an optional ``after_step``, the update's ``backward`` (stage 3's methods; default
+the loss's) and ``finish``, their work on best/ once a run ends unstopped; ``closing_line`` says
+how it went.
 """
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ class Trainer:
                              f"({', '.join(self.datasets)}) must have the same names")
         # A command's config comes resolved (``TrainConfig.resolved``) and stays as it is; a Python
         # user's gets the same defaults, in the same place, so config.json records what runs.
-        config = TrainConfig(**settings) if config is None else config.replace(**settings)
+        config = TrainConfig(**settings) if config is None else config.replace(**settings) if settings else config
         self.config = config.resolved(
             ("train", type(objective).__name__.lower()), None if self.mixture else objective.no_duplicates)
         self.evaluator = evaluator

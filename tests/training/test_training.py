@@ -67,6 +67,26 @@ def toy_trainer(tmp_path, max_grad_norm: float, grad_scale: float = 100.0):
     return trainer, model, step_fn
 
 
+def test_a_refused_resume_leaves_the_runs_record_and_a_loaded_one_writes_it(tmp_path):
+    """A resumed run's config.json is written once its state has loaded (``TrainingLoop.resume``),
+    for every trainer: a --resume refused on the way leaves the record as it was."""
+    def loop(record: dict, resume: bool, modules: dict):
+        args = TrainConfig(steps=1, eval_every=1, device="cpu", precision="fp32", resume=resume)
+        return training.TrainingLoop(args, runs.Run(tmp_path / "run", record, resume=resume), modules,
+                                     [p for m in modules.values() for p in m.parameters()], {}, metric="score",
+                                     save_model=lambda d: (d / "weights.txt").write_text("w"),
+                                     evaluate=lambda step: {"score": float(step)}, items_per_step=1)
+    model = torch.nn.Linear(2, 1)
+    loop({"lr": 1}, False, {"model": model}).fit(lambda step: (model(torch.ones(1, 2)).sum(), {}))
+    record = tmp_path / "run" / "config.json"
+    assert json.loads(record.read_text()) == {"lr": 1}
+    with pytest.raises(UsageError, match="holds model, not head, model"):
+        loop({"lr": 2}, True, {"model": model, "head": torch.nn.Linear(1, 1)}).resume()
+    assert json.loads(record.read_text()) == {"lr": 1}
+    loop({"lr": 2}, True, {"model": model}).resume()
+    assert json.loads(record.read_text()) == {"lr": 2}
+
+
 @pytest.mark.parametrize("max_grad_norm", [0.0, 0.5])
 def test_gradient_clipping(tmp_path, max_grad_norm):
     trainer, model, step_fn = toy_trainer(tmp_path, max_grad_norm)
