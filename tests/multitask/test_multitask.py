@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import multitask_argv
 from helpers import quiet_multitask as run_quiet
 from helpers import write_cs224n_files
 from safetensors.torch import load_file
@@ -204,16 +205,11 @@ def test_one_pass_forward_equals_each_task_on_its_own(tiny_bert_dir):
 
 # ---- end to end ------------------------------------------------------------------------------------
 def argv(bert_dir, data_dir, out_dir, steps=4, **flags) -> list[str]:
-    settings = {"encoder": bert_dir, "data-dir": data_dir, "out-dir": out_dir, "steps": steps, "eval-every": 2,
-                "log-every": 1, "sst-batch-size": 8, "qqp-batch-size": 12, "sts-batch-size": 8, "proj-dim": 16,
-                "max-length": 24, "device": "cpu", "precision": "fp32"} | {k.replace("_", "-"): v for k, v in flags.items()}
-    out = []
-    for k, v in settings.items():
-        if v is None or v is False:
-            continue
-        out += [f"--{k}"] if v is True else [f"--{k}", str(v)]
-    return out
-
+    """multitask_argv with this file's settings: batches of 8, 12 and 8 rows from every training row (24), at
+    the report's --lr unless ``flags`` say otherwise (``lr=1e-3``, ``max_train_examples=10``)."""
+    settings = {"sst_batch_size": 8, "qqp_batch_size": 12, "sts_batch_size": 8, "lr": None, "max_train_examples": None}
+    return multitask_argv(bert_dir, data_dir, out_dir, steps, **settings | {k.replace("-", "_"): v
+                                                                            for k, v in flags.items()})
 
 
 @pytest.fixture(scope="module")
