@@ -17,7 +17,7 @@ for ``conftest.py``). Everything here works offline; torch and bertcf load on fi
 - SentEval files: ``write_senteval``, ``write_sts_year``, ``write_lines``, ``senteval_sentence``;
 - sentence-transformers where bertcf is not installed: ``ST_SENTENCES``, ``standalone_vectors``;
 - processes: ``run_side_by_side`` (several commands at once, one per core);
-- stage 3 runs: ``MULTITASK_SETTINGS``, ``multitask_argv`` (every stage-3 test's argv), ``quiet_multitask``,
+- stage 3 runs: ``MULTITASK_SETTINGS``, ``multitask_argv`` (the tests' run_multitask.py argv), ``quiet_multitask``,
   ``refused``.
 """
 from __future__ import annotations
@@ -576,7 +576,7 @@ def multitask_argv(bert_dir, data_dir, out_dir, steps, *extra, **flags) -> list[
     (write_cs224n_files): ``bert_dir`` as --encoder (None: no --encoder), then MULTITASK_SETTINGS,
     then ``extra`` as given (str() of each). ``flags`` change a setting where it stands or add one
     after them: ``proj_dim=8`` is --proj-dim 8, True a bare flag, None or False leaves the option out
-    (``log_every=None``: no --log-every). Every stage-3 test builds its runs' argv here."""
+    (``log_every=None``: no --log-every). The tests build their stage-3 runs' argv here."""
     settings = {"encoder": bert_dir, "data-dir": data_dir, "out-dir": out_dir, "steps": steps, **MULTITASK_SETTINGS}
     settings |= {k.replace("_", "-"): v for k, v in flags.items()}
     argv = []
