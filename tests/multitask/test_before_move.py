@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import multitask_argv
 from helpers import quiet_multitask as quiet
 from helpers import write_cs224n_files
 from safetensors import safe_open
@@ -53,11 +54,11 @@ def inputs(tmp_path_factory):
 
 
 def argv(inputs, out, steps, *extra):
+    """The argv of make_reference.py's runs (which cannot import tests/helpers.py: it runs at 421935b): the
+    BERT as --model, not --encoder, every training row, the default --log-every."""
     bert, data = inputs
-    return ["--model", str(bert), "--data-dir", str(data), "--out-dir", str(out), "--steps", str(steps),
-            "--eval-every", "3", "--sst-batch-size", "4", "--qqp-batch-size", "6", "--sts-batch-size", "4",
-            "--proj-dim", "16", "--max-length", "32", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32", *extra]
-
+    return ["--model", str(bert), *multitask_argv(None, data, out, steps, *extra, eval_every=3, log_every=None,
+                                                  max_length=32, max_train_examples=None)]
 
 
 def last(run_dir) -> dict:
