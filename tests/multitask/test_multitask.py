@@ -602,7 +602,7 @@ def test_joint_forward_equals_each_part_alone(tiny_bert_dir, data_dir):
 @pytest.fixture(scope="module")
 def cross_run(tiny_bert_dir, data_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("mt-cross") / "run"
-    run_quiet(argv(tiny_bert_dir, data_dir, out, pair_encoding="cross", lr=1e-3))
+    run_quiet(argv(tiny_bert_dir, data_dir, out, pair_encoding="cross", lr=1e-3, proj_dim=None))
     return out
 
 
@@ -640,7 +640,7 @@ def test_cross_predict_only_reproduces_the_files(cross_run, tmp_path):
 
 def test_cross_resume_is_bit_identical(tiny_bert_dir, data_dir, tmp_path):
     straight, part = tmp_path / "straight", tmp_path / "part"
-    flags = dict(max_train_examples=10, pair_encoding="cross", lr=1e-3)
+    flags = dict(max_train_examples=10, pair_encoding="cross", lr=1e-3, proj_dim=None)
     run_quiet(argv(tiny_bert_dir, data_dir, straight, steps=4, **flags))
     run_quiet(argv(tiny_bert_dir, data_dir, part, steps=2, **flags))
     assert run_quiet(["--resume", "--out-dir", str(part), "--steps", "4"])["step"] == 4

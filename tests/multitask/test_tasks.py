@@ -55,9 +55,9 @@ def nli_entry(data_dir) -> dict:
             "labels": ["entailment", "neutral", "contradiction"], "loss": "softmax", "weight": 2.0, "batch_size": 6}
 
 
-def argv(bert_dir, data_dir, out_dir, *extra, steps=3) -> list[str]:
+def argv(bert_dir, data_dir, out_dir, *extra, steps=3, **flags) -> list[str]:
     """multitask_argv with this file's settings: every training row, one evaluation in 3 steps."""
-    return multitask_argv(bert_dir, data_dir, out_dir, steps, *extra, eval_every=3, max_train_examples=None)
+    return multitask_argv(bert_dir, data_dir, out_dir, steps, *extra, eval_every=3, max_train_examples=None, **flags)
 
 
 
