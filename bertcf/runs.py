@@ -132,11 +132,11 @@ def read_environment(run_dir) -> list[dict]:
 class Run:
     """A run directory: config.json, metrics.jsonl, tb/ (TensorBoard). Only rank 0 writes.
 
-    ``record``: write config.json and this session's environment record now; a resumed run passes
-    False and calls ``record()`` once its checkpoint has loaded, so that a --resume refused on the
-    way leaves the run's record as it was."""
+    ``record``: write config.json and this session's environment record now (default: unless
+    ``resume``); a resumed run calls ``record()`` once its checkpoint has loaded (``TrainingLoop.resume``),
+    so that a --resume refused on the way leaves the run's record as it was."""
 
-    def __init__(self, out_dir, config: dict, resume: bool = False, record: bool = True):
+    def __init__(self, out_dir, config: dict, resume: bool = False, record: bool | None = None):
         self.dir = check_out_dir(out_dir)
         self.config = config
         self.resume = resume
@@ -154,7 +154,7 @@ class Run:
                              f"or choose another --out-dir")
         if not resume:
             self._clear_attempt()
-        if record:
+        if (not resume) if record is None else record:
             self.record()
 
     def record(self) -> None:

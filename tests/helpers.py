@@ -16,7 +16,9 @@ for ``conftest.py``). Everything here works offline; torch and bertcf load on fi
   ``CONTRADICTED``, ``stacked`` (NLI columns);
 - SentEval files: ``write_senteval``, ``write_sts_year``, ``write_lines``, ``senteval_sentence``;
 - sentence-transformers where bertcf is not installed: ``ST_SENTENCES``, ``standalone_vectors``;
-- processes: ``run_side_by_side`` (several commands at once, one per core).
+- processes: ``run_side_by_side`` (several commands at once, one per core);
+- stage 3 runs: ``MULTITASK_SETTINGS``, ``multitask_argv`` (the tests' run_multitask.py argv), ``quiet_multitask``,
+  ``refused``.
 """
 from __future__ import annotations
 
@@ -561,13 +563,28 @@ def run_side_by_side(commands: dict, timeout: float = 300, **kwargs) -> dict:
 
 # ----------------------------------------------------------------------------- stage 3 runs
 
-def multitask_argv(bert_dir, data_dir, out_dir, steps, *extra) -> list[str]:
+#: What ``multitask_argv`` gives run_multitask.py after --encoder, --data-dir, --out-dir and --steps: a tiny
+#: CPU run (small batches and heads, the first 10 training rows), in this order. A value as it is written
+#: on the command line: "1e-3", not 1e-3, which str() writes 0.001.
+MULTITASK_SETTINGS = {"eval-every": 2, "log-every": 1, "sst-batch-size": 4, "qqp-batch-size": 6, "sts-batch-size": 4,
+                      "proj-dim": 16, "max-length": 24, "lr": "1e-3", "device": "cpu", "precision": "fp32",
+                      "max-train-examples": 10}
+
+
+def multitask_argv(bert_dir, data_dir, out_dir, steps, *extra, **flags) -> list[str]:
     """run_multitask.py's argv for a tiny CPU run of the report's three tasks on ``data_dir``
-    (write_cs224n_files): small batches and heads, the first 10 training rows, ``extra`` flags last."""
-    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--steps", str(steps),
-            "--eval-every", "2", "--log-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "6",
-            "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3", "--device", "cpu",
-            "--precision", "fp32", "--max-train-examples", "10", *map(str, extra)]
+    (write_cs224n_files): ``bert_dir`` as --encoder (None: no --encoder), then MULTITASK_SETTINGS,
+    then ``extra`` as given (str() of each). ``flags`` change a setting where it stands or add one
+    after them: ``proj_dim=8`` is --proj-dim 8, True a bare flag, None or False leaves the option out
+    (``log_every=None``: no --log-every). The tests build their stage-3 runs' argv here."""
+    settings = {"encoder": bert_dir, "data-dir": data_dir, "out-dir": out_dir, "steps": steps, **MULTITASK_SETTINGS}
+    settings |= {k.replace("_", "-"): v for k, v in flags.items()}
+    argv = []
+    for k, v in settings.items():
+        if v is None or v is False:
+            continue
+        argv += [f"--{k}"] if v is True else [f"--{k}", str(v)]
+    return argv + [str(a) for a in extra]
 
 
 def quiet_multitask(argv) -> dict:

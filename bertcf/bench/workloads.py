@@ -184,7 +184,7 @@ class Multitask(Workload):
         return None
 
     def make_inputs(self, n):
-        from ..multitask.sampling import TaskSampler
+        from ..training.sampler import TaskSampler
 
         sampler = TaskSampler(self.settings.get("task_sampling", "all"), self.TRAIN_SIZES, n, seed=0)
         out = []

@@ -53,7 +53,7 @@ WHITEN_ON = {
     "stsb-test": "SentEval's STS-B test sentences",
     "senteval-sts": "the sentences of every SentEval STS test set present (STS12-16, STS-B, SICK-R)",
 }
-#: --mix-sampling: which part of a mixture each step trains (``training.sampler.DatasetChooser`` draws it).
+#: --mix-sampling: which part of a mixture each step trains (``training.sampler.TaskSampler``'s one-part modes).
 MIX_SAMPLINGS = ("proportional", "round-robin")
 STAGES = tuple(OBJECTIVE_METHODS) + ("whiten", "mix")
 METHODS = OBJECTIVE_METHODS | {"whiten": (WHITEN_METHOD,), "mix": ("mix",)}
@@ -65,7 +65,7 @@ MIX_METHODS = {m: "mirror" for m in OBJECTIVE_METHODS["mirror"]} | {
 SELECTION = {"cs224n-sts": "sts_spearman", "stsb-dev": "sts_spearman", "mlm-heldout": "mlm_heldout_accuracy",
              "last": "last_step"}
 SELECTION_LABEL = {"cs224n-sts": "STS dev Spearman", "stsb-dev": "STS-B dev Spearman",
-                   "mlm-heldout": "held-out masked-token accuracy"}  # --select-on last has a line of its own
+                   "mlm-heldout": "held-out masked-token accuracy"}  # last: no score (loop.closing_line)
 #: The poolings of training: the encoder's, and SimCSE's MLP over [CLS] (the objective's, in training only).
 TRAINING_POOLINGS = POOLINGS + ("cls-mlp",)
 #: What a run given to --init passes on to this one, unless the command line gives it: its data.

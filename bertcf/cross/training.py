@@ -29,8 +29,7 @@ from ..data.tasks import task_file
 from ..errors import UsageError
 from ..models.cross_encoder import CrossEncoder, pad_pairs
 from ..models.model_card import write_cross_encoder_card
-from ..training.loop import TrainingLoop, set_seed
-from ..training.optim import make_optimizer, make_scheduler
+from ..training.loop import TrainingLoop, closing_line, set_seed
 from ..training.sampler import EpochSampler
 from ..utils.distributed import dist_info, local_rows, run_distributed, wrap_ddp
 from ..utils.files import write_json_atomic
@@ -131,22 +130,17 @@ def train(config, device) -> dict:
         return evaluator(model) if evaluator is not None else {"last_step": step}
 
     run = runs.Run(config.out_dir, config.to_dict(), resume=config.resume)
-    optimizer = make_optimizer(model.parameters(), config.lr, config.weight_decay, device)
-    scheduler = make_scheduler(optimizer, config.lr_schedule, config.warmup_steps, config.steps)
-    loop = TrainingLoop(config, run, {"model": model}, optimizer, scheduler, {"pairs": sampler},
+    loop = TrainingLoop(config, run, {"model": model}, model.parameters(), {"pairs": sampler},
                         metric=evaluator.main_metric if evaluator else "last_step", save_model=model.save_pretrained,
                         evaluate=evaluate, items_per_step=config.batch_size, card=write_cross_encoder_card)
     if config.resume:
         loop.resume()
-    summary = loop.fit(step_fn)
-    return finish(config, summary, run.dir, device) if rank == 0 else summary
+    return loop.fit(step_fn, finish=lambda summary: finish(config, summary, run.dir, device))
 
 
 def finish(config, summary: dict, run_dir: Path, device) -> dict:
     """After training: best/ scored on the pair sets of --sets (default every one whose file is
-    there), into metrics.json (not after a stop)."""
-    if summary["interrupted"]:
-        return summary
+    there), into metrics.json (the loop calls it only after a run that was not stopped)."""
     best = CrossEncoder.from_pretrained(run_dir / "best", vocab=config.vocab).to(device)
     best.precision = config.precision
     sets = {name: read_pair_set(name, path) for name, path in final_sets(config).items()}
@@ -158,9 +152,7 @@ def finish(config, summary: dict, run_dir: Path, device) -> dict:
         "checkpoint": str(run_dir / "best"), "step": summary["best_step"]}
     write_json_atomic(run_dir / "metrics.json", metrics)
     summary["metrics"] = metrics
-    if summary["best_step"] is not None and summary["first"] is not None:
-        print(f"dev (during training): step 0 {summary['first']:.4f}, best {summary['best']:.4f} "
-              f"at step {summary['best_step']}")
+    print(closing_line(summary, f"{config.select_on} (during training)", run_dir))
     print(format_pair_table(metrics) or "no pair set found to score")
     print(f"metrics in {run_dir / 'metrics.json'}")
     return summary

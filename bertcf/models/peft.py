@@ -136,6 +136,22 @@ class PeftSettings(Settings):
         return f"{self.peft} r {self.peft_rank}, alpha {self.peft_alpha:g} on {','.join(self.target_modules)}"
 
 
+def settings_of(config) -> PeftSettings:
+    """The settings a saved adapter was made with, from peft's config of it (a ``LoraConfig`` or an
+    ``IA3Config``; peft keeps the targets as a set: the default's, None, or the defaults' order first,
+    then the rest sorted)."""
+    def ordered(names, default):
+        if set(names) == set(default):
+            return None
+        return tuple(n for n in default if n in names) + tuple(sorted(set(names) - set(default)))
+    if type(config).__name__ == "IA3Config":
+        return PeftSettings(peft="ia3", peft_targets=ordered(config.target_modules, DEFAULT_TARGETS["ia3"]),
+                            peft_feedforward=ordered(config.feedforward_modules, IA3_FEEDFORWARD))
+    return PeftSettings(peft="dora" if config.use_dora else "lora", peft_rank=config.r,
+                        peft_alpha=float(config.lora_alpha), peft_dropout=config.lora_dropout,
+                        peft_targets=ordered(config.target_modules, LAYER_LINEARS))
+
+
 def matching(model: nn.Module, target: str) -> list[str]:
     """The names of ``model``'s modules that ``target`` names, as peft matches a target_modules entry."""
     return [name for name, _ in model.named_modules() if name == target or name.endswith("." + target)]
@@ -214,8 +230,9 @@ class Adapters:
         ``tasks``, as peft saved them) in ``bert`` (its base weights), unmerged, not trained."""
         peft = _peft()
         adapters = cls.__new__(cls)
-        adapters.settings, adapters.tasks = None, tuple(tasks)
+        adapters.tasks = tuple(tasks)
         adapters.model = peft.PeftModel.from_pretrained(bert, str(Path(path) / SHARED), adapter_name=SHARED)
+        adapters.settings = settings_of(adapters.model.peft_config[SHARED])
         for task in adapters.tasks:
             adapters.model.load_adapter(str(Path(path) / task), adapter_name=task)
         adapters.activate([SHARED])

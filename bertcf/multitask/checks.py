@@ -29,7 +29,25 @@ def check_run(config: MultitaskConfig, tasks: list[Task], declared: bool = False
     for task in tasks:  # a head for each task as the pairs are encoded
         head_type(task, config.pair_encoding)
     StepMethods.check(config, tasks, dist_info()[1])
+    check_head_settings(config, tasks)
     check_task_settings(config, tasks, declared)
+
+
+def check_head_settings(config: MultitaskConfig, tasks: list[Task]) -> None:
+    """--proj-dim and a task's margin given where no head reads them (``TaskHead.uses``: a sentence's
+    head and the pairs read jointly have neither) refused in one line."""
+    heads = {task.name: head_type(task, config.pair_encoding) for task in tasks}
+    how = f"--pair-encoding {config.pair_encoding}"
+    if (config.proj_dim != MultitaskConfig.__dataclass_fields__["proj_dim"].default
+            and not any("proj_dim" in head.uses for head in heads.values())):
+        raise UsageError(f"--proj-dim {config.proj_dim} does not apply: no task's head projects a pair's sentences "
+                         f"({how}: {', '.join(f'{t} {h.name}' for t, h in heads.items())}); leave it out")
+    for task in tasks:
+        default = REPORT.get(f"{task.reader}_margin", DEFAULTS["margin"])  # a built-in task's is the report's
+        if task.margin != default and "margin" not in heads[task.name].uses:
+            given = f"--{task.name}-margin" if task.reader == task.name else "its margin"
+            raise UsageError(f"task {task.name!r}: {given} {task.margin} does not apply to its {heads[task.name].name} "
+                             f"head ({how}), which compares no cosine; leave it out")
 
 
 def check_task_list(tasks) -> list[Task]:

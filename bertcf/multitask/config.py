@@ -16,7 +16,7 @@ from ..settings import Settings, derived, option, redefault
 from .aggregation import AGGREGATORS
 from .legacy import RENAMED_FLAGS, renamed_from_para
 from .model import PAIR_ENCODINGS, resolve_checkpoint, run_dir_of
-from .sampling import MODES
+from ..training.sampler import MODES
 from .weighting import WEIGHTINGS
 from .tasks import BUILTIN, REPORT, SPLITS
 from ..data.tasks import TASK_FILES

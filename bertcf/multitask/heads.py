@@ -30,8 +30,7 @@ from .tasks import Task
 
 @dataclass(frozen=True)
 class Widths:
-    """What a head's layer may read: ``sentence`` the encoder's sentence vector (D), ``hidden``
-    BERT's pooled [CLS] (H), ``proj`` the cosine heads' projection (``--proj-dim``)."""
+    """What a head's layer may read: the encoder's sentence vector (D), BERT's pooled [CLS] (H), --proj-dim."""
     sentence: int
     hidden: int
     proj: int
@@ -41,8 +40,7 @@ class Widths:
 HEADS: dict[str, type["TaskHead"]] = {}
 
 
-def register(cls: type["TaskHead"]) -> type["TaskHead"]:
-    """Class decorator: a head known by its ``name``."""
+def register(cls: type["TaskHead"]) -> type["TaskHead"]:  # a class decorator: a head known by its name
     HEADS[cls.name] = cls
     return cls
 
@@ -77,12 +75,12 @@ class TaskHead(nn.Module):
     projector = False
     pr_curve = False
     label_dtype = torch.long  # its labels: class indices (long), or scores (float32)
+    uses = frozenset()  # what it reads beyond its layer: --proj-dim ("proj_dim"), its task's margin h ("margin")
 
     def __init__(self, task: Task, width: int, out: int):
         super().__init__()
         self.task = task
-        # Children "0" and "1", as the nn.Sequential each head was: its checkpoints' keys. Built in
-        # this order, so the initial weights are the same draws of the random generator.
+        # Children "0" and "1" as the nn.Sequential each head was (its checkpoints' keys), in its order (same draws)
         self.add_module("0", nn.Dropout(task.dropout))
         self.add_module("1", nn.Linear(width, out))
 
@@ -170,6 +168,7 @@ class CosinePairHead(TaskHead):
     so one dropout draw), and y = max(cos(p1, p2), h) [b] as its view."""
 
     rows_per_example = 2
+    uses = frozenset({"proj_dim", "margin"})
 
     def __init__(self, task: Task, widths: Widths):
         super().__init__(task, widths.sentence, widths.proj)
@@ -366,6 +365,7 @@ class PairRankingHead(CosinePairHead):
 
     name = "pair-ranking"
     scale = 20.0
+    uses = frozenset({"proj_dim"})
     #: Dev rows ranked at a time (an [n, n] cosine matrix of a large dev set at once would not fit).
     ROWS = 1024
 

@@ -17,7 +17,6 @@ says what its evaluations will cost before it starts, and each phase after train
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -30,9 +29,8 @@ from .. import runs
 from ..models.cross_encoder import pad_pairs
 from ..models.encoder import SentenceEncoder
 from ..models.peft import budget, budget_line, check_targets
-from ..training.loop import TrainingLoop, evaluation_steps
-from ..training.optim import make_optimizer, make_scheduler
-from ..training.sampler import EpochSampler
+from ..training.loop import TrainingLoop, closing_line, evaluation_steps
+from ..training.sampler import EpochSampler, TaskSampler
 from ..utils.distributed import dist_info, local_rows, wrap_ddp
 from ..utils.files import save_dir_atomic
 from ..utils.progress import clock, note
@@ -45,7 +43,6 @@ from .heads import head_type
 from .legacy import upgrade_state
 from .methods import StepMethods
 from .model import MultitaskModel, checkpoint_meta
-from .sampling import TaskSampler
 from .step import step_losses
 from .tasks import Task
 
@@ -116,10 +113,11 @@ class MultitaskTrainer:
         if config.peft:
             check_targets(encoder.bert, config.target_modules)
 
-    def fit(self) -> dict:
+    def fit(self, device=None) -> dict:
+        """Train (or, with ``resume``, continue) the run; ``device``: default the config's."""
         with runs.hold(self.config.out_dir):
             check_files(self.tasks)
-            return self.train(self.config.device)
+            return self.train(device or self.config.device)
 
     # ---- the run -------------------------------------------------------------------------------
     def build_model(self, device) -> MultitaskModel:
@@ -157,11 +155,9 @@ class MultitaskTrainer:
         # A resumed run's record is written once its checkpoint has loaded (below): a state that does
         # not load leaves config.json and environment.json as they were.
         run = runs.Run(config.out_dir, config.to_dict() | {"declared_tasks": [t.to_dict() for t in self.tasks]},
-                       resume=config.resume, record=not config.resume)
+                       resume=config.resume)
         methods = StepMethods(config, model)
         step = Step(config, model, wrap_ddp(model, device), train_sets, samplers, task_sampler, methods, run, device)
-        optimizer = make_optimizer([*model.parameters(), *methods.parameters()], config.lr, config.weight_decay, device)
-        scheduler = make_scheduler(optimizer, config.lr_schedule, config.warmup_steps, config.steps)
         loop = None
 
         def save_model(directory):
@@ -177,36 +173,29 @@ class MultitaskTrainer:
         # What scoring costs, in sentences: an evaluation's (a sample with --max-eval-examples), and the end's
         per_evaluation = sum(sentences(d.labeled(config.max_eval_examples)) for d in dev_sets.values())
         at_end = sum(sentences(d) for d in final_sets(data).values())
-        loop = TrainingLoop(config, run, {"model": model, **methods.modules()}, optimizer, scheduler, samplers,
+        loop = TrainingLoop(config, run, {"model": model, **methods.modules()},
+                            [*model.parameters(), *methods.parameters()], samplers,
                             metric=SELECTION_METRIC, save_model=save_model, evaluate=evaluate_fn,
                             items_per_step=lambda: sum(n * by_task[t] for t, n in task_sampler.counts.items()),
                             extra_state={"task_sampler": task_sampler, **methods.extra_state()},
-                            upgrade_state=upgrade_state, finish=at_end / per_evaluation)
+                            upgrade_state=upgrade_state, finish_cost=at_end / per_evaluation)
         if config.resume:
             check_state_kept(run.dir, config)
             loop.resume()
-            run.record()
-        step.budget = budget(model, optimizer)
+        step.budget = budget(model, loop.optimizer)
         if dist_info()[0] == 0:
             note(config.progress, f"{run.dir.name}: {budget_line(step.budget, encoder.adapters)}")
             at = [s for s in evaluation_steps(config.steps, config.eval_every) if s > loop.step or s == loop.step == 0]
             note(config.progress, evaluation_plan(run.dir.name, config, at, per_evaluation, at_end))
-        summary = loop.fit(step, backward=methods.backward)
-        rank, world = dist_info()
-        if rank == 0:
-            summary = self.finish(summary, run, data, dev_sets, device)
-        if world > 1:  # the ranks leave the process group together, not while rank 0 still writes
-            torch.distributed.barrier()
-        return summary
+        return loop.fit(step, backward=methods.backward,
+                        finish=lambda summary: self.finish(summary, run, data, dev_sets, device))
 
     def finish(self, summary: dict, run: runs.Run, data: dict, dev_sets: dict, device) -> dict:
         """After training: the best checkpoint scores every dev and test row once, for its
         predictions, metrics.json and TensorBoard views; then last/ keeps what --keep-last says
-        (nothing of this after a stop). Each phase says so in a line (``--progress``)."""
+        (the loop calls it only after a run that was not stopped). Each phase says so in a line
+        (``--progress``)."""
         config, run_dir = self.config, run.dir
-        if summary["interrupted"]:
-            print(f"no predictions written (interrupted); continue with --resume --out-dir {run_dir}", file=sys.stderr)
-            return summary
         started = time.perf_counter()
 
         def say(text, timed=True):
@@ -242,8 +231,7 @@ class MultitaskTrainer:
             keep_last(run_dir, config.keep_last)
             say(f"last/ {'removed' if config.keep_last == 'none' else 'keeps its weights alone'} "
                 f"(--keep-last {config.keep_last})", timed=False)
-        print(f"mean dev (during training): step 0 {summary['first']:.4f}, best {summary['best']:.4f} "
-              f"at step {summary['best_step']}")
+        print(closing_line(summary, "mean dev (during training)", run_dir))
         print(summary_line(summary["metrics"], self.tasks, run_dir))
         return summary
 

@@ -3,7 +3,8 @@
 and its schedule, the data order and the seeds."""
 from .loop import TrainingLoop, set_seed
 from .optim import make_optimizer, make_scheduler, update
-from .sampler import EpochSampler
+from .sampler import EpochSampler, TaskSampler
 from .trainer import Trainer
 
-__all__ = ["EpochSampler", "Trainer", "TrainingLoop", "make_optimizer", "make_scheduler", "set_seed", "update"]
+__all__ = ["EpochSampler", "TaskSampler", "Trainer", "TrainingLoop", "make_optimizer", "make_scheduler", "set_seed",
+           "update"]

@@ -3,10 +3,13 @@ checkpoints (best/, last/, --resume) in the run directory (``bertcf.runs``); pro
 evaluation, non-finite losses and Ctrl-C. The optimiser is ``training.optim``, the data order
 ``training.sampler``.
 
-Its users (``training.Trainer`` for an objective, multitask fine-tuning, the cross-encoder) give
-``TrainingLoop`` their ``evaluate(step)`` (returning metrics) and ``save_model(dir)``, and
-``TrainingLoop.fit`` their ``step_fn(step)`` (returning the loss and some scalars to log), an
-optional ``after_step`` and the update's ``backward`` (stage 3's methods; default the loss's).
+Its users (``training.Trainer`` for an objective, multitask fine-tuning, the cross-encoder) set it
+up alike: ``TrainingLoop`` takes their modules, the parameters AdamW trains (the optimiser and its
+schedule come from the config), their data orders, ``evaluate(step)`` (returning metrics) and
+``save_model(dir)``; ``TrainingLoop.fit`` their ``step_fn(step)`` (returning the loss and some
+scalars to log), an optional ``after_step``, the update's ``backward`` (stage 3's methods; default
+the loss's) and ``finish``, their work on best/ once a run ends unstopped; ``closing_line`` says
+how it went.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,7 +32,7 @@ from ..runs import STATE_FILE, Run
 from ..utils.distributed import dist_info, mean_over_ranks, seed_dropout
 from ..utils.files import recover_dir, save_dir_atomic
 from ..utils.progress import Progress
-from .optim import plain_backward, update
+from .optim import make_optimizer, make_scheduler, plain_backward, update
 
 #: The metric of a run without a score (no evaluator, ``--select-on last``): the step, so the latest
 #: evaluation is best/; the summary's first and best scores are then None.
@@ -61,6 +65,20 @@ def set_rng_state(state: dict) -> None:
 
 
 # ---- the loop ------------------------------------------------------------------------------------
+def closing_line(summary: dict, label: str, run_dir) -> str:
+    """A run's last line: the selection metric (``label``) at step 0 and at its best, and where the
+    best checkpoint is (without a metric, best/ is the last evaluation)."""
+    def score(x):
+        return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
+    best = Path(run_dir) / "best"
+    if summary["first"] is None and summary["best"] is None:
+        return f"best checkpoint (the last evaluation, step {summary['best_step']}): {best}"
+    if summary["best_step"] is None:  # every evaluation gave nan (e.g. constant cosines)
+        return f"{label}: step 0 {score(summary['first'])}; no best checkpoint written"
+    return (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
+            f"{summary['best_step']}; best checkpoint: {best}")
+
+
 def evaluation_steps(steps: int, eval_every: int) -> list[int]:
     """The steps a run of ``steps`` evaluates at: 0, every ``eval_every``, and the last."""
     return sorted({0, steps, *range(eval_every, steps + 1, eval_every)})
@@ -80,27 +98,62 @@ def stopped_line(signal_name: str | None, step: int, run_dir) -> str:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+class LossWatch:
+    """The first non-finite or diverging loss of a run, kept on the device (no sync per step) until
+    the loop checks it, before it logs or checkpoints, so last/ never holds weights that such a
+    loss updated."""
+
+    def __init__(self):
+        self.bad = None  # (step, loss, limit), tensors
+
+    def __call__(self, step: int, loss) -> None:
+        if self.bad is None:
+            self.bad = (torch.full((), -1, dtype=torch.long, device=loss.device), loss,
+                        DIVERGENCE_FACTOR * loss.abs().clamp_min(1))
+        bad_step, bad_loss, limit = self.bad
+        first = (~torch.isfinite(loss) | (loss.abs() > limit)) & (bad_step < 0)
+        self.bad = torch.where(first, step, bad_step), torch.where(first, loss, bad_loss), limit
+
+    def raise_if_bad(self, last) -> None:
+        """``NonFiniteLossError`` if a loss went bad; ``last``: the run's last/, the checkpoint kept."""
+        bad_step, bad_loss, _ = self.bad
+        if int(bad_step) < 0:
+            return
+        kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
+        diverging = (f" (diverging: over {DIVERGENCE_FACTOR:,} times the first step's)"
+                     if math.isfinite(float(bad_loss)) else "")
+        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}{diverging}; "
+                                 f"stopped, {kept} (try a lower --lr or --precision fp32)")
+
+
 class TrainingLoop:
-    """The training loop of every training run, on the settings of ``config`` (a ``TrainConfig``).
+    """The training loop of every training run, on the settings of ``config`` (a ``TrainConfig``,
+    or any config with its fields: stage 3's, the cross-encoder's).
 
     ``modules``: name -> nn.Module whose state dicts go into last/ (the encoder, heads, flow);
-    ``samplers``: name -> EpochSampler; ``metric``: the evaluate() key that picks best/
-    (higher is better); ``upgrade_state``: applied to a resumed state before it is loaded, for
-    names that changed since it was written; ``card``: writes best/'s model card, called as
-    ``card(directory, run config, metric, score, step)`` (default: a sentence encoder's);
-    ``finish``: the work after the last step, in evaluations (stage 3's full scoring), for the time left."""
+    ``parameters``: what AdamW trains (parameters, or groups with their own "lr": ``optim.make_optimizer``),
+    with config's learning rate, weight decay and schedule (``optimizer``: another optimiser instead);
+    ``samplers``: name -> a data order with state (``training.sampler``); ``metric``: the evaluate()
+    key that picks best/ (higher is better); ``save_model(dir)`` writes the weights; ``evaluate(step)``
+    returns metrics; ``items_per_step``: the sentences a step trains on, or a function of those
+    trained so far where steps differ; ``extra_state``: more objects with state_dict/load_state_dict
+    (a generator); ``upgrade_state``: applied to a resumed state before it is loaded, for names that
+    changed since it was written; ``card``: writes best/'s model card, called as ``card(directory,
+    run config, metric, score, step)`` (default: a sentence encoder's); ``finish_cost``: the work
+    after the last step, in evaluations (stage 3's full scoring), for the time left."""
 
-    def __init__(self, config, run: Run, modules: dict, optimizer, scheduler, samplers: dict,
-                 metric: str, save_model, evaluate, items_per_step, extra_state=None, upgrade_state=None,
-                 card=None, finish: float = 0.0):
+    def __init__(self, config, run: Run, modules: dict, parameters, samplers: dict, *, metric: str, save_model,
+                 evaluate, items_per_step, optimizer=None, extra_state=None, upgrade_state=None, card=None,
+                 finish_cost: float = 0.0):
         self.config, self.run = config, run
-        self.modules, self.optimizer, self.scheduler, self.samplers = modules, optimizer, scheduler, samplers
+        self.modules, self.samplers = modules, samplers
+        self.optimizer = optimizer or make_optimizer(parameters, config.lr, config.weight_decay, config.device)
+        self.scheduler = make_scheduler(self.optimizer, config.lr_schedule, config.warmup_steps, config.steps)
         self.metric, self.save_model, self.evaluate = metric, save_model, evaluate
-        # sentences a step trains on, or a function of those trained so far where steps differ
         self.items_done = items_per_step if callable(items_per_step) else lambda: self.step * items_per_step
-        self.extra_state = extra_state or {}  # objects with state_dict/load_state_dict (e.g. a torch.Generator wrapper)
+        self.extra_state = extra_state or {}
         self.upgrade_state = upgrade_state
-        self.card, self.finish = card or write_model_card, finish
+        self.card, self.finish_cost = card or write_model_card, finish_cost
         self.rank, self.world = dist_info()
         self.step, self.best, self.best_step, self.first_score = 0, -math.inf, None, None
         self.stale = 0  # evaluations since the best one (--patience)
@@ -177,6 +230,7 @@ class TrainingLoop:
         except RuntimeError as e:  # a module whose parameters changed since (missing or unexpected keys)
             raise UsageError(f"--resume: {last / STATE_FILE} does not fit this version's modules "
                              f"({' '.join(str(e).split())[:160]}); start a new run") from None
+        self.run.record()  # only now: a --resume refused on the way leaves the run's record as it was
 
     # -- evaluation ----------------------------------------------------------------------------------
     def _evaluate_and_keep_best(self) -> None:
@@ -203,24 +257,25 @@ class TrainingLoop:
             torch.distributed.barrier()
 
     # -- the loop ------------------------------------------------------------------------------------
-    def fit(self, step_fn, after_step=None, backward=plain_backward) -> dict:
+    def fit(self, step_fn, after_step=None, backward=plain_backward, finish=None) -> dict:
         """Run ``step_fn(step) -> (losses, scalars)`` until --steps, evaluating every --eval-every steps
         (and at 0 and at the end), writing last/ then and every --save-every steps. ``backward(losses,
         scaler) -> scalars`` fills the gradients (``optim.update``; stage 3's: ``StepMethods.backward``),
         its scalars logged with the step's; ``after_step()`` runs after every optimiser step (an EMA
-        update). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. Returns a summary
-        ("signal": the stopping signal's name, or None)."""
+        update). Ctrl-C or SIGTERM finishes the step, writes last/ and stops. ``finish(summary) ->
+        summary``: the work on best/ after a run that was not stopped (rank 0; the other ranks wait
+        for it). Returns a summary ("signal": the stopping signal's name, or None)."""
         config = self.config
         save_every = config.save_every or config.eval_every
         self.run.start(self.step)
         self.progress = Progress(config.progress, self.run.dir.name, config.steps, self.step, enabled=self.rank == 0,
-                                 evaluations=evaluation_steps(config.steps, config.eval_every), finish=self.finish)
+                                 evaluations=evaluation_steps(config.steps, config.eval_every), finish=self.finish_cost)
         if self.step == 0 and self.first_score is None:
             with self.progress.paused():
                 self._evaluate_and_keep_best()
         previous_handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
         self._tick, self._tick_items, interrupted = time.perf_counter(), self.items_done(), False
-        self._bad = None  # (step, loss, limit) of the first non-finite or diverging loss, on the device
+        watch = LossWatch()
         try:
             while self.step < config.steps:
                 for m in self.modules.values():
@@ -233,7 +288,7 @@ class TrainingLoop:
                 self.scheduler.step()
                 self.step += 1
                 loss_d = loss.detach().float()
-                self._watch(loss_d)
+                watch(self.step, loss_d)
                 log_now = self.step % config.log_every == 0 or self.step == config.steps
                 # Under torchrun every rank gets the Ctrl-C or SIGTERM (torchrun forwards it), but not
                 # at the same step: the ranks agree to stop at the logging interval (below), since a
@@ -242,7 +297,7 @@ class TrainingLoop:
                 if log_now or self.step % config.eval_every == 0 or stop:
                     # Checked before anything is logged or checkpointed, so last/ never holds
                     # weights updated by a non-finite loss.
-                    self._raise_if_diverged()
+                    watch.raise_if_bad(self.run.dir / "last")
                 if log_now:
                     stop = self._log(loss_d, scalars) or stop
                 self.progress.step(self.step)
@@ -267,10 +322,15 @@ class TrainingLoop:
             print(stopped_line(self.stop_signal, self.step, self.run.dir), file=sys.stderr)
         self.run.close()
         scored = self.metric != LAST_STEP  # without a score the latest evaluation is best/: no score to report
-        return {"step": self.step, "first": self.first_score if scored else None,
-                "best": self.best if scored else None, "best_step": self.best_step,
-                "interrupted": interrupted, "signal": self.stop_signal if interrupted else None,
-                "stopped_early": self.step < config.steps and not interrupted}
+        summary = {"step": self.step, "first": self.first_score if scored else None,
+                   "best": self.best if scored else None, "best_step": self.best_step,
+                   "interrupted": interrupted, "signal": self.stop_signal if interrupted else None,
+                   "stopped_early": self.step < config.steps and not interrupted}
+        if finish is not None and not interrupted and self.rank == 0:
+            summary = finish(summary)
+        if self.world > 1:  # the ranks leave the process group together, not while rank 0 still writes
+            torch.distributed.barrier()
+        return summary
 
     def _out_of_patience(self) -> bool:
         """--patience P: whether the last P evaluations found no better score (rank 0 decides, every
@@ -283,26 +343,6 @@ class TrainingLoop:
             print(f"early stop at step {self.step}: no better {self.metric} in {patience} evaluations "
                   f"(--patience {patience}); best {self.best:.4f} at step {self.best_step}", file=sys.stderr)
         return stop[0]
-
-    def _watch(self, loss) -> None:
-        """Remember the first non-finite or diverging loss, on the device (no sync per step)."""
-        if self._bad is None:
-            self._bad = (torch.full((), -1, dtype=torch.long, device=loss.device), loss,
-                         DIVERGENCE_FACTOR * loss.abs().clamp_min(1))
-        bad_step, bad_loss, limit = self._bad
-        first = (~torch.isfinite(loss) | (loss.abs() > limit)) & (bad_step < 0)
-        self._bad = torch.where(first, self.step, bad_step), torch.where(first, loss, bad_loss), limit
-
-    def _raise_if_diverged(self) -> None:
-        bad_step, bad_loss, _ = self._bad
-        if int(bad_step) < 0:
-            return
-        last = self.run.dir / "last"
-        kept = f"keeping the last good checkpoint in {last}" if last.exists() else "no checkpoint written"
-        diverging = (f" (diverging: over {DIVERGENCE_FACTOR:,} times the first step's)"
-                     if math.isfinite(float(bad_loss)) else "")
-        raise NonFiniteLossError(f"the loss became {float(bad_loss)} at step {int(bad_step)}{diverging}; "
-                                 f"stopped, {kept} (try a lower --lr or --precision fp32)")
 
     def _log(self, loss, scalars: dict) -> bool:
         """Log the step's loss and scalars; returns whether any rank was asked to stop. The only

@@ -5,7 +5,6 @@ evaluation that picks best/, and the ``Trainer``; ``--stage whiten`` fits in clo
 --nproc_per_node N`` (--batch-size stays the global batch; see ``train``)."""
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from ..models.peft import PeftSettings, make_adapters
 from ..utils.distributed import dist_info, run_distributed
 from ..utils.files import save_dir_atomic
 from . import whiten
-from .loop import set_seed
+from .loop import closing_line, set_seed
 from .sampler import check_distinct
 from .trainer import Trainer
 
@@ -176,8 +175,7 @@ def train(config: PretrainConfig, device) -> dict:
         run_dir = Path(trainer.config.out_dir)
         if config.merge and not summary["interrupted"]:  # best/ read with its adapter merged, written plain
             save_dir_atomic(run_dir / "merged", SentenceEncoder.from_pretrained(run_dir / "best").save_pretrained)
-        print(final_line(summary, run_dir, SELECTION_LABEL[config.select_on]) if config.select_on != "last"
-              else f"best checkpoint (the last evaluation, step {summary['best_step']}): {run_dir / 'best'}")
+        print(closing_line(summary, SELECTION_LABEL.get(config.select_on, ""), run_dir))
     return summary
 
 
@@ -209,14 +207,3 @@ def train_whiten(config: PretrainConfig, device) -> dict:
     summary = whiten.run(config, encoder.to(device), sentences, evaluator, SELECTION[config.select_on])
     print(whiten.final_line(summary, config.out_dir, SELECTION_LABEL[config.select_on]))
     return summary
-
-
-def final_line(summary: dict, run_dir, label: str = "STS dev Spearman") -> str:
-    """The closing line: the selection metric (``label``) at step 0 and at its best, and where the
-    best checkpoint is."""
-    def score(x):
-        return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
-    if summary["best_step"] is None:  # every evaluation gave nan (e.g. constant cosines)
-        return f"{label}: step 0 {score(summary['first'])}; no best checkpoint written"
-    return (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
-            f"{summary['best_step']}; best checkpoint: {Path(run_dir) / 'best'}")

@@ -1,9 +1,9 @@
-"""A resumable data order: the index stream every training command draws its batches from."""
+"""The resumable data orders every training command draws its batches from: the examples of a
+dataset (``EpochSampler``, ``NoDuplicatesSampler``) and which dataset a step draws (``TaskSampler``)."""
 from __future__ import annotations
 
 import torch
 
-from ..config.pretrain import MIX_SAMPLINGS
 from ..errors import UsageError
 
 
@@ -115,33 +115,74 @@ def check_distinct(texts: list[tuple[str, ...]], k: int, what: str = "the data")
         raise too_few_texts(k, what, f", {distinct} in {len(texts)} examples where a batch of {k} needs {wanted}")
 
 
-class DatasetChooser:
-    """Which dataset of a mixture each step draws its batch from: ``round-robin``, each in turn, or
-    ``proportional``, a seeded draw weighted by their sizes (sentence-transformers'
-    MultiDatasetBatchSampler's two). Every rank draws alike; its state makes a resumed run draw on
-    exactly as an uninterrupted one."""
+MODES = ("all", "round-robin", "proportional", "temperature", "annealed")
 
-    def __init__(self, sizes: dict[str, int], sampling: str, seed: int):
-        if sampling not in MIX_SAMPLINGS:
-            raise UsageError(f"a mixture's sampling is one of {', '.join(MIX_SAMPLINGS)}, not {sampling!r}")
+
+class TaskSampler:
+    """Which datasets a step draws a batch from: stage 3's tasks (``--task-sampling``) and a
+    mixture's parts (``run_pretrain.py --mix-sampling``), as the multitask literature samples them:
+
+    - ``all``: one batch of every dataset each step (the report's stage 3; the losses summed);
+    - ``round-robin``: one a step, in turn;
+    - ``proportional``: one a step, drawn with probability proportional to its size (Sanh et al.
+      2019, "A Hierarchical Multi-task Approach"; sentence-transformers' MultiDatasetBatchSampler);
+    - ``temperature``: one a step, with probability proportional to size^(1/T), as multilingual
+      models sample languages (Arivazhagan et al. 2019; T = 1 is proportional, a large T nearly
+      uniform);
+    - ``annealed``: one a step, probability proportional to size^alpha with alpha going from 1
+      (proportional) to 0.2 (near uniform) over training (Stickland & Murray 2019, "BERT and PALs",
+      their "annealed sampling": alpha = 1 - 0.8 (e - 1) / (E - 1) over E epochs; here over the steps).
+
+    ``sizes``: name -> examples, in order; ``steps``: the run's length (for ``annealed``);
+    ``temperature``: T of ``temperature``. A draw depends only on the seed and the step (its own
+    generator, seeded from both), so every rank draws alike and a resumed run continues the same
+    sequence; the batches each dataset got are counted (``counts``), saved with the run and logged."""
+
+    def __init__(self, mode: str, sizes: dict, steps: int, seed: int, temperature: float = 2.0):
+        if mode not in MODES:
+            raise UsageError(f"the sampling must be one of {', '.join(MODES)}, not {mode!r}")
+        if not temperature > 0:
+            raise UsageError(f"--sampling-temperature must be positive, not {temperature}")
         empty = [name for name, n in sizes.items() if n < 1]
         if empty:
-            raise UsageError(f"the mixture's dataset {', '.join(empty)} has no examples")
-        self.names, self.sampling, self.step = list(sizes), sampling, 0
-        self.weights = torch.tensor([float(sizes[n]) for n in self.names])
-        self.generator = torch.Generator().manual_seed(seed)
+            raise UsageError(f"{', '.join(empty)}: no examples to train on")
+        self.mode, self.tasks, self.steps, self.seed = mode, list(sizes), steps, seed
+        self.sizes = torch.tensor([float(sizes[t]) for t in self.tasks], dtype=torch.float64)
+        self.temperature = temperature
+        self.counts = dict.fromkeys(self.tasks, 0)
 
-    def next(self) -> str:
-        if self.sampling == "round-robin":
-            i = self.step % len(self.names)
+    def probabilities(self, step: int) -> torch.Tensor:
+        """The chance of each dataset at ``step`` (float64 [datasets]); ``all`` and ``round-robin``
+        draw nothing (uniform is returned for them)."""
+        if self.mode == "proportional":
+            alpha = 1.0
+        elif self.mode == "temperature":
+            alpha = 1.0 / self.temperature
+        elif self.mode == "annealed":
+            alpha = 1.0 - 0.8 * step / max(1, self.steps - 1)
         else:
-            i = int(torch.multinomial(self.weights, 1, generator=self.generator))
-        self.step += 1
-        return self.names[i]
+            return torch.full_like(self.sizes, 1.0 / len(self.tasks))
+        weights = self.sizes ** alpha
+        return weights / weights.sum()
+
+    def tasks_at(self, step: int) -> list[str]:
+        """The datasets of step ``step`` (counted)."""
+        if self.mode == "all":
+            chosen = list(self.tasks)
+        elif self.mode == "round-robin":
+            chosen = [self.tasks[step % len(self.tasks)]]
+        else:
+            g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+            chosen = [self.tasks[int(torch.multinomial(self.probabilities(step), 1, generator=g))]]
+        for task in chosen:
+            self.counts[task] += 1
+        return chosen
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "generator": self.generator.get_state()}
+        return {"counts": dict(self.counts)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = state["step"]
-        self.generator.set_state(state["generator"])
+        if "counts" not in state:  # the mixture's chooser before the two shared this class drew otherwise
+            raise UsageError("--resume: this run's mixture was drawn by an earlier version, whose draws this one "
+                             "does not continue; start a new run")
+        self.counts = dict.fromkeys(self.tasks, 0) | {k: v for k, v in state["counts"].items() if k in self.counts}

@@ -6,8 +6,8 @@ directory (config.json, metrics.jsonl, TensorBoard, best/, last/, --resume): wha
     set_seed(11711)
     encoder = SentenceEncoder.from_pretrained("bert-base-uncased")
     objective = objectives.SimCSE(encoder, temperature=0.05)
-    Trainer(objective, sentences, TrainConfig(steps=1000, out_dir="runs/simcse"),
-            evaluator=STSDevEvaluator(read_sts("data/sts-dev.csv"))).fit()
+    Trainer(objective, sentences, evaluator=STSDevEvaluator(read_sts("data/sts-dev.csv")),
+            steps=1000, out_dir="runs/simcse").fit()
 """
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from minbert import pad_batch
 from minbert.model import load_state_dict_file
 
 from .. import runs
+from ..config.pretrain import MIX_SAMPLINGS
 from ..config.train import TrainConfig, default_batch_sampler
 from ..data.examples import Examples
 from ..errors import UsageError
 from ..utils.distributed import dist_info, wrap_ddp
 from ..utils.files import recover_dir
 from .loop import TrainingLoop
-from .optim import make_optimizer, make_scheduler
-from .sampler import DatasetChooser, EpochSampler, NoDuplicatesSampler
+from .sampler import EpochSampler, NoDuplicatesSampler, TaskSampler
 
 #: Held-out sentences for an objective's own metrics (MLM's accuracy), at most this many.
 HELDOUT_SENTENCES = 512
@@ -51,6 +51,7 @@ class Trainer:
       (proportional or round-robin) says which one each step draws from;
     - ``config``: a ``TrainConfig`` (steps, batch, lr, schedule, precision, evaluation, seed,
       ``out_dir``, ``resume``); a command's larger config (every field of TrainConfig) is one too;
+      ``settings``: its fields as keywords (``steps=1000, out_dir="runs/simcse"``), over ``config``;
     - ``evaluator``: called on the encoder at every evaluation, returning metrics (an
       ``evaluation`` object such as ``STSDevEvaluator``); its ``main_metric`` picks best/ unless
       ``metric`` names another ("last_step": the latest evaluation). Without one, best/ is the last;
@@ -62,7 +63,8 @@ class Trainer:
     ``fit()`` returns the summary: step, first and best score, best step, whether interrupted."""
 
     def __init__(self, objective, data, config: TrainConfig | None = None, evaluator=None, *, metric: str | None = None,
-                 heldout: list[str] | None = None, record: dict | None = None, mix_sampling: str = "proportional"):
+                 heldout: list[str] | None = None, record: dict | None = None, mix_sampling: str = "proportional",
+                 **settings):
         self.objective = objective
         self.mixture = hasattr(objective, "parts")
         self.datasets = ({name: as_examples(d) for name, d in data.items()} if self.mixture else
@@ -72,11 +74,14 @@ class Trainer:
                              f"({', '.join(self.datasets)}) must have the same names")
         # A command's config comes resolved (``TrainConfig.resolved``) and stays as it is; a Python
         # user's gets the same defaults, in the same place, so config.json records what runs.
-        self.config = (config or TrainConfig()).resolved(
+        config = TrainConfig(**settings) if config is None else config.replace(**settings) if settings else config
+        self.config = config.resolved(
             ("train", type(objective).__name__.lower()), None if self.mixture else objective.no_duplicates)
         self.evaluator = evaluator
         self.metric = metric or getattr(evaluator, "main_metric", None) or "last_step"
         self.heldout = heldout or []
+        if self.mixture and mix_sampling not in MIX_SAMPLINGS:  # the samplings that pick one part a step
+            raise UsageError(f"a mixture's sampling is one of {', '.join(MIX_SAMPLINGS)}, not {mix_sampling!r}")
         self.mix_sampling = mix_sampling
         self.record = record if record is not None else self.config.to_dict() | objective.description()
 
@@ -111,8 +116,8 @@ class Trainer:
             samplers[name] = (NoDuplicatesSampler(list(zip(*examples.columns)), seed) if kind == "no-duplicates"
                               else EpochSampler(len(examples), seed))
         if self.mixture:
-            samplers["mixture"] = DatasetChooser({n: len(e) for n, e in self.datasets.items()}, self.mix_sampling,
-                                                 self.config.seed)
+            samplers["mixture"] = TaskSampler(self.mix_sampling, {n: len(e) for n, e in self.datasets.items()},
+                                              self.config.steps, self.config.seed)
         return samplers
 
     def fit(self, device=None) -> dict:
@@ -140,7 +145,7 @@ class Trainer:
         def step_fn(step):
             # The global batch, padded as one process would pad it; every rank draws the same. Its
             # columns (pairs, triples) are stacked: column j in rows j*B .. (j+1)*B - 1.
-            name = samplers["mixture"].next() if self.mixture else "corpus"
+            name = samplers["mixture"].tasks_at(step)[0] if self.mixture else "corpus"
             examples, rows = self.datasets[name], samplers[name].next(config.batch_size)
             extra = {"dataset": name} if self.mixture else {}
             if self.part(name).needs_text:
@@ -151,7 +156,7 @@ class Trainer:
             return step_objective(*ids, rank=rank, world=world, **extra)
 
         run = runs.Run(config.out_dir, self.record, resume=config.resume)
-        loop = TrainingLoop(config, run, objective.checkpoint_modules(), *self._optimizer(device), samplers,
+        loop = TrainingLoop(config, run, objective.checkpoint_modules(), objective.parameter_groups(), samplers,
                             metric=self.metric, save_model=self._saver(run), evaluate=self._evaluation(run),
                             items_per_step=config.batch_size,
                             extra_state={name: GeneratorState(g) for name, g in generators.items()})
@@ -161,11 +166,6 @@ class Trainer:
                 self.encoder.bert.load_hf_state_dict(load_state_dict_file(last / "model.safetensors"), source=str(last))
             loop.resume()
         return loop.fit(step_fn, after_step=objective.after_step)
-
-    def _optimizer(self, device):
-        optimizer = make_optimizer(self.objective.parameter_groups(), self.config.lr, self.config.weight_decay, device)
-        return optimizer, make_scheduler(optimizer, self.config.lr_schedule, self.config.warmup_steps,
-                                         self.config.steps)
 
     def _evaluation(self, run):
         """evaluate(step) of the loop (rank 0 only; the other ranks wait at a barrier): the evaluator,

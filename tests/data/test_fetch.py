@@ -10,6 +10,7 @@ import random
 import shutil
 
 import pytest
+from helpers import multitask_argv as stage3_argv
 from helpers import write_cs224n_files
 
 from bertcf.commands import pretrain
@@ -77,9 +78,9 @@ def pretrain_argv(bert_dir, data_dir, out) -> list[str]:
 
 
 def multitask_argv(bert_dir, data_dir, out) -> list[str]:
-    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out), "--steps", "2",
-            "--eval-every", "2", "--sst-batch-size", "4", "--qqp-batch-size", "4", "--sts-batch-size", "4",
-            "--proj-dim", "8", "--max-length", "16", "--device", "cpu", "--precision", "fp32", "--progress", "none"]
+    """run_multitask.py's run, shrunk: 2 steps, every training row, the default --lr and --log-every."""
+    return stage3_argv(bert_dir, data_dir, out, 2, log_every=None, qqp_batch_size=4, proj_dim=8, max_length=16,
+                       lr=None, max_train_examples=None, progress="none")
 
 
 def test_pretraining_fetches_wiki1m_and_sts_dev(mirror, tiny_bert_dir, tmp_path):

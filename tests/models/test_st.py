@@ -13,7 +13,7 @@ import stat
 import pytest
 import torch
 from helpers import ST_SENTENCES as SENTENCES
-from helpers import standalone_vectors
+from helpers import multitask_argv, standalone_vectors
 
 from bertcf import SentenceEncoder
 from bertcf.commands import pretrain
@@ -226,10 +226,8 @@ def test_run_checkpoints_load_both_ways_with_card_and_modes(tiny_bert_dir, tiny_
     quiet(pretrain.run, pretrain_argv(tiny_bert_dir, tiny_data_dir, joint, "--stage", "joint", "--init",
                                        str(mirror)))
     tuned = tmp_path / "tuned"
-    quiet(multitask.run, ["--encoder", str(joint), "--data-dir", str(tiny_data_dir), "--out-dir", str(tuned),
-                           "--steps", "2", "--eval-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "4",
-                           "--sts-batch-size", "4", "--proj-dim", "8", "--max-length", "16", "--device", "cpu",
-                           "--precision", "fp32"])
+    quiet(multitask.run, multitask_argv(joint, tiny_data_dir, tuned, 2, eval_every=1, log_every=None, qqp_batch_size=4,
+                                        proj_dim=8, max_length=16, lr=None, max_train_examples=None))
     for checkpoint in (mirror / "best", mirror / "last", joint / "best", joint / "last", tuned / "best"):
         assert_same_vectors(checkpoint)
         for name in ("model.safetensors", "config.json", "modules.json") + (("flow.safetensors",) if "joint" in str(

@@ -2,7 +2,7 @@
 task's gradient computed on its own with ``torch.autograd.grad`` and the torchjd aggregator
 applied directly to the matrix of them; PCGrad also against the paper's algorithm written out
 here (Yu et al. 2020, "Gradient Surgery for Multi-Task Learning", Algorithm 1); ``sum`` against
-the plain backward of the summed losses, bit for bit."""
+the plain backward of the summed losses, bit for bit, and the sum of the tasks' own gradients."""
 import pytest
 import torch
 import torch.nn as nn
@@ -130,23 +130,36 @@ def test_pcgrad_follows_the_paper(seed):
 
 def test_sum_is_todays_backward_bit_for_bit():
     """``sum`` is plain training: the step's loss sum(w_t L_t) (the weighting's python sum) and its
-    backward, on every parameter."""
-    weights = {"sst": 5.0, "qqp": 20.0, "sts": 1.0}
+    backward, on every parameter, bit for bit, with no weights to log. That backward is, to rounding,
+    what the other aggregators start from: the shared layers get the sum of each task's gradient on
+    its own (``task_gradients``, the row sum of the Jacobian), each head its own task's alone."""
+    weights = (5.0, 20.0, 1.0)  # the report's, SST, QQP, STS
+    check_aggregator("sum", num_tasks=1, world_size=4)  # fine anywhere
     grads = []
     for use_aggregation in (False, True):
         model = Toy(dtype=torch.float32)
         f, losses = model.losses(*toy_batch(dtype=torch.float32))
-        parts = dict(zip(weights, losses))
+        weighted = [w * loss for w, loss in zip(weights, losses)]
         if use_aggregation:
-            check_aggregator("sum", num_tasks=1, world_size=4)  # fine anywhere
-            aggregated_backward([weights[t] * parts[t] for t in parts], f, model.trunk.parameters(),
-                                build_aggregator("sum"))
+            assert aggregated_backward(weighted, f, model.trunk.parameters(), build_aggregator("sum")) is None
         else:
-            sum(weights[t] * parts[t] for t in parts).backward()
+            sum(weighted).backward()
         grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
-    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 10
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) == 10  # the unused layer has none
     for name, g in grads[0].items():
         assert torch.equal(grads[1][name], g), name
+
+    model = Toy()  # float64: the two ways agree to rounding
+    trunk = list(model.trunk.parameters())
+    f, losses = model.losses(*toy_batch())
+    weighted = [w * loss for w, loss in zip(weights, losses)]
+    jacobian, head_grads = task_gradients(weighted, trunk, model.heads)
+    aggregated_backward(weighted, f, trunk, build_aggregator("sum"))
+    assert torch.allclose(flat_grad(trunk), jacobian.sum(0), rtol=1e-12, atol=1e-14)
+    for head, own in zip(model.heads, head_grads):
+        for p, g in zip(head.parameters(), own):
+            assert torch.allclose(p.grad, g, rtol=1e-12, atol=1e-14)
+    assert model.unused.weight.grad is None
 
 
 def test_tiny_minbert_encoder_with_three_heads(tiny_bert_dir):

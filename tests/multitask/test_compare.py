@@ -9,7 +9,7 @@ import json
 import shutil
 
 import pytest
-from helpers import write_cs224n_files
+from helpers import multitask_argv, write_cs224n_files
 
 from bertcf.errors import UsageError
 from bertcf.evaluation.bootstrap import paired_difference
@@ -26,11 +26,8 @@ def runs_dir(tiny_bert_dir, tmp_path_factory):
     for label, lr in (("slow", "1e-5"), ("fast", "3e-3")):
         for seed in (1, 2):
             with contextlib.redirect_stdout(io.StringIO()):
-                command.run(["--encoder", str(tiny_bert_dir), "--data-dir", str(data), "--out-dir",
-                             str(root / "runs" / f"{label}-seed{seed}"), "--steps", "2", "--eval-every", "2",
-                             "--sst-batch-size", "4", "--qqp-batch-size", "6", "--sts-batch-size", "4",
-                             "--proj-dim", "16", "--max-length", "24", "--lr", lr, "--seed", str(seed),
-                             "--device", "cpu", "--precision", "fp32"])
+                command.run(multitask_argv(tiny_bert_dir, data, root / "runs" / f"{label}-seed{seed}", 2,
+                                           log_every=None, lr=lr, max_train_examples=None, seed=seed))
     (root / "runs" / "unfinished-seed1").mkdir()  # no metrics.json: left out
     return root / "runs"
 
@@ -79,11 +76,9 @@ def single_task_runs(tiny_bert_dir, tmp_path_factory):
     for label, tasks in (("joint", "sst,qqp,sts"), ("sst-alone", "sst"), ("qqp-alone", "qqp")):
         for seed in (1, 2):
             with contextlib.redirect_stdout(io.StringIO()):
-                command.run(["--encoder", str(tiny_bert_dir), "--data-dir", str(data), "--out-dir",
-                             str(root / "runs" / f"{label}-seed{seed}"), "--steps", "2", "--eval-every", "2",
-                             "--sst-batch-size", "4", "--qqp-batch-size", "6", "--sts-batch-size", "4",
-                             "--proj-dim", "16", "--max-length", "24", "--lr", "3e-3", "--seed", str(seed),
-                             "--tasks", tasks, "--device", "cpu", "--precision", "fp32"])
+                command.run(multitask_argv(tiny_bert_dir, data, root / "runs" / f"{label}-seed{seed}", 2,
+                                           log_every=None, lr="3e-3", max_train_examples=None, seed=seed, tasks=tasks,
+                                           proj_dim=None if tasks == "sst" else 16))  # SST's head projects nothing
     return root / "runs"
 
 

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import multitask_argv
 from helpers import quiet_multitask as quiet
 from helpers import write_cs224n_files
 
@@ -40,10 +41,10 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def argv(bert_dir, data_dir, out_dir, *extra) -> list[str]:
-    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--steps", "4",
-            "--eval-every", "2", "--sst-batch-size", "4", "--qqp-batch-size", "4", "--sts-batch-size", "4",
-            "--proj-dim", "8", "--max-length", "24", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32",
-            *map(str, extra)]
+    """multitask_argv for 4 steps with this file's settings: every training row, batches of 4, heads of 8, the
+    default --log-every."""
+    return multitask_argv(bert_dir, data_dir, out_dir, 4, *extra, log_every=None, qqp_batch_size=4, proj_dim=8,
+                          max_train_examples=None)
 
 
 # ---- scoring in chunks --------------------------------------------------------------------------------------

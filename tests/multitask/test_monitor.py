@@ -12,7 +12,7 @@ import json
 
 import pytest
 import torch
-from helpers import write_cs224n_files
+from helpers import multitask_argv, write_cs224n_files
 from test_tasks import nli_entry, write_nli
 
 from bertcf import SentenceEncoder
@@ -31,11 +31,8 @@ def monitored_run(tiny_bert_dir, tmp_path_factory):
     (root / "tasks.json").write_text(json.dumps([nli_entry(data)]))
     out = root / "run"
     with contextlib.redirect_stdout(io.StringIO()):
-        command.run(["--encoder", str(tiny_bert_dir), "--data-dir", str(data), "--out-dir", str(out), "--steps", "4",
-                     "--eval-every", "2", "--log-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "6",
-                     "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3",
-                     "--device", "cpu", "--precision", "fp32", "--task-file", str(root / "tasks.json"),
-                     "--conflict-every", "2"])
+        command.run(multitask_argv(tiny_bert_dir, data, out, 4, "--task-file", root / "tasks.json",
+                                   "--conflict-every", 2, max_train_examples=None))
     return out
 
 

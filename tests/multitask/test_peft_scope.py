@@ -131,6 +131,22 @@ def test_a_task_is_peft_with_the_shared_adapter_and_its_own_active(tiny_bert_dir
     assert compared == len(model.encoder.adapters.parameters_of(SHARED)) * 2
 
 
+@pytest.mark.parametrize("method", ["lora", "dora", "ia3"])
+def test_adapters_read_back_say_what_they_are(tiny_bert_dir, tmp_path, method):
+    """A per-task checkpoint's adapters, read back (``Adapters.load``), carry the settings they were
+    made with: the run's budget line says the same of them as of the adapters that were saved."""
+    saved = per_task_model(tiny_bert_dir, method).encoder.adapters
+    saved.model.save_pretrained(str(tmp_path))
+    loaded = Adapters.load(tmp_path, BertModel.from_pretrained(tiny_bert_dir), NAMES)
+    assert loaded.settings == saved.settings and loaded.summary() == saved.summary()
+    assert loaded.summary().endswith(f"one shared and one per task ({len(NAMES)})")
+    custom = PeftSettings(peft=method, peft_targets=("value", "query", "output.dense"))  # peft keeps no order
+    Adapters(BertModel.from_pretrained(tiny_bert_dir), custom, NAMES).model.save_pretrained(str(tmp_path / "custom"))
+    loaded = Adapters.load(tmp_path / "custom", BertModel.from_pretrained(tiny_bert_dir), NAMES)
+    assert set(loaded.settings.target_modules) == {"value", "query", "output.dense"}
+    assert loaded.settings.replace(peft_targets=custom.peft_targets) == custom
+
+
 def test_the_conflicts_are_on_the_shared_adapter_and_shared_is_no_task_name(tiny_bert_dir):
     """--conflict-every's cosines are taken on what every task reaches: the shared adapter, the tasks'
     own aside. A task named ``shared`` is refused before peft injects anything."""
@@ -204,7 +220,7 @@ def test_jointly_encoded_pairs_and_the_conflicts_run_per_task(tiny_bert_dir, dat
     whose cosines are on the shared adapter alone: a short run, each task's adapter trained."""
     out = tmp_path / "cross"
     quiet_multitask(multitask_argv(tiny_bert_dir, data_dir, out, 2, "--peft", "lora", "--peft-scope", "per-task",
-                                   "--pair-encoding", "cross", "--conflict-every", "1"))
+                                   "--pair-encoding", "cross", "--conflict-every", "1", proj_dim=None))
     for name, tensors in adapter_files(out / "last").items():
         assert any(v.abs().max() > 0 for k, v in tensors.items() if "lora_B" in k), name
 

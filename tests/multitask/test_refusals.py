@@ -113,7 +113,7 @@ def test_jointly_encoded_pairs_train_under_an_aggregator(tiny_bert_dir, data_dir
     tasks = task_file(tmp_path / "tasks.json", nli_entry(data_dir))
     out = tmp_path / "run"
     summary = quiet(argv(tiny_bert_dir, data_dir, out, "--task-file", tasks, "--tasks", "sst,nli",
-                         "--pair-encoding", "cross", "--aggregator", "pcgrad", steps=2))
+                         "--pair-encoding", "cross", "--aggregator", "pcgrad", steps=2, proj_dim=None))
     assert summary["step"] == 2 and (out / "last").is_dir() and (out / "predictions" / "nli-dev-output.csv").is_file()
 
 
@@ -205,6 +205,8 @@ BAD = {  # case -> (the NLI declaration's changes, what the one line says)
     "a position with a header": ({"text_columns": [0, 1]}, "column 0 is a position"),
     "a name without a header": ({"header": False}, "give column 'premise' by position"),
     "a headerless file": ({"train": "HEADERLESS"}, "its first line looks like data"),
+    "a margin its head does not read": ({"margin": 0.3}, "task 'nli': its margin 0.3 does not apply to its "
+                                                         "softmax-pair head (--pair-encoding bi)"),
 }
 
 
@@ -257,6 +259,11 @@ def test_a_built_in_task_is_checked_against_its_declaration(case, tiny_bert_dir,
      "--sampling-temperature does not apply without --task-sampling temperature (--task-sampling is proportional)"),
     (["--dwa-window", "5"], "--dwa-window does not apply without --task-weighting dwa (--task-weighting is fixed)"),
     (["--smart-steps", "2"], "--smart-steps does not apply without --smart-weight > 0"),
+    # the pairs read jointly: no head projects or compares a cosine (checks.check_head_settings)
+    (["--pair-encoding", "cross"], "--proj-dim 16 does not apply: no task's head projects a pair's sentences "
+                                   "(--pair-encoding cross: sst classification, qqp cross-pair, sts cross-pair)"),
+    (["--pair-encoding", "cross", "--proj-dim", "768", "--sts-margin", "0.2"],
+     "task 'sts': --sts-margin 0.2 does not apply to its cross-pair head (--pair-encoding cross)"),
     (["--predict-only"], "--predict-only needs --checkpoint DIR"),
     (["--checkpoint", "somewhere"], "--checkpoint is for --predict-only"),
     (["--task", "name=x,kind=pair-regression,train=a,dev=b,text_columns=s;t,label_range=0;a"],

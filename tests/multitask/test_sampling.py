@@ -1,4 +1,4 @@
-"""How tasks share the steps (bertcf.multitask.sampling): each mode's probabilities against the
+"""How tasks share the steps (bertcf.training.sampler.TaskSampler): each mode's probabilities against the
 formulas written out here, the draws' frequencies, the counts in metrics.jsonl and TensorBoard,
 and a resumed run that continues the same draws, bit for bit."""
 from __future__ import annotations
@@ -14,10 +14,11 @@ from helpers import write_cs224n_files
 from safetensors.torch import load_file
 
 from bertcf.errors import UsageError
-from bertcf.multitask.sampling import MODES, TaskSampler
+from bertcf.training.sampler import MODES, TaskSampler
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SIZES = {"sst": 8544, "qqp": 141506, "sts": 6040}  # the CS224N training sets
+TASKS = tuple(SIZES)
 
 
 def test_probabilities_follow_the_papers():
@@ -60,7 +61,7 @@ def test_a_draw_depends_on_the_seed_and_step_only():
 
 
 def test_bad_settings():
-    with pytest.raises(UsageError, match="--task-sampling must be one of"):
+    with pytest.raises(UsageError, match="sampling must be one of"):
         TaskSampler("uniform", SIZES, 10, 0)
     with pytest.raises(UsageError, match="positive"):
         TaskSampler("temperature", SIZES, 10, 0, temperature=0)
@@ -79,15 +80,25 @@ def test_a_sampled_run_counts_its_batches_and_resumes_the_same_draws(mode, tiny_
     quiet(["--resume", "--out-dir", str(part), "--steps", "6"])
     for name in ("model.safetensors", "heads.safetensors"):
         a, b = load_file(str(straight / "last" / name)), load_file(str(part / "last" / name))
-        assert all(torch.equal(a[k], b[k]) for k in a), name
-    records = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
-    last = records[-1]
-    assert last["step"] == 6 and sum(last[f"batches_{t}"] for t in ("sst", "qqp", "sts")) == 6  # one task a step
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), name
+    # The batches each task had after s steps, by hand: SST, QQP, STS in turn; or the draws of the run's
+    # sampler (10 training rows a task: --max-train-examples), which the tests above check.
     if mode == "round-robin":
-        assert [last[f"batches_{t}"] for t in ("sst", "qqp", "sts")] == [2, 2, 2]
-    assert [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()][-1] == last
-    scalars = EventAccumulator(str(straight / "tb")).Reload().Tags()["scalars"]
-    assert {"train/batches_sst", "train/batches_qqp", "train/batches_sts", "eval/batches_sst"} <= set(scalars)
+        drawn = [TASKS[s % 3] for s in range(6)]
+    else:
+        seed = json.loads((straight / "config.json").read_text())["seed"]
+        sampler = TaskSampler(mode, dict.fromkeys(TASKS, 10), 6, seed)
+        drawn = [sampler.tasks_at(s)[0] for s in range(6)]
+    counts = {s: [drawn[:s].count(t) for t in TASKS] for s in range(7)}
+    events = EventAccumulator(str(straight / "tb")).Reload()
+    for phase, steps in (("train", range(1, 7)), ("eval", (0, 2, 4, 6))):  # --log-every 1, --eval-every 2
+        logged = {t: {e.step: e.value for e in events.Scalars(f"{phase}/batches_{t}")} for t in TASKS}
+        assert all(sorted(logged[t]) == list(steps) for t in TASKS), phase
+        for s in steps:
+            assert [logged[t][s] for t in TASKS] == counts[s], (phase, s)
+    records = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [[r[f"batches_{t}"] for t in TASKS] for r in records] == [counts[s] for s in (0, 2, 4, 6)]
+    assert [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()][-1] == records[-1]
 
 
 def test_a_step_that_draws_one_task_counts_only_its_sentences(tiny_bert_dir, tmp_path, monkeypatch):

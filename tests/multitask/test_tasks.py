@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import multitask_argv
 from helpers import quiet_multitask as quiet
 from helpers import PREMISES, write_cs224n_files
 from safetensors.torch import load_file
@@ -54,11 +55,9 @@ def nli_entry(data_dir) -> dict:
             "labels": ["entailment", "neutral", "contradiction"], "loss": "softmax", "weight": 2.0, "batch_size": 6}
 
 
-def argv(bert_dir, data_dir, out_dir, *extra, steps=3) -> list[str]:
-    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out_dir), "--steps", str(steps),
-            "--eval-every", "3", "--log-every", "1", "--sst-batch-size", "4", "--qqp-batch-size", "6",
-            "--sts-batch-size", "4", "--proj-dim", "16", "--max-length", "24", "--lr", "1e-3", "--device", "cpu",
-            "--precision", "fp32", *map(str, extra)]
+def argv(bert_dir, data_dir, out_dir, *extra, steps=3, **flags) -> list[str]:
+    """multitask_argv with this file's settings: every training row, one evaluation in 3 steps."""
+    return multitask_argv(bert_dir, data_dir, out_dir, steps, *extra, eval_every=3, max_train_examples=None, **flags)
 
 
 

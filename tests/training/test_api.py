@@ -139,3 +139,10 @@ def test_the_trainer_keeps_a_resolved_config_and_records_what_it_resolves(tiny_b
     assert trainer.config.batch_sampler == trainer.record["batch_sampler"] == "no-duplicates"
     assert trainer.config.device is not None and trainer.config.precision is not None
     assert Trainer(objectives.Mirror(encoder), [], TrainConfig()).config.out_dir.startswith("runs/train-mirror-")
+    # the settings as keywords, as MultitaskTrainer takes them: the same config as TrainConfig's
+    by_keywords = Trainer(objectives.Mirror(encoder), [], steps=3, lr=2e-5, out_dir=str(tmp_path / "k")).config
+    assert by_keywords == Trainer(objectives.Mirror(encoder), [],
+                                  TrainConfig(steps=3, lr=2e-5, out_dir=str(tmp_path / "k"))).config
+    assert (by_keywords.steps, by_keywords.lr) == (3, 2e-5)
+    over = Trainer(objectives.Mirror(encoder), [], TrainConfig(steps=3, out_dir=str(tmp_path / "o")), steps=5).config
+    assert over.steps == 5

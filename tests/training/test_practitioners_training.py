@@ -18,10 +18,11 @@ from safetensors.torch import load_file
 from bertcf import runs
 from bertcf.cli import run_main
 from bertcf.commands import pretrain
+from bertcf.config.pretrain import MIX_SAMPLINGS
 from bertcf.config.train import TrainConfig
 from bertcf.errors import UsageError
-from bertcf.training import TrainingLoop, make_scheduler
-from bertcf.training.sampler import DatasetChooser, NoDuplicatesSampler, check_distinct
+from bertcf.training import TrainingLoop
+from bertcf.training.sampler import MODES, NoDuplicatesSampler, TaskSampler, check_distinct
 
 WORDS = "the a man woman dog cat band plays runs eats on in park street guitar piano red blue small big".split()
 
@@ -59,17 +60,24 @@ def test_no_duplicates_sampler_never_repeats_a_text_in_a_batch_and_resumes():
     check_distinct(texts, 8)  # the premises' data above, which fills its batches
 
 
-def test_dataset_chooser_in_turn_or_by_size_and_resumes():
-    chooser = DatasetChooser({"a": 5, "b": 1, "c": 2}, "round-robin", 0)
-    assert [chooser.next() for _ in range(6)] == ["a", "b", "c", "a", "b", "c"]
-    chooser = DatasetChooser({"a": 900, "b": 100}, "proportional", 3)
-    picks = [chooser.next() for _ in range(2000)]
+def test_a_mixture_draws_its_parts_in_turn_or_by_size_as_stage_3_draws_tasks():
+    """--mix-sampling's two modes are ``TaskSampler``'s, one part a step (the by-hand rates:
+    round-robin cycles, proportional draws b 100 times in 1,000); a resumed sampler draws on alike."""
+    chooser = TaskSampler("round-robin", {"a": 5, "b": 1, "c": 2}, 6, 0)
+    assert [chooser.tasks_at(s)[0] for s in range(6)] == ["a", "b", "c", "a", "b", "c"]
+    chooser = TaskSampler("proportional", {"a": 900, "b": 100}, 2000, 3)
+    picks = [chooser.tasks_at(s)[0] for s in range(2000)]
     assert abs(picks.count("b") / 2000 - 0.1) < 0.03
-    again = DatasetChooser({"a": 900, "b": 100}, "proportional", 3)
+    assert chooser.counts == {"a": picks.count("a"), "b": picks.count("b")}
+    again = TaskSampler("proportional", {"a": 900, "b": 100}, 2000, 3)
     again.load_state_dict(chooser.state_dict())
-    assert [again.next() for _ in range(50)] == [chooser.next() for _ in range(50)]
-    with pytest.raises(UsageError, match="dataset b has no examples"):
-        DatasetChooser({"a": 3, "b": 0}, "proportional", 0)
+    assert [again.tasks_at(s) for s in range(2000, 2050)] == [chooser.tasks_at(s) for s in range(2000, 2050)]
+    assert again.counts == chooser.counts
+    with pytest.raises(UsageError, match="b: no examples to train on"):
+        TaskSampler("proportional", {"a": 3, "b": 0}, 10, 0)
+    with pytest.raises(UsageError, match="drawn by an earlier version"):  # the chooser's state before the two were one
+        again.load_state_dict({"step": 4, "generator": torch.Generator().get_state()})
+    assert set(MIX_SAMPLINGS) < set(MODES)
 
 
 # ---- early stopping ------------------------------------------------------------------------------------
@@ -78,8 +86,8 @@ def scripted(tmp_path, scores, patience):
     config = TrainConfig(steps=len(scores) - 1, log_every=100, eval_every=1, device="cpu", precision="fp32",
                          patience=patience, progress="none")
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    loop = TrainingLoop(config, runs.Run(tmp_path / "run", {}), {"model": model}, opt,
-                        make_scheduler(opt, "constant", 0, config.steps), {}, metric="score",
+    loop = TrainingLoop(config, runs.Run(tmp_path / "run", {}), {"model": model}, model.parameters(), {},
+                        optimizer=opt, metric="score",
                         save_model=lambda d: (d / "weights.txt").write_text(str(loop.step)),
                         evaluate=lambda step: {"score": scores[step]}, items_per_step=1)
     return loop, lambda step: (model(torch.ones(1, 1)).sum(), {})

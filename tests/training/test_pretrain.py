@@ -29,8 +29,8 @@ from bertcf.cli import run_main
 from bertcf.commands import pretrain
 from bertcf.config import pretrain as pretrain_config
 from bertcf.config.pretrain import RUN_DATA, SELECTION_LABEL, PretrainConfig
-from bertcf.training.pretraining import final_line
 from bertcf.errors import UsageError
+from bertcf.training.loop import closing_line
 from minbert import CheckpointError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -744,13 +744,16 @@ def test_the_bar_shows_the_newest_evaluation():
     progress.close()
 
 
-def test_final_line_handles_missing_scores(tmp_path):
-    line = final_line({"first": 0.12345, "best": 0.5, "best_step": 250}, tmp_path)
+def test_the_closing_line_handles_missing_scores(tmp_path):
+    line = closing_line({"first": 0.12345, "best": 0.5, "best_step": 250}, "STS dev Spearman", tmp_path)
     assert line == f"STS dev Spearman: step 0 0.1235, best 0.5000 at step 250; best checkpoint: {tmp_path / 'best'}"
-    line = final_line({"first": float("nan"), "best": float("-inf"), "best_step": None}, tmp_path)
-    assert "step 0 n/a" in line and "no best checkpoint" in line
-    line = final_line({"first": 0.0, "best": 0.25, "best_step": 4}, tmp_path, SELECTION_LABEL["mlm-heldout"])
+    line = closing_line({"first": float("nan"), "best": float("-inf"), "best_step": None}, "STS", tmp_path)
+    assert line == "STS: step 0 n/a; no best checkpoint written"
+    line = closing_line({"first": 0.0, "best": 0.25, "best_step": 4}, SELECTION_LABEL["mlm-heldout"], tmp_path)
     assert line.startswith("held-out masked-token accuracy: step 0 0.0000, best 0.2500 at step 4;")
+    # --select-on last: no score, best/ is the last evaluation
+    line = closing_line({"first": None, "best": None, "best_step": 6}, "", tmp_path)
+    assert line == f"best checkpoint (the last evaluation, step 6): {tmp_path / 'best'}"
 
 
 # ---- torchrun: a data-parallel run is one process's run on the global batch -------------------------

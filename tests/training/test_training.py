@@ -57,14 +57,34 @@ def toy_trainer(tmp_path, max_grad_norm: float, grad_scale: float = 100.0):
                        max_grad_norm=max_grad_norm)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     run = runs.Run(tmp_path / "run", {})
-    trainer = training.TrainingLoop(args, run, {"model": model}, opt, training.make_scheduler(opt, "constant", 0, 1),
-                                    {}, metric="score", save_model=lambda d: (d / "weights.txt").write_text("w"),
-                               evaluate=lambda step: {"score": float(step)}, items_per_step=1)
+    trainer = training.TrainingLoop(args, run, {"model": model}, model.parameters(), {}, optimizer=opt, metric="score",
+                                    save_model=lambda d: (d / "weights.txt").write_text("w"),
+                                    evaluate=lambda step: {"score": float(step)}, items_per_step=1)
     x = torch.ones(1, 4)
 
     def step_fn(step):
         return grad_scale * model(x).sum(), {}
     return trainer, model, step_fn
+
+
+def test_a_refused_resume_leaves_the_runs_record_and_a_loaded_one_writes_it(tmp_path):
+    """A resumed run's config.json is written once its state has loaded (``TrainingLoop.resume``),
+    for every trainer: a --resume refused on the way leaves the record as it was."""
+    def loop(record: dict, resume: bool, modules: dict):
+        args = TrainConfig(steps=1, eval_every=1, device="cpu", precision="fp32", resume=resume)
+        return training.TrainingLoop(args, runs.Run(tmp_path / "run", record, resume=resume), modules,
+                                     [p for m in modules.values() for p in m.parameters()], {}, metric="score",
+                                     save_model=lambda d: (d / "weights.txt").write_text("w"),
+                                     evaluate=lambda step: {"score": float(step)}, items_per_step=1)
+    model = torch.nn.Linear(2, 1)
+    loop({"lr": 1}, False, {"model": model}).fit(lambda step: (model(torch.ones(1, 2)).sum(), {}))
+    record = tmp_path / "run" / "config.json"
+    assert json.loads(record.read_text()) == {"lr": 1}
+    with pytest.raises(UsageError, match="holds model, not head, model"):
+        loop({"lr": 2}, True, {"model": model, "head": torch.nn.Linear(1, 1)}).resume()
+    assert json.loads(record.read_text()) == {"lr": 1}
+    loop({"lr": 2}, True, {"model": model}).resume()
+    assert json.loads(record.read_text()) == {"lr": 2}
 
 
 @pytest.mark.parametrize("max_grad_norm", [0.0, 0.5])
@@ -85,10 +105,9 @@ def scripted_loss_trainer(tmp_path, losses):
     args = TrainConfig(steps=len(losses), log_every=10, eval_every=2, seed=0, device="cpu", precision="fp32",
                        max_grad_norm=0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    trainer = training.TrainingLoop(args, runs.Run(tmp_path / "run", {}), {"model": model}, opt,
-                               training.make_scheduler(opt, "constant", 0, len(losses)), {}, metric="score",
-                               save_model=lambda d: (d / "weights.txt").write_text("w"),
-                               evaluate=lambda step: {"score": float(step)}, items_per_step=1)
+    trainer = training.TrainingLoop(args, runs.Run(tmp_path / "run", {}), {"model": model}, model.parameters(), {},
+                                    optimizer=opt, metric="score",
+                                    save_model=lambda d: (d / "weights.txt").write_text("w"), evaluate=lambda step: {"score": float(step)}, items_per_step=1)
     return trainer, lambda step: (losses[step] + 0 * model(torch.ones(1, 1)).sum(), {})
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import multitask_argv as stage3_argv
 from helpers import write_cs224n_files
 
 from bertcf import runs
@@ -111,9 +112,9 @@ def pretrain_argv(bert_dir, data_dir, out, steps=2, **flags) -> list[str]:
 
 
 def multitask_argv(bert_dir, data_dir, out, steps=2) -> list[str]:
-    return ["--encoder", str(bert_dir), "--data-dir", str(data_dir), "--out-dir", str(out), "--steps", str(steps),
-            "--eval-every", "2", "--sst-batch-size", "4", "--qqp-batch-size", "4", "--sts-batch-size", "4",
-            "--proj-dim", "8", "--max-length", "16", "--device", "cpu", "--precision", "fp32", "--progress", "none"]
+    """run_multitask.py's run, shrunk: every training row, the default --lr and --log-every."""
+    return stage3_argv(bert_dir, data_dir, out, steps, log_every=None, qqp_batch_size=4, proj_dim=8, max_length=16,
+                       lr=None, max_train_examples=None, progress="none")
 
 
 def assert_refused(capsys, out: Path, status: int) -> None:
