@@ -157,11 +157,13 @@ def _read_table(
     label_column: str,
     parse_label: Callable[[str], float | int],
     labeled: bool | None,
+    keep_unlabeled: bool = False,
 ) -> list[tuple[str, list[str], float | int | None]]:
     """Read a CS224N task file into ``(id, [texts], label)`` tuples.
 
     Columns are looked up by header name.  Texts are stripped of surrounding whitespace.
-    Rows with a blank text or an empty label are skipped and reported in one warning.
+    Rows with a blank text or an empty label are skipped and reported in one warning;
+    ``keep_unlabeled``: a row with an empty label is kept, its label None (a dev set's predictions).
     """
     path = Path(path)
     with open_text(path, hint=_not_found_hint(path.parent)) as handle:
@@ -192,11 +194,11 @@ def _read_table(
                 label = None
                 if labeled:
                     label_text = fields[columns[label_column]].strip()
-                    if not label_text:
+                    if not label_text and not keep_unlabeled:
                         no_label.append(line)
                         continue
                     try:
-                        label = parse_label(label_text)
+                        label = parse_label(label_text) if label_text else None
                     except ValueError as error:
                         raise DataError(f"{path} line {line}: {error}") from None
                 texts = [fields[columns[name]].strip() for name in text_columns]
@@ -223,30 +225,34 @@ def _read_table(
     return rows
 
 
-def read_sst(path: str | os.PathLike, labeled: bool | None = None) -> list[SentenceExample]:
+def read_sst(path: str | os.PathLike, labeled: bool | None = None, keep_unlabeled: bool = False
+             ) -> list[SentenceExample]:
     """Read an SST file (columns id, sentence[, sentiment]); labels are ints 0..4.
 
     ``labeled=None``: labeled iff the file has a ``sentiment`` column; ``True``: the column
     is required; ``False``: any label column is ignored.  Sentences are stripped (the SST
     files start every sentence with a space); they stay PTB-tokenized (``-LRB-``, `` 's``).
+    ``keep_unlabeled`` (every reader): a row with an empty label is kept, its label None, not skipped.
     """
-    rows = _read_table(path, ("sentence",), "sentiment", _parse_sentiment, labeled)
+    rows = _read_table(path, ("sentence",), "sentiment", _parse_sentiment, labeled, keep_unlabeled)
     return [SentenceExample(id_, texts[0], label) for id_, texts, label in rows]
 
 
-def read_qqp(path: str | os.PathLike, labeled: bool | None = None) -> list[PairExample]:
+def read_qqp(path: str | os.PathLike, labeled: bool | None = None, keep_unlabeled: bool = False
+             ) -> list[PairExample]:
     """Read a Quora Question Pairs file (id, sentence1, sentence2[, is_duplicate]).
 
     Labels are 0.0 / 1.0 ("0", "1", "0.0" and "1.0" are accepted).  Rows with an empty
     ``is_duplicate`` (two in the original quora-dev.csv) are skipped with a warning.
     """
-    rows = _read_table(path, ("sentence1", "sentence2"), "is_duplicate", _parse_duplicate, labeled)
+    rows = _read_table(path, ("sentence1", "sentence2"), "is_duplicate", _parse_duplicate, labeled, keep_unlabeled)
     return [PairExample(id_, s1, s2, label) for id_, (s1, s2), label in rows]
 
 
-def read_sts(path: str | os.PathLike, labeled: bool | None = None) -> list[PairExample]:
+def read_sts(path: str | os.PathLike, labeled: bool | None = None, keep_unlabeled: bool = False
+             ) -> list[PairExample]:
     """Read an STS file (id, sentence1, sentence2[, similarity]); labels are floats in [0, 5]."""
-    rows = _read_table(path, ("sentence1", "sentence2"), "similarity", _parse_similarity, labeled)
+    rows = _read_table(path, ("sentence1", "sentence2"), "similarity", _parse_similarity, labeled, keep_unlabeled)
     return [PairExample(id_, s1, s2, label) for id_, (s1, s2), label in rows]
 
 

@@ -193,16 +193,9 @@ def _builtin_rows(task: Task, split: str, path: Path, limit: int | None):
     if split == "train":
         rows = reader(path, labeled=True)[:limit]
         labels = [r.label for r in rows]
-    elif split == "dev":
-        gold = {r.id: r.label for r in reader(path, labeled=True)}
-        data_logger = logging.getLogger("bertcf.data")
-        level = data_logger.level
-        data_logger.setLevel(logging.ERROR)  # the labeled read above already warned about skipped rows
-        try:
-            rows = reader(path, labeled=False)
-        finally:
-            data_logger.setLevel(level)
-        labels = [gold.get(r.id) for r in rows]
+    elif split == "dev":  # one read: a row without a label is kept, for its prediction
+        rows = reader(path, labeled=True, keep_unlabeled=True)
+        labels = [r.label for r in rows]
     else:
         rows = reader(path, labeled=False)
         labels = [None] * len(rows)

@@ -226,6 +226,14 @@ def test_blank_sentences_and_empty_labels_skipped_with_one_warning(tmp_path, cap
     assert "skipped 3 of 5 rows" in message
     assert "1 with an empty is_duplicate (line 5)" in message
     assert "blank sentence1 (line 3)" in message and "blank sentence2 (line 4)" in message
+    # a dev set's read (stage 3's, for every row's prediction): the unlabeled row kept, its label None,
+    # the blank ones skipped and said so, in one read of the file
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bertcf.data"):
+        examples = data.read_qqp(path, labeled=True, keep_unlabeled=True)
+    assert [(ex.id, ex.label) for ex in examples] == [("a", 1.0), ("d", None), ("e", 0.0)]
+    (message,) = data_warnings(caplog)
+    assert "skipped 2 of 5 rows" in message and "empty is_duplicate" not in message
 
 
 def test_no_warning_for_clean_file(tmp_path, caplog):
