@@ -11,6 +11,10 @@
 #              weighting, UPGrad (baseline: the converged series' `all`; run both into one OUT_DIR)
 #   longer     per seed: `all` and each task alone (as in `converged`, skipped if it ran there), each
 #              continued to twice the steps in a copy NAME-x2-seedSEED: is the budget long enough?
+#   peft       per seed: the report's `all` with LoRA in the frozen encoder (--peft lora: rank 8, alpha 16,
+#              every attention and feed-forward Linear layer), one adapter shared and one per task beside
+#              it (--peft-scope per-task), at PEFT_LR (default 5e-4, LoRA's paper's for RoBERTa-base on SST-2
+#              and QQP; full fine-tuning keeps 1e-5) (baseline: the converged series' `all`; one OUT_DIR)
 # Batches of 16 per task, max length 64, lr 1e-5, STEPS steps (default 2040: two epochs of QQP's
 # 16,258 training pairs; at one epoch, 1020, `all` still gained QQP accuracy from a second: the
 # `longer` series, docs/RESULTS.md), an evaluation every EVAL_EVERY steps (default 170) on 1,000 dev
@@ -24,7 +28,7 @@ series=$1 out=$2
 MINILM_DIR=${MINILM_DIR:?set MINILM_DIR}
 DATA=${DATA:-../shared/data/cs224n-offline}
 SEEDS=${SEEDS:-"11711 1 2"}
-STEPS=${STEPS:-2040} EVAL_EVERY=${EVAL_EVERY:-170} EVAL_ROWS=${EVAL_ROWS:-1000}
+STEPS=${STEPS:-2040} EVAL_EVERY=${EVAL_EVERY:-170} EVAL_ROWS=${EVAL_ROWS:-1000} PEFT_LR=${PEFT_LR:-5e-4}
 here=$(dirname "$0")
 common=(--model "$MINILM_DIR" --data-dir "$DATA" --sst-batch-size 16 --qqp-batch-size 16 --sts-batch-size 16
         --max-length 64 --lr 1e-5 --max-eval-examples "$EVAL_ROWS" --device cpu --precision fp32 --progress lines
@@ -95,5 +99,10 @@ case $series in
         longer "$task-alone-seed$seed" --seed "$seed" --tasks "$task"
       done
     done ;;
-  *) echo "unknown series $series (converged, methods, longer)" >&2; exit 2 ;;
+  peft)
+    for seed in $SEEDS; do
+      run "lora-seed$seed" "$STEPS" --seed "$seed" --peft lora --lr "$PEFT_LR"
+      run "lora-per-task-seed$seed" "$STEPS" --seed "$seed" --peft lora --peft-scope per-task --lr "$PEFT_LR"
+    done ;;
+  *) echo "unknown series $series (converged, methods, longer, peft)" >&2; exit 2 ;;
 esac
