@@ -26,17 +26,16 @@ def check_run(config: MultitaskConfig, tasks: list[Task], declared: bool = False
     ``declared``: ``tasks`` are those ``config`` declares (``declarations.declared_tasks``, read
     once by the caller), not Task objects given from Python."""
     check_resumable(config, tasks)
-    for task in tasks:  # a head for each task as the pairs are encoded
-        head_type(task, config.pair_encoding)
+    heads = {task.name: head_type(task, config.pair_encoding) for task in tasks}  # a head for each task
     StepMethods.check(config, tasks, dist_info()[1])
-    check_head_settings(config, tasks)
+    check_head_settings(config, tasks, heads)
     check_task_settings(config, tasks, declared)
 
 
-def check_head_settings(config: MultitaskConfig, tasks: list[Task]) -> None:
+def check_head_settings(config: MultitaskConfig, tasks: list[Task], heads: dict) -> None:
     """--proj-dim and a task's margin given where no head reads them (``TaskHead.uses``: a sentence's
-    head and the pairs read jointly have neither) refused in one line."""
-    heads = {task.name: head_type(task, config.pair_encoding) for task in tasks}
+    head and the pairs read jointly have neither) refused in one line. ``heads``: task name -> its
+    head class (``head_type``)."""
     how = f"--pair-encoding {config.pair_encoding}"
     if (config.proj_dim != MultitaskConfig.__dataclass_fields__["proj_dim"].default
             and not any("proj_dim" in head.uses for head in heads.values())):
