@@ -124,6 +124,7 @@ def init_distributed(device=None, backend: str | None = None, timeout_s: float =
     Without torchrun (WORLD_SIZE unset or 1), nothing is started and the resolved device is
     returned, so single-process runs need no special case."""
     import datetime
+    import importlib
 
     device = resolve_device(None if device is None else str(device))
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -136,6 +137,11 @@ def init_distributed(device=None, backend: str | None = None, timeout_s: float =
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    # Imported before the group exists: its functions take ``group=group.WORLD`` as a default, bound at
+    # import. DistributedDataParallel's first use imports it (through torch._dynamo); after the group
+    # started, those defaults would keep it alive past destroy_process_group, its gloo threads
+    # running into the interpreter's exit, where a rank can abort after a finished run.
+    importlib.import_module("torch.distributed.nn.functional")
     if not is_distributed():
         kwargs = {"device_id": device} if backend == "nccl" else {}
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)

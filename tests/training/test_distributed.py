@@ -330,6 +330,38 @@ def test_pretrain_batch_not_divisible_by_ranks_is_a_usage_error(ranks):
         assert rank["odd_batch"] == "--batch-size 5 (the global batch) is not divisible by the 2 processes"
 
 
+LEAVE_GROUP = """
+import gc, os, sys, types, torch
+from bertcf.utils import distributed
+def train(args, device):
+    model = distributed.wrap_ddp(torch.nn.Linear(3, 2), device)
+    model(torch.ones(4, 3)).sum().backward()
+distributed.run_distributed(train, types.SimpleNamespace(device="cpu"))
+gc.collect()
+print(sorted(open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the process's threads from /proc")
+def test_leaving_the_group_ends_its_gloo_threads(tmp_path):
+    """Under torchrun, after run_distributed has used DistributedDataParallel and left the group, no
+    gloo thread runs on: none is left to abort at the interpreter's exit (it did once in CI, after a
+    finished run). Without init_distributed's early import the group outlived destroy_process_group."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_GROUP)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script)], capture_output=True, text=True, timeout=120,
+                         env=os.environ | {"OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    threads = [line for line in out.stdout.splitlines() if line.startswith("[")]
+    assert len(threads) == 2, out.stdout
+    assert all("gloo" not in line for line in threads), threads
+
+
 def test_wrap_ddp_is_a_no_op_without_distributed():
     model = make_model()
     assert distributed.wrap_ddp(model, "cpu") is model
