@@ -331,7 +331,7 @@ def test_pretrain_batch_not_divisible_by_ranks_is_a_usage_error(ranks):
 
 
 LEAVE_GROUP = """
-import gc, os, sys, types, torch
+import gc, os, types, torch
 from bertcf.utils import distributed
 def train(args, device):
     model = distributed.wrap_ddp(torch.nn.Linear(3, 2), device)
