@@ -1,7 +1,7 @@
 """The encoding command: the sentences of a file to a .npy of vectors, one row per sentence.
 
     bertcf-encode --model DIR --input FILE --output FILE.npy [--backend auto|torch|onnx] [--batch-size N]
-                  [--column NAME] [--quantized] [--threads N] [--max-length N]
+                  [--column NAME] [--quantized] [--device D] [--precision fp32|bf16|fp16] [--threads N] [--max-length N]
                   [--embedding-precision float32|int8|uint8|binary|ubinary] [--calibration FILE]
 
 FILE is a text file (one sentence a line; row i of the output is line i + 1, blank lines included)
@@ -11,8 +11,9 @@ and each batch's vectors written to their input rows of a memory-mapped .npy, so
 than memory's worth of vectors works; the file is written under a temporary name and renamed
 when complete. ``--backend onnx`` (``auto`` picks it for a directory written by ``bertcf-export
 onnx``) runs the export under ONNX Runtime (``bertcf.backend.onnx_runtime.OnnxEncoder``); ``torch``, the
-checkpoint under PyTorch (``SentenceEncoder``). Both return the model's vectors (unit vectors when
-it normalises).
+checkpoint under PyTorch (``SentenceEncoder``), on a GPU in bf16 autocast unless ``--precision fp32``
+(the summary line names the backend and its precision). Both return the model's vectors (unit vectors
+when it normalises), in float32.
 
 ``--embedding-precision`` writes the vectors quantised (``bertcf.search.quantization``, equal to
 sentence-transformers' ``quantize_embeddings``): int8 or uint8 [sentences, dim], each dimension's
@@ -73,6 +74,9 @@ def add_backend_flags(p: ArgumentParser, model_flag: str, calibration: tuple[str
     p.add_argument("--quantized", action="store_true", help="onnx: the int8 graph (an export made with --quantize int8)")
     p.add_argument("--batch-size", type=AT_LEAST_1, default=64, help="texts encoded at once")
     p.add_argument("--device", default=None, help="torch: cpu, cuda, cuda:N (default: cuda when available)")
+    p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="torch: the autocast precision of the encoder (default: bf16 on a GPU that has it, else fp32); "
+                        "the vectors are float32 either way")
     p.add_argument("--threads", type=AT_LEAST_1, default=None,
                    help="CPU threads (torch.set_num_threads; ONNX Runtime's intra-op threads; faiss's, in python -m "
                         "bertcf.search) (default: the libraries')")
@@ -132,7 +136,7 @@ class Backend:
     float32 [b, D] in the model's final form (unit vectors when it normalises), ``dim``, ``name``."""
 
     def __init__(self, model, backend: str, quantized: bool, threads: int | None, device: str | None,
-                 max_length: int | None, truncate_dim: int | None = None):
+                 max_length: int | None, truncate_dim: int | None = None, precision: str | None = None):
         from ..backend import is_onnx_export, load_onnx
 
         self.max_length = max_length
@@ -140,18 +144,24 @@ class Backend:
             backend = "onnx" if is_onnx_export(model) else "torch"
         if quantized and backend != "onnx":
             raise UsageError("--quantized runs the int8 ONNX graph: give --backend onnx and an export as --model")
-        self.name = backend + (" int8" if quantized else " fp32")
         if backend == "onnx":
+            if precision not in (None, "fp32"):
+                raise UsageError(f"--precision {precision} is the torch backend's: the ONNX graphs run in fp32 "
+                                 "(or int8 with --quantized)")
+            self.name = "onnx int8" if quantized else "onnx fp32"
             self.onnx = load_onnx(model, quantized=quantized, threads=threads)
             self.dim = self.truncate(self.onnx.dim, truncate_dim)
             return
         import torch
 
         from ..models.encoder import SentenceEncoder
-        from ..utils.precision import resolve_device
+        from ..utils.precision import resolve_device, resolve_precision
         if threads:
             torch.set_num_threads(threads)
-        self.onnx, self.torch = None, SentenceEncoder.from_pretrained(model).to(resolve_device(device)).eval()
+        device = resolve_device(device)
+        self.onnx, self.torch = None, SentenceEncoder.from_pretrained(model).to(device).eval()
+        self.torch.precision = resolve_precision(precision, device)  # what encode_ids autocasts to
+        self.name = f"torch {self.torch.precision}"
         self.dim = self.truncate(self.torch.output_dim, truncate_dim)
 
     def truncate(self, width: int, truncate_dim: int | None) -> int:
@@ -250,7 +260,7 @@ def run(argv=None) -> dict:
     if args.calibration is not None and not quantization.is_scalar(args.embedding_precision):
         raise UsageError("--calibration sets int8's ranges: give --embedding-precision int8 or uint8")
     backend = Backend(args.model, args.backend, args.quantized, args.threads, args.device, args.max_length,
-                      args.truncate_dim)
+                      args.truncate_dim, args.precision)
     sentences = read_sentences(source, args.column)
     precision = args.embedding_precision
     if len(sentences) == 1 and quantization.is_scalar(precision) and args.calibration is None:

@@ -105,7 +105,7 @@ def run_build(args) -> dict:
         ids, texts = corpus(args)
         search_index.set_threads(args.threads)
         backend = Backend(args.encoder, args.backend, args.quantized, args.threads, args.device, args.max_length,
-                          args.truncate_dim)
+                          args.truncate_dim, args.precision)
         # an export's similarity is its checkpoint's (the export records where it came from)
         score = args.score or model_score(args.encoder if backend.onnx is None
                                           else backend.onnx.config.get("source") or args.encoder)
@@ -132,7 +132,7 @@ def query_encoder(args, meta: dict) -> Backend:
     built = meta["model"]
     name = args.encoder or built.get("path") or built.get("name")
     backend = Backend(name, args.backend, args.quantized, args.threads, args.device, built.get("max_length"),
-                      built.get("truncate_dim"))
+                      built.get("truncate_dim"), args.precision)
     store.check_model(meta, encode_texts(backend, store.PROBE_SENTENCES, args.batch_size), name)
     return backend
 

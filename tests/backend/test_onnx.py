@@ -454,8 +454,10 @@ def test_encode_command_writes_the_vectors_in_input_order(flow_checkpoint, tmp_p
     source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
     model = flow_checkpoint / "onnx" if backend == "onnx" else flow_checkpoint
     out = tmp_path / "vectors.npy"
+    # On the CPU, as the encode() it is compared with (on a GPU the command would pick cuda); --backend auto
+    # picks onnx for the export
     assert run_encode("--model", model, "--input", source, "--output", out, "--batch-size", 2,
-                      "--progress", "lines") == 0  # --backend auto picks onnx for the export
+                      "--progress", "lines", "--device", "cpu") == 0
     captured = capsys.readouterr()
     assert f"{len(SENTENCES)} vectors of {DIM} dimensions ({backend} fp32" in captured.out
     assert "encode: step 4/4 (100%)" in captured.err
@@ -463,6 +465,24 @@ def test_encode_command_writes_the_vectors_in_input_order(flow_checkpoint, tmp_p
     assert vectors.dtype == np.float32 and vectors.shape == (len(SENTENCES), DIM)
     assert max_diff(vectors, SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)) < 1e-4
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def test_encode_command_runs_and_names_the_precision_asked_for(flow_checkpoint, tmp_path, capsys):
+    """--precision bf16 autocasts the torch encoder, as a GPU does by default, and the summary line says
+    so: the vectors are float32, near fp32's but not theirs."""
+    source = tmp_path / "sentences.txt"
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    vectors = {}
+    for precision in ("fp32", "bf16"):
+        out = tmp_path / f"{precision}.npy"
+        assert run_encode("--model", flow_checkpoint, "--input", source, "--output", out, "--device", "cpu",
+                          "--precision", precision, "--progress", "none") == 0
+        assert f"({'torch ' + precision}, " in capsys.readouterr().out
+        vectors[precision] = np.load(out)
+        assert vectors[precision].dtype == np.float32
+    fp32 = SentenceEncoder.from_pretrained(flow_checkpoint).encode(SENTENCES)
+    assert max_diff(vectors["fp32"], fp32) < 1e-4
+    assert 1e-4 < max_diff(vectors["bf16"], fp32) < 1e-2
 
 
 def test_encode_command_reads_a_csv_or_tsv_column(flow_checkpoint, tmp_path):
@@ -540,6 +560,10 @@ def test_encode_command_refuses_bad_input_in_one_line(flow_checkpoint, tmp_path,
             "--embedding-precision", "int8"],
         "--calibration": ["--model", model, "--input", source, "--output", tmp_path / "v.npy",
                           "--embedding-precision", "int8", "--calibration", tmp_path / "missing.txt"],
+        "--precision bf16 is the torch backend's": ["--model", model, "--input", source, "--output", tmp_path / "v.npy",
+                                                    "--precision", "bf16"],
+        "--precision fp16 needs a GPU": ["--model", flow_checkpoint, "--input", source, "--output", tmp_path / "v.npy",
+                                         "--device", "cpu", "--precision", "fp16"],
     }
     (tmp_path / "one.txt").write_text("a single sentence\n")
     (tmp_path / "nomodel.npy").mkdir()

@@ -74,8 +74,9 @@ def assert_same_weights(mine: dict, name: str) -> None:
         different = [k for k in mine if not torch.equal(mine[k], reference[k])]
         assert not different, f"{name}: not bit for bit the weights from before the move: {different[:4]}"
         return
-    worst = max(float((mine[k].double() - reference[k].double()).abs().max()) for k in mine if not k.endswith(NOISE))
-    assert worst <= TOLERANCE, f"{name}: the weights moved by {worst:.3g} from before the move"
+    worst, where = max((float((mine[k].double() - reference[k].double()).abs().max()), k)
+                       for k in mine if not k.endswith(NOISE))
+    assert worst <= TOLERANCE, f"{name}: the weights moved by {worst:.3g} from before the move ({where})"
 
 
 @pytest.mark.parametrize("pair_encoding", ["bi", "cross"])

@@ -8,25 +8,27 @@
 # one task a step costing about a third), so that every run finishes and is scored. The table says
 # which STEPS ran.
 #
-# On the device machine, from the repository root, with ../shared/tools/pack-for-gpu.sh .gpu carried:
+# On the device machine, from the repository root, with ../shared/tools/pack-for-gpu.sh .gpu carried (and
+# torchjd, which that machine lacks, installed from a carried wheel first):
 #   OUT=$OUT bash docs/results/h200-stage3/run.sh
 # Rehearsed on the CPU with tiny settings (nothing unpacked, MiniLM and the data where they are):
-#   SETUP=0 DEVICE=cpu PRECISION=fp32 MINILM=DIR SEEDS=1 STEPS=6 CAL_STEPS=4 BATCHES="4 6 4" \
-#     MAX_LENGTH=32 EVAL_ROWS=50 BUDGET=900 OUT=/tmp/out bash docs/results/h200-stage3/run.sh
+#   SETUP=0 DATA=../shared/data/cs224n-offline DEVICE=cpu PRECISION=fp32 MINILM=DIR SEEDS=1 STEPS=6 \
+#     CAL_STEPS=4 BATCHES="4 6 4" MAX_LENGTH=32 EVAL_ROWS=50 BUDGET=900 OUT=/tmp/out \
+#     bash docs/results/h200-stage3/run.sh
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-540} DEVICE=${DEVICE:-cuda} PRECISION=${PRECISION:-bf16} SEEDS=${SEEDS:-"11711 1 2"}
 STEPS=${STEPS:-5000} CAL_STEPS=${CAL_STEPS:-300} EVAL_ROWS=${EVAL_ROWS:-1000} MAX_LENGTH=${MAX_LENGTH:-128}
 read -r SST_B QQP_B STS_B <<< "${BATCHES:-32 96 32}"
-MINILM=${MINILM:-/tmp/minilm} DATA=${DATA:-../shared/data/cs224n-offline} RUNS=${RUNS:-/tmp/stage3}
+MINILM=${MINILM:-/tmp/minilm} DATA=${DATA:-.gpu/cs224n-offline} RUNS=${RUNS:-/tmp/stage3}
 # The work of one seed's five runs in `all` runs: all 1, each task alone about 1/3, round-robin about 1/3.
 ALL_EQUIVALENTS=${ALL_EQUIVALENTS:-2.33}
-# Runs side by side overlap their launches (the step is launch-bound, 1.8x its kernel time): an estimate.
+# Runs side by side overlap their launches (the step is launch-bound, 1.8x its kernel time): an estimate
+# (on the H200, 15 runs did about 2.8 times the work of `all` alone in the same time; 1.3 was given).
 OVERLAP=${OVERLAP:-1.5}
 
 if [[ ${SETUP:-1} != 0 ]]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-  mkdir -p ../shared && tar -xJf .gpu/shared.tar.xz -C ../shared
   python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
   python3 - <<'PY'
 import shutil
@@ -80,3 +82,6 @@ for run in "$RUNS"/*-seed*; do
     "$OUT/runs/${run##*/}/" 2>/dev/null
 done
 echo "steps $steps, pace $pace steps/s, done at $SECONDS s" | tee "$OUT/summary.txt"
+# $OUT brings back 8 files at most: the logs and the runs' records travel as one archive.
+tar -czf /tmp/h200-stage3.tgz -C "$OUT" --exclude=stage3.md --exclude=stage3.json --exclude=summary.txt . \
+  && rm -rf "$OUT"/*.log "$OUT/runs" && mv /tmp/h200-stage3.tgz "$OUT/"
