@@ -79,8 +79,30 @@ def assert_same_weights(mine: dict, name: str) -> None:
     assert worst <= TOLERANCE, f"{name}: the weights moved by {worst:.3g} from before the move ({where})"
 
 
+#: A QQP pair of write_cs224n_files (39 and 43 tokens) and what the reference's transformers kept of each
+#: in 32 tokens with truncation="longest_first" (tokenize_pairs): 14 of the first, 15 of the longer.
+LONG_PAIR = tuple(f"What is the {w} way to stop thinking about the past while the rain keeps falling over the old city?"
+                  for w in ("best", "easiest"))
+REFERENCE_CUT = (14, 15)
+
+
+def pair_cut(bert_dir) -> tuple[int, int]:
+    """How many tokens of each text of LONG_PAIR this transformers keeps in 32."""
+    from bertcf.models.cross_encoder import tokenize_pairs
+    from bertcf.models.encoder import SentenceEncoder
+
+    ids, types = tokenize_pairs(SentenceEncoder.from_pretrained(bert_dir).tokenizer, *([t] for t in LONG_PAIR), 32)
+    return types[0].count(0) - 2, types[0].count(1) - 1  # less [CLS] and [SEP], less [SEP]
+
+
 @pytest.mark.parametrize("pair_encoding", ["bi", "cross"])
 def test_the_report_tasks_give_the_weights_from_before_the_move(pair_encoding, inputs, tmp_path):
+    cut = pair_cut(inputs[0]) if pair_encoding == "cross" else REFERENCE_CUT
+    if cut != REFERENCE_CUT:
+        # transformers 5.17 cut 15 + 14 (the older rule: a tie cuts the second text); the cross run then reads
+        # other tokens, and its weights move by 8.5e-4: a change of the tokenizer's, not of stage 3's
+        pytest.skip(f"this transformers cuts a pair of 39 and 43 tokens to {cut} in 32, the reference's "
+                    f"transformers to {REFERENCE_CUT}")
     # The reference's cross run had --proj-dim 16, which no head of it reads (refused since: checks.check_head_settings)
     unread = {"proj_dim": None} if pair_encoding == "cross" else {}
     quiet(argv(inputs, tmp_path / "run", 6, "--pair-encoding", pair_encoding, **unread))
