@@ -37,6 +37,16 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 REAL_VOCAB = SHARED / "models" / "bert-base-uncased-vocab" / "vocab.txt"
 REAL_BERT_ENV = "BERTCF_REAL_BERT"
 
+def torchrun(script, *argv, nproc: int = 2) -> tuple[list[str], dict]:
+    """The command and environment of ``python -m torch.distributed.run --standalone --nproc_per_node N
+    SCRIPT ARGV`` on the CPU (gloo), one thread a rank: the tests' data-parallel launches."""
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
+           *map(str, argv)]
+    return cmd, os.environ | {"OMP_NUM_THREADS": "1"}
+
+
 #: The configuration of ``tiny_bert_dir`` (vocab_size is that of ``vocab_path``).
 TINY_BERT_CONFIG = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                         max_position_embeddings=64, type_vocab_size=2, hidden_act="gelu",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import multitask_argv
+from helpers import REPO, multitask_argv
 from helpers import quiet_multitask as run_quiet
-from helpers import write_cs224n_files
+from helpers import torchrun, write_cs224n_files
 from safetensors.torch import load_file
 
 from bertcf.cli import run_main
@@ -514,17 +514,13 @@ def test_torchrun_equals_one_process_on_the_global_batch(tiny_bert_dir, data_dir
     """run_multitask.py under torchrun (2 gloo processes, each with half of every task's batch,
     one encoder pass each) against one process on the whole batches, dropout off everywhere: the
     same weights after 3 steps, the same logged loss, one run directory."""
-    import os
     import subprocess
-    import sys
 
     flags = dict(steps=3, eval_every=3, dropout=0, sst_dropout=0, sts_dropout=0, lr=1e-3)
-    script = Path(__file__).resolve().parents[2] / "run_multitask.py"
     ddp, single = tmp_path / "ddp", tmp_path / "single"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           *argv(tiny_bert_dir, data_dir, ddp, **flags)]
-    proc = subprocess.Popen(cmd, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    cmd, env = torchrun(REPO / "run_multitask.py", *argv(tiny_bert_dir, data_dir, ddp, **flags))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     run_quiet(argv(tiny_bert_dir, data_dir, single, **flags))  # meanwhile
     log = proc.communicate(timeout=180)[0]
     assert proc.returncode == 0, log[-4000:]

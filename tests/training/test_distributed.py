@@ -27,7 +27,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import make_objective
+from helpers import make_objective, torchrun
 
 from bertcf.commands import pretrain
 from bertcf.errors import UsageError
@@ -349,13 +349,11 @@ def test_leaving_the_group_ends_its_gloo_threads(tmp_path):
     gloo thread runs on: none is left to abort at the interpreter's exit (it did once in CI, after a
     finished run). Without init_distributed's early import the group outlived destroy_process_group."""
     import subprocess
-    import sys
 
     script = tmp_path / "leave.py"
     script.write_text(LEAVE_GROUP)
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(script)], capture_output=True, text=True, timeout=120,
-                         env=os.environ | {"OMP_NUM_THREADS": "1"})
+    cmd, env = torchrun(script)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     threads = [line for line in out.stdout.splitlines() if line.startswith("[")]
     assert len(threads) == 2, out.stdout

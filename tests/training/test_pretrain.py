@@ -20,6 +20,7 @@ from helpers import (
     exit_status,
     run_quiet,
     tensors,
+    torchrun,
     training_state,
 )
 from safetensors.torch import save_file
@@ -761,14 +762,10 @@ def start_torchrun(argv, cwd, log, nproc=2):
     """Start ``python -m torch.distributed.run --standalone --nproc_per_node N run_pretrain.py ARGV``
     (gloo on the CPU) in its own process group, stdout and stderr to the file ``log``."""
     import subprocess
-    import sys
 
-    script = Path(__file__).resolve().parents[2] / "run_pretrain.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
-           *argv]
+    cmd, env = torchrun(REPO / "run_pretrain.py", *argv, nproc=nproc)
     with open(log, "w") as f:
-        return subprocess.Popen(cmd, cwd=cwd, env=os.environ | {"OMP_NUM_THREADS": "1"}, stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @pytest.mark.slow
