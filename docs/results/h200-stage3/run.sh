@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# Issue 70, item 1, in one call on a lent GPU: stage 3 at the report's scale on MiniLM. Per seed, the
-# report's `all` (every task's batch each step, weights 5/20/1), each task alone for as many steps
-# (--tasks sst|qqp|sts) and round-robin at equal optimiser steps, every run of every seed at once on
-# the one GPU; then `python -m bertcf.multitask.compare` against `all`. The report's batches (32/96/32),
-# lr 1e-5, max length 128 (the defaults); STEPS (the report's 5,000) lowered to what the time box holds,
-# from a calibration run of `all` alone (its pace, and ALL_EQUIVALENTS: the 15 runs' work in `all` runs,
-# one task a step costing about a third), so that every run finishes and is scored. The table says
-# which STEPS ran.
+# Issue 70, item 1, in one call on a lent GPU: stage 3 at the report's scale on MiniLM, every run of every
+# seed at once on the one GPU, then `python -m bertcf.multitask.compare` against the report's `all` (every
+# task's batch each step, weights 5/20/1). SERIES picks the runs beside `all`, per seed:
+#   tasks    each task alone for as many steps (--tasks sst|qqp|sts) and round-robin at equal optimiser steps
+#   methods  round-robin at equal task batches (three times the steps), uncertainty weighting, UPGrad
+#            (torchjd's solver: carry the quadprog and qpsolvers wheels beside torchjd's)
+#   peft     LoRA in the frozen encoder, one adapter shared and one per task beside it, at lr PEFT_LR
+# The report's batches (32/96/32), lr 1e-5, max length 128 (the defaults); STEPS (the report's 5,000)
+# lowered to what the time box holds, from a calibration run of `all` alone (its pace) and each run's work
+# in `all` runs (one task's batch a step costs about a third), so that every run finishes and is scored.
+# The table says which STEPS ran.
 #
 # On the device machine, from the repository root, with ../shared/tools/pack-for-gpu.sh .gpu carried (and
 # torchjd, which that machine lacks, installed from a carried wheel first):
-#   OUT=$OUT bash docs/results/h200-stage3/run.sh
+#   OUT=$OUT [SERIES=tasks] bash docs/results/h200-stage3/run.sh
 # Rehearsed on the CPU with tiny settings (nothing unpacked, MiniLM and the data where they are):
 #   SETUP=0 DATA=../shared/data/cs224n-offline DEVICE=cpu PRECISION=fp32 MINILM=DIR SEEDS=1 STEPS=6 \
 #     CAL_STEPS=4 BATCHES="4 6 4" MAX_LENGTH=32 EVAL_ROWS=50 BUDGET=900 OUT=/tmp/out \
@@ -21,8 +24,20 @@ BUDGET=${BUDGET:-540} DEVICE=${DEVICE:-cuda} PRECISION=${PRECISION:-bf16} SEEDS=
 STEPS=${STEPS:-5000} CAL_STEPS=${CAL_STEPS:-300} EVAL_ROWS=${EVAL_ROWS:-1000} MAX_LENGTH=${MAX_LENGTH:-128}
 read -r SST_B QQP_B STS_B <<< "${BATCHES:-32 96 32}"
 MINILM=${MINILM:-/tmp/minilm} DATA=${DATA:-.gpu/cs224n-offline} RUNS=${RUNS:-/tmp/stage3}
-# The work of one seed's five runs in `all` runs: all 1, each task alone about 1/3, round-robin about 1/3.
-ALL_EQUIVALENTS=${ALL_EQUIVALENTS:-2.33}
+SERIES=${SERIES:-tasks} PEFT_LR=${PEFT_LR:-5e-4}
+# Each run beside `all`: NAME WORK STEPS_FACTOR FLAGS... (WORK: its cost in `all` runs at the same steps)
+case $SERIES in
+  tasks) plan=("sst-alone 0.33 1 --tasks sst" "qqp-alone 0.33 1 --tasks qqp" "sts-alone 0.33 1 --tasks sts"
+               "round-robin 0.33 1 --task-sampling round-robin") ;;
+  methods) plan=("round-robin-batches 0.33 3 --task-sampling round-robin" "uncertainty 1 1 --task-weighting uncertainty"
+                 "upgrad 1.5 1 --aggregator upgrad") ;;
+  peft) plan=("lora 0.9 1 --peft lora --lr $PEFT_LR" "lora-per-task 1 1 --peft lora --peft-scope per-task --lr $PEFT_LR") ;;
+  *) echo "SERIES: tasks, methods or peft, not $SERIES" >&2; exit 2 ;;
+esac
+plan=("all 1 1" "${plan[@]}")
+# A seed's work in `all` runs, and the labels to compare with `all`
+ALL_EQUIVALENTS=${ALL_EQUIVALENTS:-$(printf '%s\n' "${plan[@]}" | awk '{w += $2 * $3} END {print w}')}
+labels=$(printf '%s\n' "${plan[@]:1}" | awk '{print $1}' | paste -sd, -)
 # Runs side by side overlap their launches (the step is launch-bound, 1.8x its kernel time): an estimate
 # (on the H200, 15 runs did about 2.8 times the work of `all` alone in the same time; 1.3 was given).
 OVERLAP=${OVERLAP:-1.5}
@@ -61,27 +76,25 @@ steps=$(python3 -c "print(max(10, min($STEPS, int($pace * $left * $OVERLAP / ($s
 echo "=== [$SECONDS s] all alone: $pace steps/s; $left s left for $seeds seed(s): $steps steps a run"
 
 # 2. Every run of every seed at once, each stopped cleanly (SIGTERM) at the deadline if still running.
-every=$(( steps / 5 > 0 ? steps / 5 : 1 ))
 for seed in $SEEDS; do
-  for run in all sst-alone qqp-alone sts-alone round-robin; do
-    case $run in
-      all) extra=() ;; round-robin) extra=(--task-sampling round-robin) ;; *) extra=(--tasks "${run%-alone}") ;;
-    esac
+  for entry in "${plan[@]}"; do
+    read -r run _ factor extra <<< "$entry"
+    n=$(( steps * factor )) every=$(( steps * factor / 5 > 0 ? steps * factor / 5 : 1 ))
+    # shellcheck disable=SC2086  # extra: the run's flags, split on spaces
     timeout "$(( BUDGET - SECONDS - 30 ))" python3 run_multitask.py "${common[@]}" --out-dir "$RUNS/$run-seed$seed" \
-      --steps "$steps" --eval-every "$every" --seed "$seed" "${extra[@]}" > "$OUT/$run-seed$seed.log" 2>&1 &
+      --steps "$n" --eval-every "$every" --seed "$seed" $extra > "$OUT/$run-seed$seed.log" 2>&1 &
   done
 done
 wait
-echo "=== [$SECONDS s] runs done: $(ls "$RUNS"/*-seed*/metrics.json 2>/dev/null | wc -l) of $(( seeds * 5 )) scored"
+echo "=== [$SECONDS s] runs done: $(ls "$RUNS"/*-seed*/metrics.json 2>/dev/null | wc -l) of $(( seeds * ${#plan[@]} )) scored"
 
 # 3. The verdicts against `all`, and what the runs wrote, into $OUT.
-python3 -m bertcf.multitask.compare "$RUNS" --baseline all --labels sst-alone,qqp-alone,sts-alone,round-robin \
-  --out "$OUT/stage3" 2>&1 | tail -30
+python3 -m bertcf.multitask.compare "$RUNS" --baseline all --labels "$labels" --out "$OUT/stage3" 2>&1 | tail -30
 for run in "$RUNS"/*-seed*; do
   mkdir -p "$OUT/runs/${run##*/}" && cp "$run"/{config.json,metrics.json,metrics.jsonl,environment.json} \
     "$OUT/runs/${run##*/}/" 2>/dev/null
 done
-echo "steps $steps, pace $pace steps/s, done at $SECONDS s" | tee "$OUT/summary.txt"
+echo "series $SERIES, steps $steps, pace $pace steps/s, done at $SECONDS s" | tee "$OUT/summary.txt"
 # $OUT brings back 8 files at most: the logs and the runs' records travel as one archive.
 tar -czf /tmp/h200-stage3.tgz -C "$OUT" --exclude=stage3.md --exclude=stage3.json --exclude=summary.txt . \
   && rm -rf "$OUT"/*.log "$OUT/runs" && mv /tmp/h200-stage3.tgz "$OUT/"
