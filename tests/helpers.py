@@ -37,6 +37,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 REAL_VOCAB = SHARED / "models" / "bert-base-uncased-vocab" / "vocab.txt"
 REAL_BERT_ENV = "BERTCF_REAL_BERT"
 
+
 def torchrun(script, *argv, nproc: int = 2) -> tuple[list[str], dict]:
     """The command and environment of ``python -m torch.distributed.run --standalone --nproc_per_node N
     SCRIPT ARGV`` on the CPU (gloo), one thread a rank: the tests' data-parallel launches."""
