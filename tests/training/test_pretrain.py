@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import (
     PRETRAIN_WORDS,
+    REPO,
     assert_one_error_line,
     base_args,
     exit_status,
@@ -34,7 +35,6 @@ from bertcf.errors import UsageError
 from bertcf.training.loop import closing_line
 from minbert import CheckpointError
 
-REPO = Path(__file__).resolve().parents[2]
 
 MIRROR_SCALARS = ["train/loss", "train/lr", "train/pos_cosine", "train/neg_cosine", "train/sentences_per_second",
                   "eval/sts_spearman", "eval/sts_spearman_ci95_lo", "eval/sts_spearman_ci95_hi", "eval/alignment",
