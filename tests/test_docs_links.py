@@ -4,6 +4,7 @@ hyphens, a repeated heading numbered -1, -2, ...)."""
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 from helpers import REPO
@@ -11,9 +12,11 @@ from helpers import REPO
 LINK = re.compile(r"\]\(([^()\s]*)\)")
 
 
-def heading_anchors(text: str) -> set[str]:
+@cache
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors of ``page``'s headings, read once a page however many links name it."""
     anchors, seen = set(), {}
-    for line in outside_code(text):
+    for line in outside_code(page.read_text()):
         match = re.match(r"#{1,6} (.*)", line)
         if match:
             slug = re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-")
@@ -43,7 +46,7 @@ def broken_links(page: Path) -> list[str]:
             file = (page.parent / path).resolve() if path else page
             if not file.exists():
                 broken.append(f"{target} (no such file)")
-            elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file.read_text()):
+            elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file):
                 broken.append(f"{target} (no such heading)")
     return broken
 
