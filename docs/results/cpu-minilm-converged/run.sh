@@ -22,12 +22,15 @@
 # MINILM_DIR: ../shared/tools/get-minilm.sh MINILM_DIR. A finished run (metrics.json) is skipped
 # and a stopped one continues from its last/ (--resume), so the series can stop and go on later.
 # A finished run keeps best/ and last/ (about 440 MB), so that `longer` can continue it; delete them
-# once the series is done.
+# once the series is done. RECORDS (optional, e.g. this directory's runs-2040): each finished run's
+# config, metrics and dev predictions are copied to RECORDS/NAME, and a run kept there is copied back
+# into OUT_DIR and skipped, so that a series continues on a machine that has only the repository.
 set -euo pipefail
 series=$1 out=$2
 MINILM_DIR=${MINILM_DIR:?set MINILM_DIR}
 DATA=${DATA:-../shared/data/cs224n-offline}
 SEEDS=${SEEDS:-"11711 1 2"}
+RECORDS=${RECORDS:-}
 STEPS=${STEPS:-2040} EVAL_EVERY=${EVAL_EVERY:-170} EVAL_ROWS=${EVAL_ROWS:-1000} PEFT_LR=${PEFT_LR:-5e-4}
 here=$(dirname "$0")
 common=(--model "$MINILM_DIR" --data-dir "$DATA" --sst-batch-size 16 --qqp-batch-size 16 --sts-batch-size 16
@@ -39,14 +42,29 @@ timed() {  # timed NAME COMMAND...: the command, its wall time and peak memory a
   /usr/bin/time -f "$name wall %e s, peak %M KB" -a -o "$out/times.txt" "$@" >> "$out/$name.log" 2>&1
 }
 
+restore() {  # restore NAME: a run kept in $RECORDS and absent from $out copied back, so that it is skipped
+  if [[ -n $RECORDS && -f $RECORDS/$1/metrics.json && ! -e $out/$1 ]]; then cp -a "$RECORDS/$1" "$out/$1"; fi
+}
+
+keep() {  # keep NAME: the finished run's config, metrics and dev predictions copied to $RECORDS/NAME
+  [[ -n $RECORDS ]] || return 0
+  local to=$RECORDS/$1
+  rm -rf "$to.tmp"; mkdir -p "$to.tmp/predictions"
+  cp "$out/$1"/config.json "$out/$1"/metrics.json "$out/$1"/metrics.jsonl "$to.tmp/"
+  cp "$out/$1"/predictions/*-dev-output.csv "$to.tmp/predictions/"
+  rm -rf "$to"; mv "$to.tmp" "$to"
+}
+
 run() {  # run NAME STEPS FLAGS...: one stage-3 run into $out/NAME
   local name=$1 steps=$2; shift 2
+  restore "$name"
   [[ -f "$out/$name/metrics.json" ]] && return 0
   local resume=()
   [[ -d "$out/$name/last" ]] && resume=(--resume) || rm -rf "${out:?}/$name"
   echo "$(date +%T) $name"
   timed "$name" python run_multitask.py "${common[@]}" --out-dir "$out/$name" --steps "$steps" \
     --eval-every "$EVAL_EVERY" "${resume[@]}" "$@"
+  keep "$name"
 }
 
 longer() {  # longer NAME FLAGS...: the finished run $out/NAME (made with FLAGS) continued to twice its
@@ -55,20 +73,26 @@ longer() {  # longer NAME FLAGS...: the finished run $out/NAME (made with FLAGS)
   # finished: an evaluation at the last step, and the final metrics written after it
   if grep -q "\"step\": $steps," "$out/$copy/metrics.jsonl" 2>/dev/null \
      && [[ "$out/$copy/metrics.json" -nt "$out/$copy/metrics.jsonl" ]]; then return 0; fi
+  if [[ ! -d "$out/$copy" && ! -d "$out/$name/last" ]]; then
+    echo "$out/$name has no last/ checkpoint to continue (restored from RECORDS?): run it here first" >&2; exit 2
+  fi
   if [[ ! -d "$out/$copy" ]]; then rm -rf "${out:?}/$copy.tmp"; cp -a "$out/$name" "$out/$copy.tmp"; mv "$out/$copy.tmp" "$out/$copy"; fi
   echo "$(date +%T) $copy"
   timed "$copy" python run_multitask.py "${common[@]}" --out-dir "$out/$copy" --steps "$steps" \
     --eval-every "$EVAL_EVERY" --resume "$@"
+  keep "$copy"
 }
 
 reference() {  # reference TASK SEED: reference.py into $out/ref-TASK-seedSEED
   local name=ref-$1-seed$2
+  restore "$name"
   [[ -f "$out/$name/metrics.json" ]] && return 0
   rm -rf "${out:?}/$name"
   echo "$(date +%T) $name"
   timed "$name" python "$here/reference.py" --task "$1" --seed "$2" --model "$MINILM_DIR" --data-dir "$DATA" \
     --out "$out/$name" --steps "$STEPS" --batch-size 16 --lr 1e-5 --max-length 64 --eval-every "$EVAL_EVERY" \
     --max-eval-examples "$EVAL_ROWS"
+  keep "$name"
 }
 
 mkdir -p "$out"
