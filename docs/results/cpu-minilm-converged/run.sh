@@ -8,13 +8,13 @@
 #              (reference.py: transformers' Trainer on SST and QQP, sentence-transformers'
 #              CosineSimilarityLoss on STS)
 #   methods    per seed: round-robin at equal optimiser steps and at equal task batches, uncertainty
-#              weighting, UPGrad (baseline: the converged series' `all`; run both into one OUT_DIR)
+#              weighting, UPGrad (baseline: the converged series' `all`, run first if it is not there)
 #   longer     per seed: `all` and each task alone (as in `converged`, skipped if it ran there), each
 #              continued to twice the steps in a copy NAME-x2-seedSEED: is the budget long enough?
 #   peft       per seed: the report's `all` with LoRA in the frozen encoder (--peft lora: rank 8, alpha 16,
 #              every attention and feed-forward Linear layer), one adapter shared and one per task beside
 #              it (--peft-scope per-task), at PEFT_LR (default 5e-4, LoRA's paper's for RoBERTa-base on SST-2
-#              and QQP; full fine-tuning keeps 1e-5) (baseline: the converged series' `all`; one OUT_DIR)
+#              and QQP; full fine-tuning keeps 1e-5) (baseline: the converged series' `all`, as in methods)
 # Batches of 16 per task, max length 64, lr 1e-5, STEPS steps (default 2040: two epochs of QQP's
 # 16,258 training pairs; at one epoch, 1020, `all` still gained QQP accuracy from a second: the
 # `longer` series, docs/RESULTS.md), an evaluation every EVAL_EVERY steps (default 170) on 1,000 dev
@@ -42,8 +42,11 @@ timed() {  # timed NAME COMMAND...: the command, its wall time and peak memory a
   /usr/bin/time -f "$name wall %e s, peak %M KB" -a -o "$out/times.txt" "$@" >> "$out/$name.log" 2>&1
 }
 
-restore() {  # restore NAME: a run kept in $RECORDS and absent from $out copied back, so that it is skipped
-  if [[ -n $RECORDS && -f $RECORDS/$1/metrics.json && ! -e $out/$1 ]]; then cp -a "$RECORDS/$1" "$out/$1"; fi
+restore() {  # restore NAME: a run kept in $RECORDS (with its dev predictions, which compare reads) and
+             # absent from $out copied back, so that it is skipped
+  if [[ -n $RECORDS && -f $RECORDS/$1/metrics.json && -d $RECORDS/$1/predictions && ! -e $out/$1 ]]; then
+    cp -a "$RECORDS/$1" "$out/$1"
+  fi
 }
 
 keep() {  # keep NAME: the finished run's config, metrics and dev predictions copied to $RECORDS/NAME
@@ -109,6 +112,7 @@ case $series in
     done ;;
   methods)
     for seed in $SEEDS; do
+      run "all-seed$seed" "$STEPS" --seed "$seed"
       run "round-robin-steps-seed$seed" "$STEPS" --seed "$seed" --task-sampling round-robin
       run "round-robin-batches-seed$seed" "$((3 * STEPS))" --seed "$seed" --task-sampling round-robin \
         --eval-every "$((3 * EVAL_EVERY))"
@@ -125,6 +129,7 @@ case $series in
     done ;;
   peft)
     for seed in $SEEDS; do
+      run "all-seed$seed" "$STEPS" --seed "$seed"
       run "lora-seed$seed" "$STEPS" --seed "$seed" --peft lora --lr "$PEFT_LR"
       run "lora-per-task-seed$seed" "$STEPS" --seed "$seed" --peft lora --peft-scope per-task --lr "$PEFT_LR"
     done ;;
