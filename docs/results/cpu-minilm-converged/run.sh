@@ -23,7 +23,7 @@
 # and a stopped one continues from its last/ (--resume), so the series can stop and go on later.
 # A finished run keeps best/ and last/ (about 440 MB), so that `longer` can continue it; delete them
 # once the series is done. RECORDS (optional, e.g. this directory's runs-2040): each finished run's
-# config, metrics and dev predictions are copied to RECORDS/NAME, and a run kept there is copied back
+# config, metrics and dev predictions are copied to RECORDS/NAME, and a run kept there with them is copied back
 # into OUT_DIR and skipped, so that a series continues on a machine that has only the repository.
 set -euo pipefail
 series=$1 out=$2
