@@ -36,13 +36,14 @@ RUN_NAME = re.compile(r"(?P<label>.+)-seed(?P<seed>\d+)\Z")
 RESAMPLES, BOOTSTRAP_SEED = 2000, 0
 
 
-def runs_by_label(runs_dir, finished: bool = True) -> dict[str, dict[int, Path]]:
+def runs_by_label(runs_dir, finished: bool = True, seeds=None) -> dict[str, dict[int, Path]]:
     """label -> {seed: run directory} of the finished runs (with a metrics.json) in ``runs_dir``
-    (``finished=False``: of the others)."""
+    (``finished=False``: of the others), of the seeds in ``seeds`` alone when it is given."""
     found: dict[str, dict[int, Path]] = {}
     for path in sorted(Path(runs_dir).iterdir()):
         match = RUN_NAME.match(path.name)
-        if match and path.is_dir() and (path / "metrics.json").is_file() == finished:
+        if (match and path.is_dir() and (path / "metrics.json").is_file() == finished
+                and (seeds is None or int(match["seed"]) in seeds)):
             found.setdefault(match["label"], {})[int(match["seed"])] = path
     return found
 
@@ -114,10 +115,13 @@ def selected(groups: dict, labels: list[str], runs_dir) -> dict:
 
 
 def runs_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    """The arguments of a command on the runs of a directory (compare, curves): RUNS_DIR [--labels]."""
+    """The arguments of a command on the runs of a directory (compare, curves): RUNS_DIR [--labels]
+    [--seeds]."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("runs_dir", help="a directory of run directories named LABEL-seedN")
     parser.add_argument("--labels", help="only these labels, comma-separated (default: all)")
+    parser.add_argument("--seeds", help="only the runs of these seeds, comma-separated (default: every seed; "
+                                        "e.g. while a series has run some seeds of a label and not others)")
     return parser
 
 
@@ -128,17 +132,27 @@ def labels_of(options) -> list[str] | None:
     return [x.strip() for x in options.labels.split(",") if x.strip()] if options.labels else None
 
 
-def compare(runs_dir, baseline: str, labels=None) -> dict:
+def seeds_of(options) -> set[int] | None:
+    """--seeds as a set (None: every seed); UsageError when one is not a whole number."""
+    if not options.seeds:
+        return None
+    try:
+        return {int(x) for x in options.seeds.split(",") if x.strip()}
+    except ValueError:
+        raise UsageError(f"--seeds {options.seeds}: not comma-separated whole numbers (e.g. --seeds 1,2)") from None
+
+
+def compare(runs_dir, baseline: str, labels=None, seeds=None) -> dict:
     """Every other label (or those of ``labels``) against ``baseline``, task by task (the module's
-    docstring)."""
-    groups = runs_by_label(runs_dir)
+    docstring), over the runs of ``seeds`` alone when it is given."""
+    groups = runs_by_label(runs_dir, seeds=seeds)
     if baseline not in groups:
         raise UsageError(f"--baseline {baseline}: no finished runs named {baseline}-seedN in {runs_dir} "
                          f"(found: {', '.join(groups) or 'none'})")
     if labels:
         groups = selected(groups, [baseline, *[x for x in labels if x != baseline]], runs_dir)
     # a seed left out is one fewer in the comparison: said, and recorded with the result
-    left_out = [d.name for label, seeds in runs_by_label(runs_dir, finished=False).items()
+    left_out = [d.name for label, seeds in runs_by_label(runs_dir, False, seeds).items()
                 if not labels or label in groups for d in seeds.values()]
     if left_out:
         print(f"note: left out, no metrics.json (unfinished or stopped): {', '.join(left_out)}", file=sys.stderr)
@@ -205,7 +219,7 @@ def main(argv=None) -> int:
         parser.add_argument("--baseline", required=True, help="the label the others are compared with")
         parser.add_argument("--out", help="also write OUT.json and OUT.md")
         options = parser.parse_args(args)
-        result = compare(options.runs_dir, options.baseline, labels_of(options))
+        result = compare(options.runs_dir, options.baseline, labels_of(options), seeds_of(options))
         text = markdown(result)
         if options.out:
             write_json_atomic(Path(options.out + ".json"), result)

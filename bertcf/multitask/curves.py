@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, UsageError
-from .compare import labels_of, runs_by_label, runs_parser, selected
+from .compare import labels_of, runs_by_label, runs_parser, seeds_of, selected
 
 NOT_METRICS = ("step", "mean_dev")
 
@@ -38,12 +38,12 @@ def read_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return curves
 
 
-def plot(runs_dir, out, labels=None) -> Path:
-    """Draw the curves of the runs in ``runs_dir`` (those of ``labels`` only, when given) into the
-    PNG ``out``; returns its path."""
+def plot(runs_dir, out, labels=None, seeds=None) -> Path:
+    """Draw the curves of the runs in ``runs_dir`` (those of ``labels`` and ``seeds`` only, when
+    given) into the PNG ``out``; returns its path."""
     from matplotlib.figure import Figure  # not pyplot: no display, and the caller's backend left alone
 
-    groups = runs_by_label(runs_dir)
+    groups = runs_by_label(runs_dir, seeds=seeds)
     if labels:
         groups = selected(groups, labels, runs_dir)
     if not groups:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         parser = runs_parser("python -m bertcf.multitask.curves", __doc__.split("\n")[0])
         parser.add_argument("--out", required=True, help="the PNG to write")
         options = parser.parse_args(args)
-        print(plot(options.runs_dir, options.out, labels_of(options)))
+        print(plot(options.runs_dir, options.out, labels_of(options), seeds_of(options)))
     return run_main(run, argv)
 
 

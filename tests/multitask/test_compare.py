@@ -131,6 +131,24 @@ def test_a_seed_without_metrics_is_left_out_with_a_note(runs_dir, tmp_path, caps
     assert result["scores"]["fast"]["sst"]["seeds"] == [1] and all(c["seeds"] == 1 for c in result["claims"])
 
 
+def test_seeds_narrows_the_comparison_to_those_runs(runs_dir, tmp_path, capsys):
+    """A seed whose predictions are gone (a series that continues on another machine) fails the whole
+    comparison; --seeds compares the others, as if that seed had never run."""
+    runs = copy_runs(runs_dir, tmp_path, "unfinished-seed1")
+    shutil.rmtree(runs / "fast-seed2" / "predictions")
+    assert main([str(runs), "--baseline", "slow"]) == 2
+    assert "fast-seed2/predictions/sst-dev-output.csv not found" in capsys.readouterr().err
+    result = compare(runs, "slow", seeds={1})
+    alone = copy_runs(runs_dir, tmp_path / "seed1", "*-seed2", "unfinished-seed1")
+    assert result == compare(alone, "slow")
+    assert result["scores"]["fast"]["sst"]["seeds"] == [1] and all(c["seeds"] == 1 for c in result["claims"])
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main([str(runs), "--baseline", "slow", "--seeds", "1"]) == 0
+    assert main([str(runs), "--baseline", "slow", "--seeds", "one"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--seeds one: not comma-separated whole numbers" in err[0]
+
+
 def test_seeds_of_one_label_that_trained_other_tasks_are_refused(single_task_runs, tmp_path):
     runs = copy_runs(single_task_runs, tmp_path)
     shutil.copytree(runs / "sst-alone-seed1", runs / "joint-seed3")

@@ -7,6 +7,7 @@ import json
 import pytest
 from PIL import Image
 
+from bertcf.multitask import curves
 from bertcf.multitask.curves import main, read_curves
 
 
@@ -39,6 +40,13 @@ def test_the_command_draws_one_panel_per_metric(runs_dir, tmp_path, capsys):
     assert main([str(runs_dir), "--out", str(tmp_path / "one.png"), "--labels", "sst-alone"]) == 0
     with Image.open(tmp_path / "one.png") as image:  # one panel: sst_acc alone
         assert image.size[0] < 1.5 * image.size[1]
+
+
+def test_seeds_draws_those_runs_alone(runs_dir, tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(curves, "read_curves", lambda path: drawn.append(path.name) or read_curves(path))
+    assert main([str(runs_dir), "--out", str(tmp_path / "c.png"), "--seeds", "2"]) == 0
+    assert sorted(drawn) == ["all-seed2", "sst-alone-seed2"]
 
 
 @pytest.mark.parametrize("line", ["not json", '{"sst_acc": 0.3}', "[1, 2]", '{"step": 1, "sst_acc": [0.1, 0.2]}'])
