@@ -152,26 +152,26 @@ def compare(runs_dir, baseline: str, labels=None, seeds=None) -> dict:
     if labels:
         groups = selected(groups, [baseline, *[x for x in labels if x != baseline]], runs_dir)
     # a seed left out is one fewer in the comparison: said, and recorded with the result
-    left_out = [d.name for label, seeds in runs_by_label(runs_dir, False, seeds).items()
-                if not labels or label in groups for d in seeds.values()]
+    left_out = [d.name for label, by_seed in runs_by_label(runs_dir, False, seeds).items()
+                if not labels or label in groups for d in by_seed.values()]
     if left_out:
         print(f"note: left out, no metrics.json (unfinished or stopped): {', '.join(left_out)}", file=sys.stderr)
     tasks = run_tasks(next(iter(groups[baseline].values())))
     gold = {t.name: gold_labels(t) for t in tasks}
-    names = {label: trained_tasks(label, seeds) for label, seeds in groups.items()}
+    names = {label: trained_tasks(label, by_seed) for label, by_seed in groups.items()}
     for label, trained in names.items():
         if not trained & set(gold):
             raise UsageError(f"{label}: its runs trained {', '.join(sorted(trained))}, none of the tasks of "
                              f"--baseline {baseline} ({', '.join(gold)})")
     rows, scores = [], {}
-    for label, seeds in groups.items():
+    for label, by_seed in groups.items():
         scores[label] = {}
         for task in (t for t in tasks if t.name in names[label]):
             ids = sorted(gold[task.name])
-            per_seed = {s: predictions_of(d, task, ids) for s, d in seeds.items()}
+            per_seed = {s: predictions_of(d, task, ids) for s, d in by_seed.items()}
             values = [task_metric(task, p, [gold[task.name][i] for i in ids]) for p in per_seed.values()]
             scores[label][task.name] = {"mean": statistics.mean(values), "sd": statistics.stdev(values)
-                                        if len(values) > 1 else 0.0, "seeds": sorted(seeds), "per_seed": per_seed}
+                                        if len(values) > 1 else 0.0, "seeds": sorted(by_seed), "per_seed": per_seed}
     for label in groups:
         if label == baseline:
             continue
