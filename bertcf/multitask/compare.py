@@ -105,12 +105,18 @@ def trained_tasks(label: str, seeds: dict[int, Path]) -> set[str]:
     return first[1]
 
 
-def selected(groups: dict, labels: list[str], runs_dir) -> dict:
+def where(runs_dir, seeds=None) -> str:
+    """Where runs were looked for, for an error: the directory, and the --seeds that narrowed it (a
+    label may have finished runs of other seeds)."""
+    return f"in {runs_dir}" + (f" of --seeds {','.join(map(str, sorted(seeds)))}" if seeds else "")
+
+
+def selected(groups: dict, labels: list[str], runs_dir, seeds=None) -> dict:
     """``groups`` (label -> runs) of ``labels`` alone, in their order; UsageError for a label
     without finished runs."""
     missing = [label for label in labels if label not in groups]
     if missing:
-        raise UsageError(f"--labels: no finished runs named {missing[0]}-seedN in {runs_dir}")
+        raise UsageError(f"--labels: no finished runs named {missing[0]}-seedN {where(runs_dir, seeds)}")
     return {label: groups[label] for label in labels}
 
 
@@ -147,10 +153,10 @@ def compare(runs_dir, baseline: str, labels=None, seeds=None) -> dict:
     docstring), over the runs of ``seeds`` alone when it is given."""
     groups = runs_by_label(runs_dir, seeds=seeds)
     if baseline not in groups:
-        raise UsageError(f"--baseline {baseline}: no finished runs named {baseline}-seedN in {runs_dir} "
+        raise UsageError(f"--baseline {baseline}: no finished runs named {baseline}-seedN {where(runs_dir, seeds)} "
                          f"(found: {', '.join(groups) or 'none'})")
     if labels:
-        groups = selected(groups, [baseline, *[x for x in labels if x != baseline]], runs_dir)
+        groups = selected(groups, [baseline, *[x for x in labels if x != baseline]], runs_dir, seeds)
     # a seed left out is one fewer in the comparison: said, and recorded with the result
     left_out = [d.name for label, by_seed in runs_by_label(runs_dir, False, seeds).items()
                 if not labels or label in groups for d in by_seed.values()]

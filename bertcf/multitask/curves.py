@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from ..errors import DataError, UsageError
-from .compare import labels_of, runs_by_label, runs_parser, seeds_of, selected
+from .compare import labels_of, runs_by_label, runs_parser, seeds_of, selected, where
 
 NOT_METRICS = ("step", "mean_dev")
 
@@ -45,9 +45,9 @@ def plot(runs_dir, out, labels=None, seeds=None) -> Path:
 
     groups = runs_by_label(runs_dir, seeds=seeds)
     if labels:
-        groups = selected(groups, labels, runs_dir)
+        groups = selected(groups, labels, runs_dir, seeds)
     if not groups:
-        raise UsageError(f"{runs_dir}: no finished runs named LABEL-seedN")
+        raise UsageError(f"no finished runs named LABEL-seedN {where(runs_dir, seeds)}")
     curves = {(label, seed): read_curves(path) for label, seeds in groups.items() for seed, path in seeds.items()}
     metrics = sorted({key for by_key in curves.values() for key in by_key})
     figure = Figure(figsize=(4.5 * len(metrics), 3.6))

@@ -147,6 +147,12 @@ def test_seeds_narrows_the_comparison_to_those_runs(runs_dir, tmp_path, capsys):
     assert main([str(runs), "--baseline", "slow", "--seeds", "one"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--seeds one: not comma-separated whole numbers" in err[0]
+    # a label whose runs the filter left out: the error names the filter, not only the directory
+    assert main([str(runs), "--baseline", "slow", "--seeds", "3,7"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"no finished runs named slow-seedN in {runs} of --seeds 3,7" in err[0]
+    assert main([str(runs), "--baseline", "slow", "--labels", "fast,nope", "--seeds", "1"]) == 2
+    assert f"no finished runs named nope-seedN in {runs} of --seeds 1\n" in capsys.readouterr().err
 
 
 def test_seeds_of_one_label_that_trained_other_tasks_are_refused(single_task_runs, tmp_path):

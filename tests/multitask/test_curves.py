@@ -65,3 +65,5 @@ def test_unknown_labels_and_empty_directories_are_refused(runs_dir, tmp_path, ca
     (tmp_path / "empty").mkdir()
     assert main([str(tmp_path / "empty"), "--out", str(tmp_path / "c.png")]) == 2
     assert "no finished runs named LABEL-seedN" in capsys.readouterr().err
+    assert main([str(runs_dir), "--out", str(tmp_path / "c.png"), "--seeds", "9"]) == 2
+    assert f"no finished runs named LABEL-seedN in {runs_dir} of --seeds 9" in capsys.readouterr().err
