@@ -48,7 +48,7 @@ def plot(runs_dir, out, labels=None, seeds=None) -> Path:
         groups = selected(groups, labels, runs_dir, seeds)
     if not groups:
         raise UsageError(f"no finished runs named LABEL-seedN {where(runs_dir, seeds)}")
-    curves = {(label, seed): read_curves(path) for label, seeds in groups.items() for seed, path in seeds.items()}
+    curves = {(label, seed): read_curves(path) for label, by_seed in groups.items() for seed, path in by_seed.items()}
     metrics = sorted({key for by_key in curves.values() for key in by_key})
     figure = Figure(figsize=(4.5 * len(metrics), 3.6))
     axes = figure.subplots(1, len(metrics), squeeze=False)
