@@ -21,8 +21,6 @@ import time
 from functools import partial
 from pathlib import Path
 
-import torch
-
 from minbert import pad_batch
 
 from .. import runs
@@ -262,8 +260,6 @@ class Step:
                                       conflicts=partial(self.log_conflicts, step) if conflicts else None)
         scalars |= {f"batches_{t}": float(n) for t, n in self.task_sampler.counts.items()}
         scalars |= self.budget  # what training costs, in TensorBoard beside the losses (constant)
-        if torch.device(self.device).type == "cuda":
-            scalars["peak_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
         return losses, scalars
 
     def log_conflicts(self, step: int, task_losses: dict) -> None:

@@ -31,6 +31,7 @@ from ..models.model_card import write_model_card
 from ..runs import STATE_FILE, Run
 from ..utils.distributed import dist_info, mean_over_ranks, seed_dropout
 from ..utils.files import recover_dir, save_dir_atomic
+from ..utils.memory import peak_memory_mb
 from ..utils.progress import Progress
 from .optim import make_optimizer, make_scheduler, plain_backward, update
 
@@ -66,17 +67,22 @@ def set_rng_state(state: dict) -> None:
 
 # ---- the loop ------------------------------------------------------------------------------------
 def closing_line(summary: dict, label: str, run_dir) -> str:
-    """A run's last line: the selection metric (``label``) at step 0 and at its best, and where the
-    best checkpoint is (without a metric, best/ is the last evaluation)."""
+    """A run's last line: the selection metric (``label``) at step 0 and at its best, where the
+    best checkpoint is (without a metric, best/ is the last evaluation), and the run's peak memory."""
     def score(x):
         return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
     best = Path(run_dir) / "best"
     if summary["first"] is None and summary["best"] is None:
-        return f"best checkpoint (the last evaluation, step {summary['best_step']}): {best}"
-    if summary["best_step"] is None:  # every evaluation gave nan (e.g. constant cosines)
-        return f"{label}: step 0 {score(summary['first'])}; no best checkpoint written"
-    return (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
-            f"{summary['best_step']}; best checkpoint: {best}")
+        line = f"best checkpoint (the last evaluation, step {summary['best_step']}): {best}"
+    elif summary["best_step"] is None:  # every evaluation gave nan (e.g. constant cosines)
+        line = f"{label}: step 0 {score(summary['first'])}; no best checkpoint written"
+    else:
+        line = (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
+                f"{summary['best_step']}; best checkpoint: {best}")
+    peaks = summary.get("peak_memory", {})  # utils.memory.peak_memory_mb's
+    said = [f"{peaks[k]:,.0f} MiB {what}" for k, what in (("peak_rss_mb", "resident"),
+                                                          ("peak_memory_mb", "allocated on the GPU")) if k in peaks]
+    return line + (f"; peak memory {', '.join(said)}" if said else "")
 
 
 def evaluation_steps(steps: int, eval_every: int) -> list[int]:
@@ -328,6 +334,7 @@ class TrainingLoop:
                    "stopped_early": self.step < config.steps and not interrupted}
         if finish is not None and not interrupted and self.rank == 0:
             summary = finish(summary)
+        summary["peak_memory"] = peak_memory_mb(config.device)  # after finish: the end's scoring counts
         if self.world > 1:  # the ranks leave the process group together, not while rank 0 still writes
             torch.distributed.barrier()
         return summary
@@ -354,7 +361,7 @@ class TrainingLoop:
         items = self.items_done()
         rate = (items - self._tick_items) / max(elapsed, 1e-9)
         self._tick, self._tick_items = time.perf_counter(), items
-        values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate}
+        values |= {"lr": self.scheduler.get_last_lr()[0], "sentences_per_second": rate, **peak_memory_mb(loss.device)}
         self.run.scalars(self.step, values, prefix="train/")
         self.progress.loss(values["loss"])
         return stop

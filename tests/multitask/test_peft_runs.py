@@ -98,7 +98,7 @@ def test_the_budget_is_logged_and_in_tensorboard(tiny_bert_dir, data_dir, tmp_pa
     fine-tune and for LoRA, which trains the heads and a small share of the encoder."""
     full, lora = tmp_path / "full", tmp_path / "lora"
     capsys.readouterr()
-    run(tiny_bert_dir, data_dir, full, 2, "--progress", "lines")
+    summary = run(tiny_bert_dir, data_dir, full, 2, "--progress", "lines")
     full_line = next(l for l in capsys.readouterr().err.splitlines() if "parameters" in l)
     run(tiny_bert_dir, data_dir, lora, 2, "--peft", "lora", "--peft-rank", "2", "--peft-targets", "query,value",
         "--progress", "lines")
@@ -115,6 +115,10 @@ def test_the_budget_is_logged_and_in_tensorboard(tiny_bert_dir, data_dir, tmp_pa
     assert state_mb * 2 ** 20 == pytest.approx(8 * (heads + adapter) + 4 * (4 * layers + 2 * len(model.tasks)))
     assert f"trains {heads + adapter:,} of" in lora_line and "lora r 2" in lora_line and "4 Linear layers" in lora_line
     assert "AdamW's state" in full_line and "lora" not in full_line
+    # the peak so far at each logged step never falls, and the run's (its closing line's), taken after the end's
+    # scoring, is the last of them or more
+    assert a["train/peak_rss_mb"] == sorted(a["train/peak_rss_mb"]) and a["train/peak_rss_mb"][0] > 0
+    assert summary["peak_memory"]["peak_rss_mb"] >= a["train/peak_rss_mb"][-1] - 1e-3  # float32 in TensorBoard
 
 
 @pytest.mark.parametrize("extra, needles", [

@@ -36,8 +36,8 @@ from bertcf.training.loop import closing_line
 from minbert import CheckpointError
 
 
-MIRROR_SCALARS = ["train/loss", "train/lr", "train/pos_cosine", "train/neg_cosine", "train/sentences_per_second",
-                  "eval/sts_spearman", "eval/sts_spearman_ci95_lo", "eval/sts_spearman_ci95_hi", "eval/alignment",
+MIRROR_SCALARS = ["train/loss", "train/lr", "train/peak_rss_mb", "train/pos_cosine", "train/neg_cosine",
+                  "train/sentences_per_second", "eval/sts_spearman", "eval/sts_spearman_ci95_lo", "eval/sts_spearman_ci95_hi", "eval/alignment",
                   "eval/uniformity"]
 FLOW_SCALARS = ["train/l_flow_nats", "train/l_flow_bits_per_dim", "train/l_mirror", "train/logdet", "train/latent_norm",
                 "eval/latent_mean_norm", "eval/latent_log10_eig_ratio"]
@@ -168,6 +168,8 @@ def test_mirror_tensorboard_events(mirror_run):
     assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
     assert all(e.value == pytest.approx(3e-3) for e in acc.Scalars("train/lr"))
     assert all(e.value > 0 for e in acc.Scalars("train/sentences_per_second"))
+    peaks = [e.value for e in acc.Scalars("train/peak_rss_mb")]  # the process's, so far: never falls
+    assert len(peaks) == 6 and peaks[0] > 0 and peaks == sorted(peaks)
     assert len(acc.Histograms("eval/sts_dev_cosines")) == 3
     assert acc.Histograms("eval/sts_dev_cosines")[0].histogram_value.num == 16
 
@@ -755,6 +757,14 @@ def test_the_closing_line_handles_missing_scores(tmp_path):
     # --select-on last: no score, best/ is the last evaluation
     line = closing_line({"first": None, "best": None, "best_step": 6}, "", tmp_path)
     assert line == f"best checkpoint (the last evaluation, step 6): {tmp_path / 'best'}"
+    # the run's peaks (utils.memory), the GPU's where there is one
+    peaks = {"peak_rss_mb": 3463.9, "peak_memory_mb": 1234.2}
+    line = closing_line({"first": 0.1, "best": 0.5, "best_step": 4, "peak_memory": peaks}, "STS", tmp_path)
+    assert line.endswith(f"best checkpoint: {tmp_path / 'best'}; peak memory 3,464 MiB resident, "
+                         f"1,234 MiB allocated on the GPU")
+    line = closing_line({"first": None, "best": None, "best_step": 6, "peak_memory": {"peak_rss_mb": 980}}, "",
+                        tmp_path)
+    assert line.endswith("step 6): " + str(tmp_path / "best") + "; peak memory 980 MiB resident")
 
 
 # ---- torchrun: a data-parallel run is one process's run on the global batch -------------------------
