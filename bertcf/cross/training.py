@@ -152,7 +152,7 @@ def finish(config, summary: dict, run_dir: Path, device) -> dict:
         "checkpoint": str(run_dir / "best"), "step": summary["best_step"]}
     write_json_atomic(run_dir / "metrics.json", metrics)
     summary["metrics"] = metrics
-    print(closing_line(summary, f"{config.select_on} (during training)", run_dir))
+    print(closing_line(summary, f"{config.select_on} (during training)", run_dir, device))
     print(format_pair_table(metrics) or "no pair set found to score")
     print(f"metrics in {run_dir / 'metrics.json'}")
     return summary

@@ -229,7 +229,7 @@ class MultitaskTrainer:
             keep_last(run_dir, config.keep_last)
             say(f"last/ {'removed' if config.keep_last == 'none' else 'keeps its weights alone'} "
                 f"(--keep-last {config.keep_last})", timed=False)
-        print(closing_line(summary, "mean dev (during training)", run_dir))
+        print(closing_line(summary, "mean dev (during training)", run_dir, device))
         print(summary_line(summary["metrics"], self.tasks, run_dir))
         return summary
 

@@ -66,9 +66,10 @@ def set_rng_state(state: dict) -> None:
 
 
 # ---- the loop ------------------------------------------------------------------------------------
-def closing_line(summary: dict, label: str, run_dir) -> str:
+def closing_line(summary: dict, label: str, run_dir, device=None) -> str:
     """A run's last line: the selection metric (``label``) at step 0 and at its best, where the
-    best checkpoint is (without a metric, best/ is the last evaluation), and the run's peak memory."""
+    best checkpoint is (without a metric, best/ is the last evaluation), and with the run's
+    ``device``, its peak memory so far (``utils.memory.peak_memory_mb``: the end's scoring counts)."""
     def score(x):
         return "n/a" if x is None or not math.isfinite(x) else f"{x:.4f}"
     best = Path(run_dir) / "best"
@@ -79,7 +80,7 @@ def closing_line(summary: dict, label: str, run_dir) -> str:
     else:
         line = (f"{label}: step 0 {score(summary['first'])}, best {score(summary['best'])} at step "
                 f"{summary['best_step']}; best checkpoint: {best}")
-    peaks = summary.get("peak_memory", {})  # utils.memory.peak_memory_mb's
+    peaks = {} if device is None else peak_memory_mb(device)
     said = [f"{peaks[k]:,.0f} MiB {what}" for k, what in (("peak_rss_mb", "resident"),
                                                           ("peak_memory_mb", "allocated on the GPU")) if k in peaks]
     return line + (f"; peak memory {', '.join(said)}" if said else "")
@@ -334,7 +335,6 @@ class TrainingLoop:
                    "stopped_early": self.step < config.steps and not interrupted}
         if finish is not None and not interrupted and self.rank == 0:
             summary = finish(summary)
-        summary["peak_memory"] = peak_memory_mb(config.device)  # after finish: the end's scoring counts
         if self.world > 1:  # the ranks leave the process group together, not while rank 0 still writes
             torch.distributed.barrier()
         return summary

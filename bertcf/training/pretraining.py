@@ -175,7 +175,7 @@ def train(config: PretrainConfig, device) -> dict:
         run_dir = Path(trainer.config.out_dir)
         if config.merge and not summary["interrupted"]:  # best/ read with its adapter merged, written plain
             save_dir_atomic(run_dir / "merged", SentenceEncoder.from_pretrained(run_dir / "best").save_pretrained)
-        print(closing_line(summary, SELECTION_LABEL.get(config.select_on, ""), run_dir))
+        print(closing_line(summary, SELECTION_LABEL.get(config.select_on, ""), run_dir, device))
     return summary
 
 
