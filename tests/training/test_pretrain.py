@@ -38,8 +38,8 @@ from minbert import CheckpointError
 
 
 MIRROR_SCALARS = ["train/loss", "train/lr", "train/peak_rss_mb", "train/pos_cosine", "train/neg_cosine",
-                  "train/sentences_per_second", "eval/sts_spearman", "eval/sts_spearman_ci95_lo", "eval/sts_spearman_ci95_hi", "eval/alignment",
-                  "eval/uniformity"]
+                  "train/sentences_per_second", "eval/sts_spearman", "eval/sts_spearman_ci95_lo",
+                  "eval/sts_spearman_ci95_hi", "eval/alignment", "eval/uniformity"]
 FLOW_SCALARS = ["train/l_flow_nats", "train/l_flow_bits_per_dim", "train/l_mirror", "train/logdet", "train/latent_norm",
                 "eval/latent_mean_norm", "eval/latent_log10_eig_ratio"]
 
