@@ -25,19 +25,19 @@ STEPS=${STEPS:-5000} CAL_STEPS=${CAL_STEPS:-300} EVAL_ROWS=${EVAL_ROWS:-1000} MA
 read -r SST_B QQP_B STS_B <<< "${BATCHES:-32 96 32}"
 MINILM=${MINILM:-/tmp/minilm} DATA=${DATA:-.gpu/cs224n-offline} RUNS=${RUNS:-/tmp/stage3}
 SERIES=${SERIES:-tasks} PEFT_LR=${PEFT_LR:-5e-4}
-# Each run beside `all`: NAME WORK STEPS_FACTOR FLAGS... (WORK: its cost in `all` runs at the same steps)
+# Each run beside `all`: NAME WORK STEPS_FACTOR FLAGS... (WORK: its cost in `all` runs at the same steps; those
+# of `methods` and `peft` from their runs' wall times side by side on the H200, 2026-11-29, in RESULTS)
 case $SERIES in
   tasks) plan=("sst-alone 0.33 1 --tasks sst" "qqp-alone 0.33 1 --tasks qqp" "sts-alone 0.33 1 --tasks sts"
                "round-robin 0.33 1 --task-sampling round-robin") ;;
-  methods) plan=("round-robin-batches 0.33 3 --task-sampling round-robin" "uncertainty 1 1 --task-weighting uncertainty"
-                 "upgrad 1.5 1 --aggregator upgrad") ;;
-  peft) plan=("lora 0.9 1 --peft lora --lr $PEFT_LR" "lora-per-task 1 1 --peft lora --peft-scope per-task --lr $PEFT_LR") ;;
+  methods) plan=("round-robin-batches 0.5 3 --task-sampling round-robin" "uncertainty 1.5 1 --task-weighting uncertainty"
+                 "upgrad 2 1 --aggregator upgrad") ;;
+  peft) plan=("lora 1.2 1 --peft lora --lr $PEFT_LR" "lora-per-task 3.5 1 --peft lora --peft-scope per-task --lr $PEFT_LR") ;;
   *) echo "SERIES: tasks, methods or peft, not $SERIES" >&2; exit 2 ;;
 esac
 plan=("all 1 1" "${plan[@]}")
-# A seed's work in `all` runs, and the labels to compare with `all`
+# A seed's work in `all` runs
 ALL_EQUIVALENTS=${ALL_EQUIVALENTS:-$(printf '%s\n' "${plan[@]}" | awk '{w += $2 * $3} END {print w}')}
-labels=$(printf '%s\n' "${plan[@]:1}" | awk '{print $1}' | paste -sd, -)
 # Runs side by side overlap their launches (the step is launch-bound, 1.8x its kernel time): an estimate
 # (on the H200, 15 runs did about 2.8 times the work of `all` alone in the same time; 1.3 was given).
 OVERLAP=${OVERLAP:-1.5}
@@ -88,10 +88,13 @@ done
 wait
 echo "=== [$SECONDS s] runs done: $(ls "$RUNS"/*-seed*/metrics.json 2>/dev/null | wc -l) of $(( seeds * ${#plan[@]} )) scored"
 
-# 3. The verdicts against `all`, and what the runs wrote, into $OUT.
-python3 -m bertcf.multitask.compare "$RUNS" --baseline all --labels "$labels" --out "$OUT/stage3" 2>&1 | tail -30
+# 3. The verdicts against `all` of the runs that finished (one past the deadline loses no other's), and what
+# the runs wrote, their dev predictions too (compare reads them, to be run again at home), into $OUT.
+labels=$(for entry in "${plan[@]:1}"; do run=${entry%% *}
+           compgen -G "$RUNS/$run-seed*/metrics.json" > /dev/null && echo "$run"; done | paste -sd, -)
+[[ -n $labels ]] && python3 -m bertcf.multitask.compare "$RUNS" --baseline all --labels "$labels" --out "$OUT/stage3" 2>&1 | tail -30
 for run in "$RUNS"/*-seed*; do
-  mkdir -p "$OUT/runs/${run##*/}" && cp "$run"/{config.json,metrics.json,metrics.jsonl,environment.json} \
+  mkdir -p "$OUT/runs/${run##*/}" && cp -r "$run"/{config.json,metrics.json,metrics.jsonl,environment.json,predictions} \
     "$OUT/runs/${run##*/}/" 2>/dev/null
 done
 echo "series $SERIES, steps $steps, pace $pace steps/s, done at $SECONDS s" | tee "$OUT/summary.txt"
