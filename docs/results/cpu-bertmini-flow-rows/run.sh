@@ -23,6 +23,8 @@
 # (--resume); each run's wall time and peak memory go to OUT_DIR/times.txt. At the end: curves.png
 # (each task's dev metric against the step) and compare.md/.json (each reading against `mirror`,
 # the project's paired bootstrap over seeds and dev items).
+# On a GPU: DEVICE=cuda (the pretraining's precision that device's default, stage 3's PRECISION, fp32
+# unless given) and PARALLEL=1, every fine-tuning of every seed at once once the encoders exist.
 set -euo pipefail
 out=$1
 DATA=${DATA:-../shared/data/cs224n-offline}
@@ -30,15 +32,22 @@ VOCAB=${VOCAB:-../shared/models/bert-base-uncased-vocab/vocab.txt}
 CONFIG=${CONFIG:-$out/bert-mini} ROWS=${ROWS:-$out/rows}
 SEEDS=${SEEDS:-"11711 1 2"}
 STEPS=${STEPS:-2000} EVAL_EVERY=${EVAL_EVERY:-100}
+DEVICE=${DEVICE:-cpu} PRECISION=${PRECISION:-fp32} PARALLEL=${PARALLEL:-0}
 MLM_STEPS=${MLM_STEPS:-2000} STAGE_SCALE=${STAGE_SCALE:-0.02} STAGE_EVAL_EVERY=${STAGE_EVAL_EVERY:-100}
 seeds=($SEEDS) ft=$out/finetune
 common=(--data-dir "$DATA" --sst-batch-size 8 --qqp-batch-size 24 --sts-batch-size 8 --max-length 64
-        --max-eval-examples 300 --precision fp32 --lr 1e-4 --device cpu --progress lines --keep-last none
+        --max-eval-examples 300 --precision "$PRECISION" --lr 1e-4 --device "$DEVICE" --progress lines --keep-last none
         --sst-test "$out/none.csv" --sts-test "$out/none.csv")  # no test predictions: not needed here
 
 timed() {  # timed NAME COMMAND...: the command, its wall time and peak memory appended to times.txt
-  local name=$1; shift
-  /usr/bin/time -f "$name wall %e s, peak %M KB" -a -o "$out/times.txt" "$@" >> "$out/logs/$name.log" 2>&1
+  local name=$1 start=$SECONDS rc=0; shift
+  if [[ -x /usr/bin/time ]]; then
+    /usr/bin/time -f "$name wall %e s, peak %M KB" -a -o "$out/times.txt" "$@" >> "$out/logs/$name.log" 2>&1
+  else  # (a machine without GNU time: the wall time alone)
+    "$@" >> "$out/logs/$name.log" 2>&1 || rc=$?
+    echo "$name wall $(( SECONDS - start )) s" >> "$out/times.txt"
+    return $rc
+  fi
 }
 
 run() {  # run NAME SEED ENCODER FLAGS...: one stage-3 run into $ft/NAME-seedSEED
@@ -68,14 +77,19 @@ if [[ ! -f $ROWS/table1.md ]]; then
   seed_list=$(IFS=,; echo "${seeds[*]}")
   timed encoders python -m bertcf.experiments mlm-base --config "$CONFIG" --data-dir "$DATA" --corpus-from-tasks \
     --mlm-steps "$MLM_STEPS" --steps-scale "$STAGE_SCALE" --eval-every "$STAGE_EVAL_EVERY" --no-finetune \
-    --device cpu --out-dir "$ROWS" --seed "${seeds[0]}" --seeds "$seed_list" --rows "MinBERT-Mirror,BERT-CF"
+    --device "$DEVICE" --out-dir "$ROWS" --seed "${seeds[0]}" --seeds "$seed_list" --rows "MinBERT-Mirror,BERT-CF"
 fi
+finetune() {  # finetune NAME SEED ENCODER_STAGE FLAGS...: one run, in the background with PARALLEL=1
+  local name=$1 seed=$2 encoder; encoder=$(stage "$3" "$2"); shift 3
+  if [[ $PARALLEL == 1 ]]; then run "$name" "$seed" "$encoder" "$@" & else run "$name" "$seed" "$encoder" "$@"; fi
+}
 for seed in "${seeds[@]}"; do
-  run mirror "$seed" "$(stage mirror "$seed")"
-  run flow-trained "$seed" "$(stage bertcf "$seed")"
-  run flow-frozen "$seed" "$(stage bertcf "$seed")" --freeze-flow
-  run flow-dropped "$seed" "$(stage bertcf "$seed")" --drop-flow
+  finetune mirror "$seed" mirror
+  finetune flow-trained "$seed" bertcf
+  finetune flow-frozen "$seed" bertcf --freeze-flow
+  finetune flow-dropped "$seed" bertcf --drop-flow
 done
+wait
 # The summaries, again only when a run has finished since they were written.
 if [[ ! -f $out/compare.md || -n $(find "$ft" -name metrics.json -newer "$out/compare.md") ]]; then
   python -m bertcf.multitask.curves "$ft" --out "$out/curves.png"
