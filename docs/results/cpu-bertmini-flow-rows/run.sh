@@ -79,9 +79,10 @@ if [[ ! -f $ROWS/table1.md ]]; then
     --mlm-steps "$MLM_STEPS" --steps-scale "$STAGE_SCALE" --eval-every "$STAGE_EVAL_EVERY" --no-finetune \
     --device "$DEVICE" --out-dir "$ROWS" --seed "${seeds[0]}" --seeds "$seed_list" --rows "MinBERT-Mirror,BERT-CF"
 fi
+pids=()
 finetune() {  # finetune NAME SEED ENCODER_STAGE FLAGS...: one run, in the background with PARALLEL=1
   local name=$1 seed=$2 encoder; encoder=$(stage "$3" "$2"); shift 3
-  if [[ $PARALLEL == 1 ]]; then run "$name" "$seed" "$encoder" "$@" & else run "$name" "$seed" "$encoder" "$@"; fi
+  if [[ $PARALLEL == 1 ]]; then run "$name" "$seed" "$encoder" "$@" & pids+=($!); else run "$name" "$seed" "$encoder" "$@"; fi
 }
 for seed in "${seeds[@]}"; do
   finetune mirror "$seed" mirror
@@ -89,7 +90,10 @@ for seed in "${seeds[@]}"; do
   finetune flow-frozen "$seed" bertcf --freeze-flow
   finetune flow-dropped "$seed" bertcf --drop-flow
 done
-wait
+# In the background, as one after another: a failed fine-tuning stops the script before the summaries.
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
+if (( failed )); then echo "$failed fine-tuning(s) failed: see $out/logs" >&2; exit 1; fi
 # The summaries, again only when a run has finished since they were written.
 if [[ ! -f $out/compare.md || -n $(find "$ft" -name metrics.json -newer "$out/compare.md") ]]; then
   python -m bertcf.multitask.curves "$ft" --out "$out/curves.png"
